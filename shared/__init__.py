@@ -1,0 +1,1 @@
+"""What both services share: the wire contract, the settings model, logging, the CLI."""

@@ -1,0 +1,113 @@
+"""The wire contract of the public API and of the gateway <-> GPU host hop.
+
+Every code, message, header name and envelope shape lives here once; the gateway, the GPU
+host and the analysis import it and define none of their own (contract.md).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from enum import IntEnum
+from typing import Any
+
+
+class Code(IntEnum):
+    """The only codes a client can see (contract.md § Envelope)."""
+
+    OK = 0
+    INVALID_PARAMETER = 1001
+    UNSUPPORTED_IMAGE = 1002
+    TOO_LARGE = 1003
+    BAD_RESOLUTION = 1004
+    NO_FACE = 1005
+    MULTIPLE_FACES = 1006
+    SYSTEM_ERROR = 1007
+    NOT_FRONTAL = 1008
+
+
+# Default message per code; producers pass a more specific one where they can.
+DEFAULT_MESSAGES: dict[Code, str] = {
+    Code.OK: "成功",
+    Code.INVALID_PARAMETER: "参数缺失或无效",
+    Code.UNSUPPORTED_IMAGE: "图片格式不支持或文件已损坏（支持 JPEG、PNG、WebP）",
+    Code.TOO_LARGE: "图片或请求体过大",
+    Code.BAD_RESOLUTION: "图片分辨率不在允许范围内",
+    Code.NO_FACE: "未检测到人脸",
+    Code.MULTIPLE_FACES: "检测到多张人脸，请上传单人正脸照片",
+    Code.SYSTEM_ERROR: "系统错误，请稍后重试",
+    Code.NOT_FRONTAL: "人脸角度过大，请上传正脸照片",
+}
+
+# Infrastructure failures reuse 1007 with these exact messages (contract.md).
+MSG_BACKEND_UNAVAILABLE = "后端服务暂不可用，请稍后重试"
+MSG_BACKEND_BUSY = "后端服务繁忙，请稍后重试"
+
+HEADER_TOKEN = "X-Internal-Token"
+HEADER_REQUEST_ID = "X-Request-ID"
+HEADER_FORWARDED_FOR = "X-Forwarded-For"
+HEADER_RETRY_AFTER = "Retry-After"
+HEADER_IDEMPOTENCY_KEY = "Idempotency-Key"
+HEADER_IDEMPOTENCY_REPLAYED = "Idempotency-Replayed"
+
+API_PREFIX = "/api/"
+BASE64_SUFFIX = "_base64"
+URL_SUFFIX = "_url"
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+class ContractError(Exception):
+    """A failure the client is told about as an envelope: a code and an actionable message."""
+
+    def __init__(self, code: Code, message: str | None = None) -> None:
+        self.code = Code(code)
+        self.message = message or DEFAULT_MESSAGES[self.code]
+        super().__init__(f"{int(self.code)}: {self.message}")
+
+
+def is_valid_request_id(value: str | None) -> bool:
+    return value is not None and _REQUEST_ID.fullmatch(value) is not None
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def request_id_from_header(value: str | None) -> str:
+    """The client's id when it is well-formed, else a fresh one."""
+    return value if is_valid_request_id(value) else new_request_id()  # type: ignore[return-value]
+
+
+def envelope(code: Code, request_id: str, data: Any = None, message: str | None = None) -> dict:
+    """The one response shape of every /api/ endpoint; `data` is null unless code is 0."""
+    code = Code(code)
+    return {
+        "code": int(code),
+        "message": message or DEFAULT_MESSAGES[code],
+        "request_id": request_id,
+        "data": data if code is Code.OK else None,
+    }
+
+
+def success(request_id: str, data: Any) -> dict:
+    return envelope(Code.OK, request_id, data)
+
+
+def failure(error: ContractError, request_id: str) -> dict:
+    return envelope(error.code, request_id, None, error.message)
+
+
+def is_envelope(body: Any) -> bool:
+    """True for a JSON object shaped like an envelope with a known code."""
+    if not isinstance(body, dict) or set(body) != {"code", "message", "request_id", "data"}:
+        return False
+    code = body["code"]
+    return isinstance(code, int) and not isinstance(code, bool) and code in Code._value2member_map_
+
+
+def url_key_for(key: str) -> str | None:
+    """`annotated_image_base64` -> `annotated_image_url`; None for keys that carry no image."""
+    if key.endswith(BASE64_SUFFIX) and len(key) > len(BASE64_SUFFIX):
+        return key[: -len(BASE64_SUFFIX)] + URL_SUFFIX
+    return None

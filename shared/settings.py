@@ -1,0 +1,250 @@
+"""The settings model: one TOML file for both roles, secrets from a second file or the env.
+
+Strict on purpose (hypercorn's loader silently accepts misspelled keys; this one does not):
+every key is validated at start, an unknown key or a bad value is an error naming the key,
+and units are part of the names. Secrets (`[auth]`, `edge.features.api_key`) may only come
+from the secrets file or the environment, never from the committed settings.toml.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENV_SHARED_PASSWORD = "HAIRGATE_SHARED_PASSWORD"
+ENV_ACCEPT_PASSWORDS = "HAIRGATE_ACCEPT_PASSWORDS"
+
+PositiveSeconds = Annotated[float, Field(gt=0)]
+
+
+class SettingsError(Exception):
+    """Invalid settings; the message is one line that names the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class AuthSettings(_Section):
+    shared_password: str = ""
+    accept_passwords: tuple[str, ...] = ()
+
+    @field_validator("accept_passwords")
+    @classmethod
+    def _no_empty_tokens(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not token for token in value):
+            raise ValueError("tokens must not be empty")
+        return value
+
+
+class PoolSettings(_Section):
+    workers: tuple[str, ...] = ()
+    primary_workers: tuple[str, ...] = ()
+    ca_file: str = ""
+
+    @field_validator("workers", "primary_workers")
+    @classmethod
+    def _http_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        return tuple(url.rstrip("/") for url in value)
+
+    @model_validator(mode="after")
+    def _primaries_are_workers(self) -> PoolSettings:
+        unknown = set(self.primary_workers) - set(self.workers)
+        if unknown:
+            raise ValueError(f"primary_workers not in workers: {sorted(unknown)}")
+        if len(set(self.workers)) != len(self.workers):
+            raise ValueError("workers lists the same URL twice")
+        return self
+
+
+class HealthCheckSettings(_Section):
+    path: str = "/health"
+    interval_seconds: PositiveSeconds = 8
+    timeout_seconds: PositiveSeconds = 3
+    unhealthy_threshold: int = Field(2, ge=1)
+    healthy_threshold: int = Field(1, ge=1)
+    cooldown_seconds: float = Field(60, ge=0)
+
+
+class DispatchSettings(_Section):
+    per_worker_concurrency: Literal[1] = 1
+    max_inflight: int = Field(64, ge=1)
+    queue_wait_seconds: PositiveSeconds = 30
+    max_queue_wait_seconds: PositiveSeconds = 590
+    request_timeout_seconds: PositiveSeconds = 60
+    slow_paths: tuple[str, ...] = ("/api/v1/hair/grow", "/api/v1/hair/mark")
+    slow_request_timeout_seconds: PositiveSeconds = 180
+    retry_on_failure: bool = True
+    max_retries: int = Field(1, ge=0)
+
+
+class StaticCleanupSettings(_Section):
+    interval_seconds: PositiveSeconds = 600
+    max_age_hours: float = Field(72, gt=0)
+    max_total_mb: float = Field(2048, gt=0)
+
+
+class IdempotencySettings(_Section):
+    enabled: bool = True
+    path: str = "var/idempotency.sqlite3"
+    ttl_hours: float = Field(24, gt=0)
+
+
+class FeaturesSettings(_Section):
+    base_url: str = ""
+    model: str = ""
+    timeout_seconds: PositiveSeconds = 30
+    api_key: str = ""
+
+
+class EdgeSettings(_Section):
+    bind: str = "0.0.0.0:8080"
+    public_base_url: str = "http://127.0.0.1:8080"
+    static_dir: str = "var/static"
+    request_log: str = "var/request_log.jsonl"
+    request_log_max_bytes: int = Field(100 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1)
+    certfile: str = ""
+    keyfile: str = ""
+    pool: PoolSettings = PoolSettings()
+    health_check: HealthCheckSettings = HealthCheckSettings()
+    dispatch: DispatchSettings = DispatchSettings()
+    static_cleanup: StaticCleanupSettings = StaticCleanupSettings()
+    idempotency: IdempotencySettings = IdempotencySettings()
+    features: FeaturesSettings = FeaturesSettings()
+
+    @field_validator("public_base_url")
+    @classmethod
+    def _strip_slash(cls, value: str) -> str:
+        return value.rstrip("/")
+
+
+class GpuHostSettings(_Section):
+    bind: str = "0.0.0.0:28187"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    bisenet_weights: str = ""
+    inference_timeout_seconds: PositiveSeconds = 60
+    comfyui_url: str = ""
+    comfyui_workflow: str = ""
+    comfyui_timeout_seconds: PositiveSeconds = 120
+
+
+class AnalysisSettings(_Section):
+    """Input limits and clinical reference ranges (analysis.md); README says where they come from."""
+
+    max_image_bytes: int = Field(15 * 1024 * 1024, ge=1)
+    max_image_megapixels: float = Field(40, gt=0)
+    min_short_side_px: int = Field(480, ge=1)
+    max_long_side_px: int = Field(4096, ge=1)
+    max_yaw_degrees: float = Field(15, gt=0, le=90)
+    max_pitch_degrees: float = Field(20, gt=0, le=90)
+    max_roll_degrees: float = Field(15, gt=0, le=90)
+    iris_diameter_mm: float = Field(11.7, gt=0)
+    female_forehead_normal_mm: tuple[float, float] = (50, 65)
+    female_forehead_high_above_mm: float = 65
+    male_forehead_normal_mm: tuple[float, float] = (55, 75)
+    male_forehead_high_above_mm: float = 80
+
+
+class Settings(_Section):
+    auth: AuthSettings = AuthSettings()
+    edge: EdgeSettings = EdgeSettings()
+    gpu_host: GpuHostSettings = GpuHostSettings()
+    analysis: AnalysisSettings = AnalysisSettings()
+
+
+# Keys that may only come from the secrets file or the environment.
+_SECRET_KEYS = (("auth", "shared_password"), ("auth", "accept_passwords"), ("edge", "features", "api_key"))
+
+
+def _read_toml(path: Path, what: str) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise SettingsError(f"{what} file not found: {path}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise SettingsError(f"{what} file {path} is not valid TOML: {error}") from None
+
+
+def _has_key(tree: dict[str, Any], path: tuple[str, ...]) -> bool:
+    for part in path:
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return True
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _environment_secrets(environ: dict[str, str]) -> dict[str, Any]:
+    auth: dict[str, Any] = {}
+    if environ.get(ENV_SHARED_PASSWORD):
+        auth["shared_password"] = environ[ENV_SHARED_PASSWORD]
+    if environ.get(ENV_ACCEPT_PASSWORDS):
+        auth["accept_passwords"] = [t.strip() for t in environ[ENV_ACCEPT_PASSWORDS].split(",") if t.strip()]
+    return {"auth": auth} if auth else {}
+
+
+def _describe(error: ValidationError) -> str:
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    if first["type"] == "extra_forbidden":
+        return f"unknown settings key: {key}"
+    # Never echo the value itself: it may be a secret.
+    return f"invalid settings key {key}: {first['msg']}"
+
+
+def default_secrets_path(config_path: Path) -> Path:
+    return config_path.parent / "secrets.toml"
+
+
+def load_settings(
+    config_path: str | Path,
+    secrets_path: str | Path | None = None,
+    environ: dict[str, str] | None = None,
+) -> Settings:
+    """Load and validate settings; raises SettingsError with one line naming the bad key.
+
+    The secrets file defaults to `secrets.toml` beside the config and may be absent; an
+    explicitly named secrets file must exist. Environment variables win over both files.
+    """
+    config_path = Path(config_path)
+    raw = _read_toml(config_path, "settings")
+    for key in _SECRET_KEYS:
+        if _has_key(raw, key):
+            raise SettingsError(
+                f"{'.'.join(key)} is a secret: put it in the secrets file or the environment, "
+                f"not in {config_path.name}"
+            )
+    if secrets_path is not None:
+        raw = _merge(raw, _read_toml(Path(secrets_path), "secrets"))
+    elif default_secrets_path(config_path).exists():
+        raw = _merge(raw, _read_toml(default_secrets_path(config_path), "secrets"))
+    raw = _merge(raw, _environment_secrets(dict(os.environ) if environ is None else environ))
+    try:
+        return Settings.model_validate(raw)
+    except ValidationError as error:
+        raise SettingsError(_describe(error)) from None
+
+
+def token_fingerprint(token: str) -> str:
+    """How a token may be named in a log: the first 8 hex chars of its SHA-256."""
+    import hashlib
+
+    return hashlib.sha256(token.encode()).hexdigest()[:8]
