@@ -111,3 +111,13 @@ def url_key_for(key: str) -> str | None:
     if key.endswith(BASE64_SUFFIX) and len(key) > len(BASE64_SUFFIX):
         return key[: -len(BASE64_SUFFIX)] + URL_SUFFIX
     return None
+
+
+# Public path -> endpoint name, for the endpoints a GPU host serves (contract.md § Endpoints).
+GPU_ENDPOINT_PATHS: dict[str, str] = {
+    "/api/v1/hair/measure": "measure",
+    "/api/v1/hair/grow": "grow",
+    "/api/v1/hair/mark": "mark",
+    "/api/v1/hair/hairline": "hairline",
+    "/api/v1/hair/mask": "mask",
+}
