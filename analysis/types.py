@@ -4,7 +4,7 @@ orientation-corrected input image, origin top-left, x to the right, y down."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -93,3 +93,21 @@ class Hairline:
     left_temple: tuple[float, float] | None = None  # frontotemporal points (on the canthal lines)
     right_temple: tuple[float, float] | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class HairSegmentation:
+    """What a hair segmenter saw, as boolean masks of the input's size."""
+
+    segmenter: Literal["bisenet", "fallback"]
+    hair: np.ndarray  # bool (H, W)
+    person: np.ndarray  # bool (H, W): head and body; its top outline is the head outline
+    hat: np.ndarray | None = None  # bool (H, W) where the segmenter can tell (BiSeNet label 18)
+
+
+class HairSegmenter(Protocol):
+    """One interface, two implementations: BiSeNet (weights from settings) and the fallback."""
+
+    name: Literal["bisenet", "fallback"]
+
+    def segment(self, rgb: np.ndarray, face: Face) -> HairSegmentation: ...
