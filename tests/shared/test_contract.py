@@ -1,0 +1,57 @@
+"""The wire contract: envelope shape, request ids, the image-key naming rule."""
+
+import pytest
+
+from shared.contract import (
+    Code,
+    ContractError,
+    envelope,
+    failure,
+    is_envelope,
+    request_id_from_header,
+    success,
+    url_key_for,
+)
+
+
+def test_success_envelope_shape():
+    body = success("abc", {"x": 1})
+    assert body == {"code": 0, "message": "成功", "request_id": "abc", "data": {"x": 1}}
+    assert is_envelope(body)
+
+
+def test_error_envelope_drops_data_and_keeps_message():
+    body = failure(ContractError(Code.BAD_RESOLUTION, "图片分辨率过低：最短边 320px，要求至少 480px"), "r1")
+    assert body["code"] == 1004 and body["data"] is None
+    assert body["message"].startswith("图片分辨率过低")
+    assert envelope(Code.SYSTEM_ERROR, "r", data={"leak": 1})["data"] is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [[], {"code": 0}, {"code": 999, "message": "", "request_id": "", "data": None},
+     {"code": True, "message": "", "request_id": "", "data": None},
+     {"code": 0, "message": "", "request_id": "", "data": None, "extra": 1}],
+)
+def test_not_an_envelope(body):
+    assert not is_envelope(body)
+
+
+@pytest.mark.parametrize("value", ["a", "A-b_c.9", "x" * 64])
+def test_client_request_id_kept(value):
+    assert request_id_from_header(value) == value
+
+
+@pytest.mark.parametrize("value", [None, "", "x" * 65, "a b", "é", "a/b"])
+def test_bad_client_request_id_replaced(value):
+    generated = request_id_from_header(value)
+    assert generated != value and len(generated) == 32
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [("annotated_image_base64", "annotated_image_url"), ("image_base64", "image_url"),
+     ("_base64", None), ("image", None), ("base64_image", None)],
+)
+def test_url_key_rule(key, expected):
+    assert url_key_for(key) == expected

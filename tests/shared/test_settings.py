@@ -1,0 +1,85 @@
+"""The strict settings loader: every bad key is named, secrets never come from settings.toml."""
+
+from pathlib import Path
+
+import pytest
+
+from shared.settings import ENV_ACCEPT_PASSWORDS, ENV_SHARED_PASSWORD, SettingsError, load_settings
+
+REPO_SETTINGS = Path(__file__).parents[2] / "settings.toml"
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_committed_settings_load_and_hold_no_secret():
+    settings = load_settings(REPO_SETTINGS, environ={})
+    assert settings.edge.pool.workers == ("http://127.0.0.1:28187",)
+    assert settings.auth.shared_password == ""
+
+
+def test_unknown_key_is_named(tmp_path):
+    config = write(tmp_path / "s.toml", "[edge.dispatch]\nqueue_wait_secs = 3\n")
+    with pytest.raises(SettingsError, match=r"unknown settings key: edge\.dispatch\.queue_wait_secs"):
+        load_settings(config, environ={})
+
+
+def test_bad_value_is_named_without_echoing_it(tmp_path):
+    config = write(tmp_path / "s.toml", "[edge.health_check]\ninterval_seconds = -1\n")
+    with pytest.raises(SettingsError, match=r"edge\.health_check\.interval_seconds"):
+        load_settings(config, environ={})
+
+
+def test_invalid_toml_names_the_file(tmp_path):
+    config = write(tmp_path / "s.toml", "[edge\n")
+    with pytest.raises(SettingsError, match="not valid TOML"):
+        load_settings(config, environ={})
+
+
+@pytest.mark.parametrize("section", ["[auth]\nshared_password = 'x'", "[edge.features]\napi_key = 'k'"])
+def test_secret_in_settings_file_is_refused(tmp_path, section):
+    config = write(tmp_path / "s.toml", section + "\n")
+    with pytest.raises(SettingsError, match="is a secret") as caught:
+        load_settings(config, environ={})
+    assert "'x'" not in str(caught.value) and "'k'" not in str(caught.value)
+
+
+def test_secrets_file_beside_config_is_merged(tmp_path):
+    config = write(tmp_path / "s.toml", "[edge]\nmax_body_bytes = 10\n")
+    write(tmp_path / "secrets.toml", "[auth]\nshared_password = 'p1'\naccept_passwords = ['p1', 'p0']\n")
+    settings = load_settings(config, environ={})
+    assert settings.auth.shared_password == "p1"
+    assert settings.auth.accept_passwords == ("p1", "p0")
+    assert settings.edge.max_body_bytes == 10
+
+
+def test_named_secrets_file_must_exist(tmp_path):
+    config = write(tmp_path / "s.toml", "")
+    with pytest.raises(SettingsError, match="secrets file not found"):
+        load_settings(config, tmp_path / "missing.toml", environ={})
+
+
+def test_environment_wins_over_secrets_file(tmp_path):
+    config = write(tmp_path / "s.toml", "")
+    secrets = write(tmp_path / "other.toml", "[auth]\nshared_password = 'file'\n")
+    environ = {ENV_SHARED_PASSWORD: "env", ENV_ACCEPT_PASSWORDS: "a, b"}
+    settings = load_settings(config, secrets, environ=environ)
+    assert settings.auth.shared_password == "env"
+    assert settings.auth.accept_passwords == ("a", "b")
+
+
+def test_primary_must_be_a_worker(tmp_path):
+    config = write(
+        tmp_path / "s.toml",
+        "[edge.pool]\nworkers = ['http://a:1']\nprimary_workers = ['http://b:1']\n",
+    )
+    with pytest.raises(SettingsError, match=r"edge\.pool"):
+        load_settings(config, environ={})
+
+
+def test_worker_urls_need_a_scheme(tmp_path):
+    config = write(tmp_path / "s.toml", "[edge.pool]\nworkers = ['127.0.0.1:1']\n")
+    with pytest.raises(SettingsError, match=r"edge\.pool\.workers"):
+        load_settings(config, environ={})
