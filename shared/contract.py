@@ -42,6 +42,9 @@ DEFAULT_MESSAGES: dict[Code, str] = {
 # Infrastructure failures reuse 1007 with these exact messages (contract.md).
 MSG_BACKEND_UNAVAILABLE = "后端服务暂不可用，请稍后重试"
 MSG_BACKEND_BUSY = "后端服务繁忙，请稍后重试"
+# Gateway answers for /api/ requests it cannot route.
+MSG_ENDPOINT_NOT_AVAILABLE = "该接口暂未在本网关开放：{path}"
+MSG_UNKNOWN_ENDPOINT = "接口不存在：{method} {path}（业务接口均为 POST）"
 
 HEADER_TOKEN = "X-Internal-Token"
 HEADER_REQUEST_ID = "X-Request-ID"

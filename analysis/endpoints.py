@@ -1,0 +1,258 @@
+"""One entry point per GPU endpoint: image bytes + parsed options in, the `data` dict out.
+
+The GPU host's model process calls `run_endpoint`; `hairgate analyze` calls it in-process.
+Checks run in the order of gpu_host.md: decode (1003/1002/1004) -> face count
+(1005/1006) -> pose (1008) -> analysis. Options were validated by `options.parse_options`
+before (1001); only what needs the decoded image (mark points inside it) is checked here.
+
+Returned dicts are plain JSON values: images are base64 PNG strings under keys ending in
+`_base64` (the gateway turns them into `_url`s), generated images are None until ComfyUI
+is wired in, coordinates are rounded to 0.1 px.
+
+The inpainting masks that generation needs are internal: only when the caller sets
+`options[INPAINT_MASK_OPTION]` (never set by `parse_options`, so never by a client) does
+each grow result, and the mark data, carry `inpaint_mask_png` (base64 PNG; the name does
+not end in `_base64`, so the gateway would never publish it). The GPU host pops it before
+answering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from shared.contract import Code, ContractError
+from shared.settings import AnalysisSettings
+
+from . import designs, render
+from .calibration import calibrate
+from .hairline import trace_hairline
+from .image_input import decode_image
+from .landmarks import FaceMeshDetector
+from .measurements import measure_face
+from .models import Models
+from .pose import check_pose, estimate_pose
+from .types import Calibration, Face, HairSegmentation, Hairline, LandmarkId, Pose
+
+INPAINT_MASK_OPTION = "inpaint_masks"
+INPAINT_MASK_KEY = "inpaint_mask_png"
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything the hair endpoints share: one face, its scale, hair and hairline."""
+
+    face: Face
+    pose: Pose
+    calibration: Calibration
+    segmentation: HairSegmentation
+    hairline: Hairline
+
+
+def _round(value: float, digits: int = 1) -> float:
+    return round(float(value), digits)
+
+
+def _point(point: Any) -> list[float] | None:
+    if point is None:
+        return None
+    x, y = np.asarray(point, dtype=np.float64).reshape(2)
+    return [_round(x), _round(y)]
+
+
+def _points(points: Any) -> list[list[float]] | None:
+    if points is None:
+        return None
+    rows = np.asarray(points, dtype=np.float64).reshape(-1, 2)
+    return [_point(row) for row in rows[np.isfinite(rows).all(axis=1)]]  # type: ignore[misc]
+
+
+def frontal_face(rgb: np.ndarray, detector: FaceMeshDetector, limits: AnalysisSettings) -> tuple[Face, Pose]:
+    """Exactly one face (1005/1006), frontal enough (1008)."""
+    face = detector.detect(rgb)
+    pose = estimate_pose(face)
+    check_pose(pose, limits)
+    return face, pose
+
+
+def analyse(rgb: np.ndarray, models: Models, limits: AnalysisSettings) -> Analysis:
+    face, pose = frontal_face(rgb, models.detector, limits)
+    calibration = calibrate(face, limits.iris_diameter_mm)
+    segmentation = models.segmenter.segment(rgb, face)
+    hairline = trace_hairline(rgb, face, segmentation, calibration)
+    return Analysis(face, pose, calibration, segmentation, hairline)
+
+
+def _hairline_data(hairline: Hairline) -> dict[str, Any]:
+    return {
+        "status": hairline.status,
+        "points": _points(hairline.points),
+        "trichion": _point(hairline.trichion),
+        "shape": hairline.shape,
+        "uncertainty_mm": None if hairline.uncertainty_mm is None else _round(hairline.uncertainty_mm),
+    }
+
+
+def measure(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: AnalysisSettings) -> dict[str, Any]:
+    """Endpoint 1."""
+    found = analyse(rgb, models, limits)
+    face, pose, calibration = found.face, found.pose, found.calibration
+    data: dict[str, Any] = {
+        "image": {"width": face.image_width, "height": face.image_height},
+        "face": {
+            "bbox": list(face.bbox),
+            "pose": {"yaw": _round(pose.yaw_degrees), "pitch": _round(pose.pitch_degrees),
+                     "roll": _round(pose.roll_degrees)},
+        },
+        "calibration": {"method": "iris", "iris_diameter_px": _round(calibration.iris_diameter_px),
+                        "mm_per_px": _round(calibration.mm_per_px, 4)},
+        "hairline": _hairline_data(found.hairline),
+        **measure_face(face, found.hairline, calibration, options.get("gender", "unknown"), limits),
+        "segmenter": found.segmentation.segmenter,
+    }
+    annotated = render.annotate_measurement(rgb, face, found.hairline, calibration, data)
+    data["annotated_image_base64"] = render.png_base64(annotated)
+    return data
+
+
+def _inpaint_mask(found: Analysis, design: designs.Design) -> str:
+    mask = designs.inpainting_mask(found.face, design, found.hairline, found.calibration, found.segmentation.person)
+    return render.png_base64(mask)
+
+
+def _plan_caption(design: designs.Design) -> str:
+    drop = "n/a" if design.drop_mm is None else f"{design.drop_mm:.1f} mm"
+    return f"plan {design.name}: drop {drop}"
+
+
+def grow(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: AnalysisSettings) -> dict[str, Any]:
+    """Endpoint 2: one drawn plan per requested plan; `grown_image_base64` None (no ComfyUI)."""
+    found = analyse(rgb, models, limits)
+    plans = designs.plan_designs(options["plans"], found.face, found.hairline, found.calibration,
+                                 options.get("gender", "unknown"))
+    pictures = render.png_base64_all([render.draw_design(rgb, found.hairline, plan, _plan_caption(plan))
+                                      for plan in plans])
+    results = []
+    for plan, picture in zip(plans, pictures):
+        result: dict[str, Any] = {
+            "plan": plan.name,
+            "hairline_drop_mm": None if plan.drop_mm is None else _round(plan.drop_mm),
+            "image_base64": picture,
+            "grown_image_base64": None,
+        }
+        if options.get(INPAINT_MASK_OPTION):
+            result[INPAINT_MASK_KEY] = _inpaint_mask(found, plan)
+        results.append(result)
+    return {"results": results}
+
+
+def _check_points_inside(points: list[list[float]], width: int, height: int) -> None:
+    for index, (x, y) in enumerate(points):
+        if not (0 <= x <= width and 0 <= y <= height):
+            raise ContractError(
+                Code.INVALID_PARAMETER,
+                f"参数 hairline_points 第 {index + 1} 个点 ({x:g}, {y:g}) 超出图片范围 {width}×{height}",
+            )
+
+
+def mark(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: AnalysisSettings) -> dict[str, Any]:
+    """Endpoint 3: the user's polyline, or the detected hairline lowered by `drop_mm`."""
+    height, width = rgb.shape[:2]
+    points = options.get("hairline_points")
+    if points is not None:
+        _check_points_inside(points, width, height)
+    found = analyse(rgb, models, limits)
+    if points is not None:
+        design = designs.marked_hairline(points)
+        caption = "marked hairline"
+    elif not designs.has_hairline(found.hairline):
+        raise ContractError(
+            Code.INVALID_PARAMETER,
+            f"未检测到可下移的发际线（状态：{found.hairline.status}），无法使用 drop_mm；请改用 hairline_points 标记发际线",
+        )
+    else:
+        design = designs.lowered_hairline(found.face, found.hairline, found.calibration, options["drop_mm"])
+        caption = f"hairline lowered {options['drop_mm']:.1f} mm"
+    data: dict[str, Any] = {
+        "marked_image_base64": render.png_base64(render.draw_design(rgb, found.hairline, design, caption)),
+        "grown_image_base64": None,
+    }
+    if options.get(INPAINT_MASK_OPTION):
+        data[INPAINT_MASK_KEY] = _inpaint_mask(found, design)
+    return data
+
+
+def hairline(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: AnalysisSettings) -> dict[str, Any]:
+    """Endpoint 5: one image per requested style."""
+    found = analyse(rgb, models, limits)
+    gender = options.get("gender", "unknown")
+    styles = [designs.style_design(style, found.face, found.hairline, found.calibration, gender)
+              for style in options["styles"]]
+    pictures = render.png_base64_all([render.draw_design(rgb, found.hairline, style, f"style {style.name}")
+                                      for style in styles])
+    return {"hairline_images": [{"style": style.name, "image_base64": picture}
+                                for style, picture in zip(styles, pictures)]}
+
+
+def mask(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: AnalysisSettings) -> dict[str, Any]:
+    """Endpoint 6: the hair mask (255/0, input size) and the share of the image it covers."""
+    face, _ = frontal_face(rgb, models.detector, limits)
+    hair = models.segmenter.segment(rgb, face).hair
+    return {
+        "mask_image_base64": render.png_base64(render.mask_image(hair)),
+        "hair_area_ratio": _round(np.count_nonzero(hair) / hair.size, 4),
+    }
+
+
+def special_points_of(face: Face) -> dict[str, Any]:
+    """Endpoint 99's data for a detected face: landmarks only, no segmentation.
+
+    `trichion` is the top of the mesh (not a hairline); the temples are the upper lateral
+    forehead points on the face oval (54 / 284); left/right are image-left/image-right."""
+    named = {
+        "trichion": LandmarkId.MESH_TOP, "glabella": LandmarkId.GLABELLA, "nasion": LandmarkId.NASION,
+        "subnasale": LandmarkId.SUBNASALE, "menton": LandmarkId.MENTON,
+        "left_temple": LandmarkId.UPPER_LATERAL_FOREHEAD[0], "right_temple": LandmarkId.UPPER_LATERAL_FOREHEAD[1],
+        "left_iris_center": LandmarkId.IRIS_CENTERS[0], "right_iris_center": LandmarkId.IRIS_CENTERS[1],
+    }
+    return {
+        "image": {"width": face.image_width, "height": face.image_height},
+        "points": {name: _point(face.points[index]) for name, index in named.items()},
+    }
+
+
+def special_points(rgb: np.ndarray, detector: FaceMeshDetector, limits: AnalysisSettings | None = None) -> dict[str, Any]:
+    """Endpoint 99 (the gateway calls it on its own CPU); with `limits`, the pose gate
+    (1008) applies as on every other endpoint."""
+    face = frontal_face(rgb, detector, limits)[0] if limits is not None else detector.detect(rgb)
+    return special_points_of(face)
+
+
+def _special_points_endpoint(rgb: np.ndarray, models: Models, options: dict[str, Any],
+                             limits: AnalysisSettings) -> dict[str, Any]:
+    return special_points(rgb, models.detector, limits)
+
+
+Handler = Callable[[np.ndarray, Models, dict[str, Any], AnalysisSettings], dict[str, Any]]
+
+HANDLERS: dict[str, Handler] = {
+    "measure": measure,
+    "grow": grow,
+    "mark": mark,
+    "hairline": hairline,
+    "mask": mask,
+    "special-points": _special_points_endpoint,
+}
+
+
+def run_endpoint(endpoint: str, image: bytes, options: dict[str, Any], models: Models,
+                 limits: AnalysisSettings) -> dict[str, Any]:
+    """Decode `image` and run `endpoint`; ContractError for anything the client must fix."""
+    try:
+        handler = HANDLERS[endpoint]
+    except KeyError:
+        raise ValueError(f"unknown endpoint {endpoint!r}; known: {', '.join(HANDLERS)}") from None
+    return handler(decode_image(image, limits), models, options, limits)

@@ -1,0 +1,182 @@
+"""From a traced edge to a `Hairline`: trichion, temples, shape, and how far to trust them.
+
+The plausibility gates (analysis.md § Real photos) exist because the simple recipe gave
+confident wrong numbers on real clients. Each failed gate adds a note and turns `ok` into
+`uncertain` with a band of at least `UNCERTAIN_FLOOR_MM`; a fringe that reaches the brows
+is `occluded` (nothing of the hairline is visible).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .edge_profile import midline_edge_profile
+from .head_crop import HeadCrop
+from .head_samples import face_height_px
+from .types import Calibration, Face, Hairline, HairlineShape, LandmarkId
+
+if TYPE_CHECKING:
+    from .hair_evidence import HairEvidence
+    from .hairline import Trace
+
+MIDLINE_HALF_WINDOW = 0.10  # face widths either side of the midline for the trichion
+TEMPLE_HALF_WINDOW = 0.03  # face widths either side of a canthal line
+RATIO_RANGE = (0.7, 2.2)  # forehead / middle third
+MIN_FOREHEAD_MM = 40.0
+ABOVE_MESH_TOP = 0.02  # face heights the trichion must clear landmark 10 by
+MAX_BAND_HAIR = 0.30  # share of the forehead band (brows .. mesh top) labelled hair
+FRINGE_TO_BROWS_MM = 5.0  # a fringe edge this close to the brows hides the whole forehead
+UNCERTAIN_FLOOR_MM = 5.0
+LOW_CONTRAST_FLOOR_MM = 10.0
+QUANTISATION_PX = 0.5  # working px
+SPREAD_MM = 2.0  # half inter-quartile range of the midline edge that means "ragged"
+# image-edge check of the midline point (edge_profile): snap only to a sharp edge <= 1 mm
+# away; sharpness in ΔE per working px (measured: dense hair 10-24, sparse/stubble 5-7)
+MAX_SNAP_MM, SHARP_EDGE = 1.0, 9.0
+# shape thresholds, mm of temple recession (temples above the trichion level)
+RECEDING_MM, M_SHAPE_MM, ROUNDED_MM, PEAK_MM = 20.0, 6.0, -6.0, 3.0
+
+NOTE_FRINGE = "头发垂至前额（如刘海）：测得的是头发下缘，可能不是真实发际线"
+NOTE_FRINGE_TO_BROWS = "刘海垂至眉毛，发际线被遮挡"
+NOTE_RATIO = "额头与面中部比例超出常见范围，结果需人工复核"
+NOTE_SHORT = "额头高度低于 40 mm，可能是刘海或分割错误"
+NOTE_FLOODED = "前额大面积被识别为头发，边缘不可靠"
+NOTE_SNAP = "图像边缘与头发分割不一致（如稀疏或浅色的前额碎发），发际线位置不确定"
+NOTE_SOFT = "发际线边缘模糊（稀疏、浅色或短茬头发），位置不确定"
+NOTE_SPREAD = "发际线中段高低不一（如中分或稀疏发际），位置不确定"
+
+
+def judge(
+    trace: Trace,
+    face: Face,
+    hair: np.ndarray,
+    lab: np.ndarray,
+    crop: HeadCrop,
+    calibration: Calibration,
+    evidence: HairEvidence,
+) -> Hairline:
+    """`trace` must show an edge on the midline (the caller checks coverage)."""
+    frame = trace.frame
+    mm_per_work_px = calibration.mm_per_px / crop.scale
+    found = trace.near(0.0, MIDLINE_HALF_WINDOW)
+    found = found[~np.isnan(found)]
+    trichion_v = float(np.median(found))
+    mesh_top_v = float(frame.to_frame(face.points[LandmarkId.MESH_TOP])[0, 1])
+    fringe = trichion_v < mesh_top_v + ABOVE_MESH_TOP * face_height_px(face)
+    if fringe and (found - _brow_v(trace, face)).mean() * mm_per_work_px < FRINGE_TO_BROWS_MM:
+        return Hairline(status="occluded", notes=(*evidence.notes, NOTE_FRINGE_TO_BROWS))
+
+    notes = list(evidence.notes) + _gate_notes(trace, face, hair, trichion_v, mesh_top_v, mm_per_work_px, fringe)
+    spread_px = float(np.subtract(*np.percentile(found, [75, 25]))) / 2.0
+    if spread_px * mm_per_work_px > SPREAD_MM:
+        notes.append(NOTE_SPREAD)
+    shift_px, disagreement_px, note = (
+        (0.0, 0.0, None) if fringe else _image_edge_check(trace, lab, face, mm_per_work_px, evidence.low_contrast)
+    )
+    trichion_v -= shift_px  # rows grow downwards, v upwards
+    notes += [note] if note else []
+
+    forehead_mm = trichion_v * mm_per_work_px
+    position_mm = math.hypot(spread_px, QUANTISATION_PX, disagreement_px) * mm_per_work_px
+    uncertainty = math.hypot(position_mm, calibration.relative_uncertainty * forehead_mm)
+    status = "uncertain" if notes else "ok"
+    if status == "uncertain":
+        uncertainty = max(uncertainty, LOW_CONTRAST_FLOOR_MM if evidence.low_contrast else UNCERTAIN_FLOOR_MM)
+
+    left_v, right_v = (_temple_v(trace, face, index) for index in LandmarkId.OUTER_EYE_CORNERS)
+    to_image = lambda uv: tuple(float(c) for c in crop.to_image(frame.to_image(uv))[0])  # noqa: E731
+    return Hairline(
+        status=status,
+        points=crop.to_image(trace.points[~np.isnan(trace.v)]),
+        trichion=to_image([0.0, trichion_v]),
+        shape=_shape(trace, trichion_v, left_v, right_v, mm_per_work_px),
+        uncertainty_mm=round(uncertainty, 1),
+        left_temple=None if left_v is None else to_image([_canthal_u(trace, face, 0), left_v]),
+        right_temple=None if right_v is None else to_image([_canthal_u(trace, face, 1), right_v]),
+        notes=tuple(notes),
+    )
+
+
+def _gate_notes(
+    trace: Trace, face: Face, hair: np.ndarray, trichion_v: float, mesh_top_v: float, mm_per_px: float, fringe: bool
+) -> list[str]:
+    """The plausibility gates; a fringe explains a short forehead and a haired band."""
+    forehead_mm = trichion_v * mm_per_px
+    middle_mm = -float(trace.frame.to_frame(face.points[LandmarkId.SUBNASALE])[0, 1]) * mm_per_px
+    notes = [NOTE_FRINGE] if fringe else []
+    if not RATIO_RANGE[0] <= forehead_mm / max(middle_mm, 1e-6) <= RATIO_RANGE[1]:
+        notes.append(NOTE_RATIO)
+    if not fringe and forehead_mm < MIN_FOREHEAD_MM:
+        notes.append(NOTE_SHORT)
+    if not fringe and _forehead_band_hair(trace, face, hair, mesh_top_v) > MAX_BAND_HAIR:
+        notes.append(NOTE_FLOODED)
+    return notes
+
+
+def _image_edge_check(
+    trace: Trace, lab: np.ndarray, face: Face, mm_per_px: float, low_contrast: bool
+) -> tuple[float, float, str | None]:
+    """(shift of the trichion in rows, disagreement in rows, note) from the image's own edge:
+    a sharp edge <= 1 mm away is snapped to; a soft or distant one widens the band. Hair
+    close to skin colour (white, grey) is where GrabCut's colour models fail (the mask
+    stops where dense hair stops), so there the image edge sets the point, and the
+    disagreement still widens the band."""
+    window = trace.in_window(0.0, MIDLINE_HALF_WINDOW)
+    edge_row = float(np.median(trace.points[window, 1]))
+    profile = midline_edge_profile(lab, trace.points[window, 0].astype(int), edge_row, float(np.min(trace.brow_rows[window])), face)
+    if profile is None:
+        return 0.0, 0.0, None
+    offset_px = profile.crossing_row - edge_row
+    shift_px = offset_px if low_contrast else 0.0
+    if profile.sharpness < SHARP_EDGE:
+        return shift_px, abs(offset_px), NOTE_SOFT
+    if abs(offset_px) * mm_per_px <= MAX_SNAP_MM:
+        return offset_px, 0.0, None
+    return shift_px, abs(offset_px), NOTE_SNAP
+
+
+def _brow_v(trace: Trace, face: Face) -> float:
+    brows = face.points[list(LandmarkId.LEFT_BROW_UPPER + LandmarkId.RIGHT_BROW_UPPER)]
+    return float(np.max(trace.frame.to_frame(brows)[:, 1]))
+
+
+def _forehead_band_hair(trace: Trace, face: Face, hair: np.ndarray, mesh_top_v: float) -> float:
+    """Share of hair between the brows and the mesh top, over the midline window."""
+    height, width = hair.shape
+    ys, xs = np.mgrid[0:height, 0:width]
+    uv = trace.frame.to_frame(np.stack([xs.ravel(), ys.ravel()], axis=1))
+    band = (np.abs(uv[:, 0]) <= MIDLINE_HALF_WINDOW * 2 * trace.face_width) & (uv[:, 1] > _brow_v(trace, face)) & (uv[:, 1] < mesh_top_v)
+    return float((hair.ravel()[band] >= 0.5).mean()) if band.any() else 0.0
+
+
+def _canthal_u(trace: Trace, face: Face, side: int) -> float:
+    return float(trace.frame.to_frame(face.points[LandmarkId.OUTER_EYE_CORNERS[side]])[0, 0])
+
+
+def _temple_v(trace: Trace, face: Face, index: int) -> float | None:
+    """Hairline height on the lateral canthal line through landmark 33 or 263."""
+    u = float(trace.frame.to_frame(face.points[index])[0, 0])
+    near = trace.near(u, TEMPLE_HALF_WINDOW)
+    near = near[~np.isnan(near)]
+    return float(np.median(near)) if len(near) else None
+
+
+def _shape(trace: Trace, trichion_v: float, left_v: float | None, right_v: float | None, mm_per_px: float) -> HairlineShape:
+    sides = [v for v in (left_v, right_v) if v is not None]
+    recession = (np.mean(sides) - trichion_v) * mm_per_px if sides else 0.0
+    if recession >= RECEDING_MM:
+        return "receding"
+    # a widow's peak is a V at the midline: most of the rise happens right beside it
+    flank = np.concatenate([trace.near(u, 0.05) for u in (-0.15 * trace.face_width, 0.15 * trace.face_width)])
+    flank = flank[~np.isnan(flank)]
+    rise = (np.median(flank) - trichion_v) * mm_per_px if len(flank) else 0.0
+    if rise >= PEAK_MM and rise >= 0.5 * recession:
+        return "widows_peak"
+    if recession >= M_SHAPE_MM:
+        return "m_shape"
+    if recession <= ROUNDED_MM:
+        return "rounded"
+    return "straight"

@@ -1,0 +1,1 @@
+"""The public gateway: pool, dispatch, forwarding, image rewrite, monitor, request log."""

@@ -1,0 +1,218 @@
+"""Dispatch: global in-flight slots, FIFO waiters for a worker, and explicit leases.
+
+The dispatcher is the only runtime writer of the `Pool`; the prober and the forwarder
+report to it (`record_probe`, `eject`), and it logs the pool's transitions. A request:
+
+    async with dispatcher.slot():                  # one of max_inflight, FIFO
+        async with dispatcher.worker(tried) as w:  # an idle eligible worker, FIFO
+            ...                                    # forward to w.url
+
+Queue-wait timeouts (work never started) raise `Busy`; no online worker, on arrival or
+while waiting, raises `Unavailable` at once. Upstream timeouts are the forwarder's business.
+Both context managers give back what they took on every exit path, cancellation included.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+from edge.pool import Pool, PoolEvent, ProbeResult, Transition
+
+log = logging.getLogger("edge.pool")
+
+
+class DispatchError(Exception):
+    """The request never reached a worker."""
+
+
+class Busy(DispatchError):
+    """A queue wait timed out: every eligible worker stayed busy."""
+
+
+class Unavailable(DispatchError):
+    """No online worker could take the request."""
+
+
+@dataclass(frozen=True)
+class WorkerLease:
+    """The worker a request holds; returned to the pool when the `worker()` block exits."""
+
+    index: int
+    url: str
+
+
+@dataclass
+class _Waiter:
+    exclude: frozenset[int]
+    event: trio.Event = field(default_factory=trio.Event)
+    index: int | None = None  # set when a worker is handed over
+    unavailable: bool = False
+
+
+@dataclass(frozen=True)
+class DispatchStatistics:
+    slots_in_use: int
+    waiting_for_slot: int
+    waiting_for_worker: int
+
+
+class Dispatcher:
+    """FIFO hand-out of global slots and pool workers; see the module docstring."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        max_inflight: int,
+        queue_wait_seconds: float,
+        max_queue_wait_seconds: float,
+    ) -> None:
+        self.pool = pool
+        self._slots = trio.CapacityLimiter(max_inflight)
+        self._queue_wait_seconds = queue_wait_seconds
+        self._max_queue_wait_seconds = max_queue_wait_seconds
+        self._slot_waiters: set[trio.CancelScope] = set()
+        self._waiters: deque[_Waiter] = deque()
+
+    # --- slots --------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        # The borrower is a token object, not the current task, so the slot's owner is
+        # this block whatever task machinery runs it.
+        token = object()
+        if not self.pool.any_online():
+            raise Unavailable
+        try:
+            self._slots.acquire_on_behalf_of_nowait(token)
+        except trio.WouldBlock:
+            await self._wait_for_slot(token)
+        try:
+            yield
+        finally:
+            self._slots.release_on_behalf_of(token)
+
+    async def _wait_for_slot(self, token: object) -> None:
+        with trio.move_on_after(self._max_queue_wait_seconds) as timeout:
+            with trio.CancelScope() as nothing_online:
+                self._slot_waiters.add(nothing_online)
+                try:
+                    await self._slots.acquire_on_behalf_of(token)
+                    return
+                finally:
+                    self._slot_waiters.discard(nothing_online)
+            raise Unavailable
+        if timeout.cancelled_caught:
+            raise Busy
+
+    # --- workers ------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def worker(self, exclude: frozenset[int] = frozenset()) -> AsyncIterator[WorkerLease]:
+        """Lease an idle eligible worker not in `exclude` (those already tried)."""
+        index = self._take_now(exclude)
+        if index is None:
+            index = await self._wait_for_worker(exclude)
+        try:
+            yield WorkerLease(index, self.pool.workers[index].url)
+        finally:
+            self.pool.release(index, trio.current_time())
+            self._hand_over()
+
+    def _take_now(self, exclude: frozenset[int]) -> int | None:
+        if not self.pool.eligible(exclude):
+            raise Unavailable
+        if self._waiters:  # first come, first served: queue behind earlier requests
+            return None
+        worker = self.pool.select(exclude)
+        if worker is None:
+            return None
+        self.pool.lease(worker.index)
+        return worker.index
+
+    async def _wait_for_worker(self, exclude: frozenset[int]) -> int:
+        waiter = _Waiter(exclude)
+        self._waiters.append(waiter)
+        self._hand_over()
+        try:
+            with trio.move_on_after(self._queue_wait_seconds):
+                await waiter.event.wait()
+        except BaseException:
+            self._abandon(waiter)
+            raise
+        if waiter.index is not None:
+            return waiter.index
+        self._abandon(waiter)
+        raise Unavailable if waiter.unavailable else Busy
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        """A waiter gives up (timeout, cancellation): it must not keep a worker or a place."""
+        if waiter in self._waiters:
+            self._waiters.remove(waiter)
+        if waiter.index is not None:
+            self.pool.release(waiter.index, trio.current_time())
+            waiter.index = None
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Give idle workers to waiters in arrival order; cheap when nobody waits."""
+        if not self._waiters:
+            return
+        for waiter in list(self._waiters):
+            worker = self.pool.select(waiter.exclude)
+            if worker is None:
+                if self.pool.select() is None:
+                    return  # nothing idle at all: later waiters cannot be served either
+                continue  # this waiter has tried the idle ones; a later one may take them
+            self.pool.lease(worker.index)
+            waiter.index = worker.index
+            self._waiters.remove(waiter)
+            waiter.event.set()
+
+    def _fail_hopeless_waiters(self) -> None:
+        """Waiters no online worker can ever serve fail now, not after queue_wait_seconds."""
+        for waiter in list(self._waiters):
+            if not self.pool.eligible(waiter.exclude):
+                waiter.unavailable = True
+                self._waiters.remove(waiter)
+                waiter.event.set()
+        if not self.pool.any_online():
+            for scope in self._slot_waiters:
+                scope.cancel()
+
+    # --- reports from the prober and the forwarder --------------------------------------
+
+    def record_probe(self, index: int, result: ProbeResult) -> None:
+        event = self.pool.record_probe(index, result, trio.current_time())
+        _log_event(event)
+        self._fail_hopeless_waiters()
+        self._hand_over()
+
+    def eject(self, index: int, reason: str) -> None:
+        event = self.pool.eject(index, trio.current_time(), reason)
+        _log_event(event)
+        self._fail_hopeless_waiters()
+
+    def statistics(self) -> DispatchStatistics:
+        return DispatchStatistics(
+            slots_in_use=self._slots.borrowed_tokens,
+            waiting_for_slot=self._slots.statistics().tasks_waiting,
+            waiting_for_worker=len(self._waiters),
+        )
+
+
+def _log_event(event: PoolEvent | None) -> None:
+    if event is None:
+        return
+    if event.transition is Transition.CAME_ONLINE:
+        log.info("Worker 上线 | worker=%d | url=%s", event.index, event.url)
+    elif event.transition is Transition.WENT_OFFLINE:
+        log.warning("Worker 下线 | worker=%d | url=%s | 原因=%s", event.index, event.url, event.reason)
+    else:
+        log.warning("Worker 下线（转发失败，进入隔离期） | worker=%d | url=%s | 原因=%s", event.index, event.url, event.reason)

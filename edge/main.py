@@ -1,0 +1,133 @@
+"""`hairgate edge`: load and check settings, then `serve()` — the whole lifecycle in one place.
+
+Start-up order is the promise made to monitoring: the first probe round finishes (and
+`Worker 池初始化完成 | …` is logged) before the port accepts a connection. SIGTERM or
+SIGINT stops accepting, lets in-flight requests finish (up to the longest request
+timeout), then stops the background tasks; the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+import hypercorn.trio
+import trio
+from hypercorn.config import Config
+
+from edge.app import build_gateway, create_app
+from edge.prober import Prober
+from shared.logs import configure_logging
+from shared.settings import Settings, SettingsError, load_settings
+
+log = logging.getLogger("edge")
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging()
+    try:
+        settings = load_edge_settings(args.config, args.secrets, args.bind)
+    except SettingsError as error:
+        print(f"hairgate edge: {error}", file=sys.stderr)
+        return 2
+    try:
+        trio.run(serve, settings)
+    except BaseExceptionGroup as group:
+        bind_errors, others = group.split(OSError)
+        if bind_errors is None or others is not None:
+            raise
+        # the port is taken or not ours to bind: say so in one line
+        print(f"hairgate edge: cannot serve on {settings.edge.bind}: {_first_leaf(bind_errors)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
+
+
+def load_edge_settings(config: str, secrets: str | None, bind: str | None) -> Settings:
+    """Settings as the gateway needs them; SettingsError names the offending key."""
+    settings = load_settings(config, secrets)
+    if bind is not None:
+        settings = settings.model_copy(update={"edge": settings.edge.model_copy(update={"bind": bind})})
+    check_edge_settings(settings)
+    return settings
+
+
+def check_edge_settings(settings: Settings) -> None:
+    """What the strict model cannot know: the gateway's own must-haves."""
+    if not settings.auth.shared_password:
+        raise SettingsError(
+            "auth.shared_password is empty: set it in the secrets file or HAIRGATE_SHARED_PASSWORD"
+        )
+    if not settings.edge.pool.workers:
+        raise SettingsError("edge.pool.workers is empty: the gateway needs at least one worker URL")
+    host, _, port = settings.edge.bind.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SettingsError(f"edge.bind must be HOST:PORT, got {settings.edge.bind!r}")
+
+
+async def serve(
+    settings: Settings,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run one gateway until `shutdown_trigger` returns (default: SIGTERM or SIGINT)."""
+    gateway = build_gateway(settings)
+    checks = settings.edge.health_check
+    prober = Prober(
+        gateway.dispatcher,
+        gateway.upstream.probe,
+        path=checks.path,
+        interval_seconds=checks.interval_seconds,
+        timeout_seconds=checks.timeout_seconds,
+    )
+    try:
+        async with trio.open_nursery() as background:
+            await background.start(gateway.request_log.run)
+            await background.start(prober.run)  # returns after the first probe round
+            async with trio.open_nursery() as server:
+                urls = await server.start(
+                    partial(
+                        hypercorn.trio.serve,
+                        create_app(gateway),
+                        hypercorn_config(settings),
+                        shutdown_trigger=shutdown_trigger or wait_for_stop_signal,
+                    )
+                )
+                log.info("网关开始服务 | 地址=%s", " ".join(urls))
+                task_status.started(urls)
+            log.info("网关已停止接收请求，进行中的请求已结束")
+            background.cancel_scope.cancel()  # the server has drained: stop probing, flush the log
+    finally:
+        with trio.CancelScope(shield=True):
+            await gateway.upstream.aclose()
+
+
+def hypercorn_config(settings: Settings) -> Config:
+    config = Config()
+    config.bind = [settings.edge.bind]
+    dispatch = settings.edge.dispatch
+    config.graceful_timeout = max(dispatch.request_timeout_seconds, dispatch.slow_request_timeout_seconds)
+    config.include_server_header = False
+    config.accesslog = None  # the request log is ours; hypercorn's would double it
+    config.errorlog = logging.getLogger("hypercorn.error")  # through our handler, once
+    if settings.edge.certfile:
+        config.certfile, config.keyfile = settings.edge.certfile, settings.edge.keyfile
+    return config
+
+
+async def wait_for_stop_signal() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for received in signals:
+            log.info("收到信号 %s，开始优雅退出", signal.Signals(received).name)
+            return

@@ -1,0 +1,193 @@
+"""The worker pool as a pure state machine: who is online, who is busy, who is next.
+
+No I/O and no trio: every method takes `now` (seconds on any monotonic clock) and returns
+what the I/O layer must log, so tests are tables of (state, event) -> state. The
+dispatcher is the only runtime writer; the prober and the forwarder report through it.
+
+Invariants:
+- a worker is leased to at most one request at a time (`per_worker_concurrency` = 1);
+- a worker is selectable only when online, not leased, and not reported busy by a probe
+  sent after the gateway's last request to it ended;
+- the offline warning is emitted only on an online -> offline transition.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The `edge.health_check` numbers the state machine needs."""
+
+    unhealthy_threshold: int = 2
+    healthy_threshold: int = 1
+    cooldown_seconds: float = 60.0
+
+
+@dataclass
+class WorkerState:
+    """One worker as the gateway sees it; mutated only by `Pool`."""
+
+    index: int
+    url: str
+    primary: bool
+    online: bool = False
+    leased: bool = False
+    reported_busy: bool = False
+    successes: int = 0
+    failures: int = 0
+    cooldown_until: float = -math.inf
+    last_request_ended: float = -math.inf
+    idle_since: float = -math.inf
+
+    @property
+    def idle(self) -> bool:
+        return self.online and not self.leased and not self.reported_busy
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One `/health` probe: `sent_at` is when it left, which decides if its `busy` counts."""
+
+    sent_at: float
+    ok: bool
+    busy: bool = False
+    reason: str = ""
+
+
+class Transition(Enum):
+    CAME_ONLINE = "came_online"
+    WENT_OFFLINE = "went_offline"
+    EJECTED = "ejected"
+
+
+@dataclass(frozen=True)
+class PoolEvent:
+    """Something the I/O layer logs: which worker, what happened, why."""
+
+    transition: Transition
+    index: int
+    url: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PoolStatistics:
+    """Immutable snapshot of the counts `/monitor` and `/gateway-health` show."""
+
+    workers_total: int
+    workers_healthy: int
+    workers_busy: int
+    workers_primary_total: int
+    workers_primary_healthy: int
+    drill: bool
+
+
+class Pool:
+    """The state of every configured worker, plus the monitor drill flag."""
+
+    def __init__(
+        self,
+        workers: Sequence[str],
+        primary_workers: Iterable[str] = (),
+        thresholds: Thresholds = Thresholds(),
+    ) -> None:
+        primaries = set(primary_workers) or set(workers)  # empty means all are primary
+        self.thresholds = thresholds
+        self.drill = False
+        self.workers = [WorkerState(i, url, url in primaries) for i, url in enumerate(workers)]
+
+    # --- probes -------------------------------------------------------------------------
+
+    def record_probe(self, index: int, result: ProbeResult, now: float) -> PoolEvent | None:
+        worker = self.workers[index]
+        if result.ok:
+            return self._probe_succeeded(worker, result, now)
+        return self._probe_failed(worker, result.reason)
+
+    def _probe_succeeded(self, worker: WorkerState, result: ProbeResult, now: float) -> PoolEvent | None:
+        worker.failures = 0
+        worker.successes += 1
+        # A probe sent while (or before) our own request ran says nothing about whether the
+        # worker is free now; only one sent after that request ended may (un)set the flag.
+        if result.sent_at >= worker.last_request_ended:
+            worker.reported_busy = result.busy and not worker.leased
+        if worker.online or now < worker.cooldown_until:
+            return None
+        if worker.successes < self.thresholds.healthy_threshold:
+            return None
+        worker.online = True
+        worker.idle_since = min(worker.idle_since, now)
+        return PoolEvent(Transition.CAME_ONLINE, worker.index, worker.url)
+
+    def _probe_failed(self, worker: WorkerState, reason: str) -> PoolEvent | None:
+        worker.successes = 0
+        worker.failures += 1
+        if worker.online and worker.failures >= self.thresholds.unhealthy_threshold:
+            worker.online = False
+            return PoolEvent(Transition.WENT_OFFLINE, worker.index, worker.url, reason)
+        return None
+
+    # --- requests -----------------------------------------------------------------------
+
+    def eligible(self, exclude: frozenset[int] = frozenset()) -> list[WorkerState]:
+        """Online primaries; online backups only when no primary is online."""
+        online = [w for w in self.workers if w.online]
+        tier = [w for w in online if w.primary] or online
+        return [w for w in tier if w.index not in exclude]
+
+    def select(self, exclude: frozenset[int] = frozenset()) -> WorkerState | None:
+        """The idle eligible worker idle the longest (ties: lowest index), or None."""
+        idle = [w for w in self.eligible(exclude) if w.idle]
+        return min(idle, key=lambda w: (w.idle_since, w.index), default=None)
+
+    def lease(self, index: int) -> None:
+        worker = self.workers[index]
+        if not worker.idle:
+            raise RuntimeError(f"worker {index} is not idle")
+        worker.leased = True
+
+    def release(self, index: int, now: float) -> None:
+        worker = self.workers[index]
+        worker.leased = False
+        worker.reported_busy = False
+        worker.last_request_ended = now
+        worker.idle_since = now
+
+    def eject(self, index: int, now: float, reason: str) -> PoolEvent | None:
+        """Passive ejection after a failed forward: offline at once, then a cooldown.
+
+        Returns an event only when the worker was online (the offline warning is logged
+        on that transition alone); the cooldown applies either way.
+        """
+        worker = self.workers[index]
+        was_online = worker.online
+        worker.online = False
+        worker.successes = 0
+        worker.cooldown_until = now + self.thresholds.cooldown_seconds
+        return PoolEvent(Transition.EJECTED, index, worker.url, reason) if was_online else None
+
+    # --- monitor ------------------------------------------------------------------------
+
+    def set_drill(self, enabled: bool) -> bool:
+        """Set the drill flag; True when it changed."""
+        changed = self.drill != enabled
+        self.drill = enabled
+        return changed
+
+    def any_online(self) -> bool:
+        return any(w.online for w in self.workers)
+
+    def statistics(self) -> PoolStatistics:
+        return PoolStatistics(
+            workers_total=len(self.workers),
+            workers_healthy=sum(w.online for w in self.workers),
+            workers_busy=sum(w.leased or w.reported_busy for w in self.workers),
+            workers_primary_total=sum(w.primary for w in self.workers),
+            workers_primary_healthy=sum(w.primary and w.online for w in self.workers),
+            drill=self.drill,
+        )

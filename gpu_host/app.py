@@ -1,0 +1,146 @@
+"""The GPU host's Quart app (app factory): auth, `/health`, the business endpoints.
+
+Handlers reach the model process and the token guard through the factory's arguments,
+never module globals. The model supervisor runs in the app's nursery from `before_serving`
+to `after_serving`, so the port opens at once and `/health` says `loading` meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import Any
+
+import trio
+from quart import Response, jsonify, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from analysis.options import parse_options
+from gpu_host.auth import TokenGuard
+from gpu_host.model_process import ModelProcess, ModelState, ModelUnavailable
+from gpu_host.uploads import image_bytes, max_body_bytes, read_upload, require_image
+from shared.contract import (
+    API_PREFIX,
+    GPU_ENDPOINT_PATHS,
+    HEADER_REQUEST_ID,
+    HEADER_TOKEN,
+    MSG_BACKEND_UNAVAILABLE,
+    MSG_UNKNOWN_ENDPOINT,
+    Code,
+    ContractError,
+    envelope,
+    failure,
+    request_id_from_header,
+    success,
+)
+from shared.settings import AnalysisSettings
+
+log = logging.getLogger("gpu_host.app")
+
+
+def create_app(model: ModelProcess, guard: TokenGuard, limits: AnalysisSettings) -> QuartTrio:
+    """The app; serving it (Hypercorn or `app.test_app()`) starts and stops `model`."""
+    app = QuartTrio(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = max_body_bytes(limits.max_image_bytes)
+    app.json.ensure_ascii = False  # type: ignore[attr-defined]
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+
+    @app.before_serving
+    async def start_model() -> None:
+        await app.nursery.start(model.run)
+
+    @app.after_serving
+    async def stop_model() -> None:
+        model.stop()
+
+    @app.before_request
+    async def require_token() -> Any:
+        # Runs before routing: an unknown path without a token is 401 too.
+        if not guard.is_accepted(request.headers.get(HEADER_TOKEN)):
+            return jsonify(status="unauthorized"), 401
+        return None
+
+    @app.get("/health")
+    async def health() -> Any:
+        return _health_response(model)
+
+    for path, endpoint in GPU_ENDPOINT_PATHS.items():
+        app.add_url_rule(
+            path,
+            endpoint=endpoint,
+            view_func=partial(_business, endpoint, model, limits),
+            methods=["POST"],
+        )
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> Any:
+        # Unknown paths and wrong methods: an envelope under /api/, plain JSON elsewhere.
+        if request.path.startswith(API_PREFIX):
+            code, message = _http_error_as_contract(error, request.method, request.path)
+            body = envelope(code, _request_id(), message=message)
+            return _with_request_id(jsonify(body), body["request_id"]), error.code
+        return jsonify(status=error.name.lower().replace(" ", "_")), error.code
+
+    return app
+
+
+def _http_error_as_contract(error: HTTPException, method: str, path: str) -> tuple[Code, str]:
+    if error.code == 413:
+        return Code.TOO_LARGE, "请求体过大"
+    return Code.INVALID_PARAMETER, MSG_UNKNOWN_ENDPOINT.format(method=method, path=path)
+
+
+def _health_response(model: ModelProcess) -> Any:
+    stats = model.statistics()
+    if stats.state is ModelState.READY:
+        body = {"status": "ok", "device": stats.device, "segmenter": stats.segmenter, "busy": stats.busy}
+        return jsonify(body), 200
+    body = {"status": stats.state.value}
+    if stats.message:
+        body["message"] = stats.message
+    return jsonify(body), 503
+
+
+async def _business(endpoint: str, model: ModelProcess, limits: AnalysisSettings) -> Any:
+    """One business request -> one envelope; HTTP 503 only when no model could take it."""
+    request_id = _request_id()
+    started = trio.current_time()
+    status = 200
+    try:
+        body = success(request_id, await _run(endpoint, model, limits, request_id))
+    except ContractError as error:
+        body = failure(error, request_id)
+    except ModelUnavailable as error:
+        # Not an answer about the photo: 503 lets the gateway retry on another host.
+        log.warning("request refused, model not ready | request_id=%s reason=%s", request_id, error)
+        body, status = envelope(Code.SYSTEM_ERROR, request_id, message=MSG_BACKEND_UNAVAILABLE), 503
+    except Exception:
+        log.exception("internal error | request_id=%s endpoint=%s", request_id, endpoint)
+        body = envelope(Code.SYSTEM_ERROR, request_id)
+    log.info(
+        "request | request_id=%s endpoint=%s code=%d ms=%.0f",
+        request_id,
+        endpoint,
+        body["code"],
+        (trio.current_time() - started) * 1000,
+    )
+    return _with_request_id(jsonify(body), request_id), status
+
+
+async def _run(endpoint: str, model: ModelProcess, limits: AnalysisSettings, request_id: str) -> dict:
+    """Validate in the contract's order (1001 -> 1003), then the child does the rest."""
+    upload = await read_upload(request)
+    require_image(upload)
+    options = parse_options(endpoint, upload.fields)
+    image = image_bytes(upload, limits.max_image_bytes)
+    return await model.infer(request_id, endpoint, image, options)
+
+
+def _request_id() -> str:
+    return request_id_from_header(request.headers.get(HEADER_REQUEST_ID))
+
+
+def _with_request_id(response: Response, request_id: str) -> Response:
+    response.headers[HEADER_REQUEST_ID] = request_id
+    return response

@@ -1,0 +1,83 @@
+"""The model child's main loop: the only code on a GPU host that imports torch and mediapipe.
+
+Started by `gpu_host.model_process` with the `spawn` start method (a fresh interpreter: no
+inherited locks, threads or CUDA state). It loads the models, says `Ready` (or `LoadFailed`),
+then answers `Ping` and `Infer` messages one at a time until its pipe closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+from gpu_host.protocol import ChildConfig, Failure, Infer, LoadFailed, Ping, Pong, Ready, Result
+from shared.contract import Code, ContractError, DEFAULT_MESSAGES
+from shared.logs import configure_logging
+
+log = logging.getLogger("gpu_host.child")
+
+
+def prepare_child_process() -> None:
+    """Process set-up shared by every child entry point (the real one and test fakes).
+
+    Ctrl-C in a terminal reaches the whole process group: the child ignores it and lets the
+    web process shut it down in order. It also dies with its parent (Linux), so a killed web
+    process never leaves a model holding the GPU.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:  # not Linux / no glibc: EOF on the pipe still ends an idle child
+        pass
+
+
+def serve(conn: Connection, config: ChildConfig) -> None:
+    """Child entry point: load, report, then serve requests until the pipe closes."""
+    prepare_child_process()
+    configure_logging()
+    try:
+        from analysis.endpoints import run_endpoint
+        from analysis.models import load_models
+
+        models = load_models(config.bisenet_weights, config.device)
+    except Exception as error:  # any load problem is reported, not raised: /health shows it
+        log.exception("model load failed")
+        conn.send(LoadFailed(message=str(error) or type(error).__name__))
+        return
+    conn.send(Ready(device=str(models.device), segmenter=str(models.segmenter.name)))
+    answer_requests(conn, lambda m: run_endpoint(m.endpoint, m.image, m.options, models, config.limits))
+
+
+def answer_requests(conn: Connection, handle: Callable[[Infer], dict[str, Any]]) -> None:
+    """Answer Ping and Infer messages in order until the pipe closes (the loop of every child)."""
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the web process closed the pipe or died
+            return
+        if isinstance(message, Ping):
+            conn.send(Pong())
+        elif isinstance(message, Infer):
+            conn.send(_answer(message, handle))
+        else:
+            log.error("unknown message %r; ignored", type(message).__name__)
+
+
+def _answer(message: Infer, handle: Callable[[Infer], dict[str, Any]]) -> Result | Failure:
+    """Run one inference; every exception becomes a Failure (code + message), never a pickle."""
+    try:
+        return Result(request_id=message.request_id, data=handle(message))
+    except ContractError as error:
+        return Failure(request_id=message.request_id, code=int(error.code), message=error.message)
+    except Exception:
+        log.exception("inference failed | request_id=%s endpoint=%s", message.request_id, message.endpoint)
+        return Failure(
+            request_id=message.request_id,
+            code=int(Code.SYSTEM_ERROR),
+            message=DEFAULT_MESSAGES[Code.SYSTEM_ERROR],
+        )

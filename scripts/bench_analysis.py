@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""Per-stage timings of the measure pipeline at 512 px and at 12 MP (median of N runs).
+
+    .venv/bin/python scripts/bench_analysis.py [--runs 7] [--no-bisenet]
+
+Photos: the 512×512 astronaut, and the same face rescaled to 3000×3000 and padded with its
+own edge pixels to a 4000×3000 canvas (12 MP), both uploaded as JPEG q92. The 4096 px limit
+is the endpoint's and both sizes are within it. BiSeNet runs with random weights (its cost
+does not depend on them). Targets (analysis.md / the task): the whole measure endpoint on
+the 512 px astronaut with the fallback segmenter <= 250 ms on a 2-core CPU; 12 MP <= 2x that.
+Timings on a shared machine are noisy: compare medians, not single runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import cv2
+import numpy as np
+from PIL import Image
+from skimage import data
+
+from analysis import render
+from analysis.calibration import calibrate
+from analysis.endpoints import run_endpoint
+from analysis.hairline import trace_hairline
+from analysis.image_input import decode_image
+from analysis.measurements import measure_face
+from analysis.models import Models, load_models
+from analysis.pose import check_pose, estimate_pose
+from shared.settings import AnalysisSettings
+
+TARGET_512_MS = 250.0
+TARGET_12MP_FACTOR = 2.0
+
+
+def twelve_megapixels(rgb: np.ndarray) -> np.ndarray:
+    square = cv2.resize(rgb, (3000, 3000), interpolation=cv2.INTER_CUBIC)
+    return cv2.copyMakeBorder(square, 0, 0, 500, 500, cv2.BORDER_REPLICATE)
+
+
+def jpeg(rgb: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(rgb).save(buffer, format="JPEG", quality=92)
+    return buffer.getvalue()
+
+
+def median_ms(action: Callable[[], Any], runs: int) -> float:
+    action()  # warm-up: first calls build caches and graphs
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        action()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def stage_timings(upload: bytes, models: Models, bisenet: Models | None, runs: int) -> dict[str, float]:
+    limits = AnalysisSettings()
+    rgb = decode_image(upload, limits)
+    face = models.detector.detect(rgb)
+    calibration = calibrate(face)
+    segmentation = models.segmenter.segment(rgb, face)
+    hairline = trace_hairline(rgb, face, segmentation, calibration)
+    result = measure_face(face, hairline, calibration, "female", limits)
+    annotated = render.annotate_measurement(rgb, face, hairline, calibration, result)
+    options = {"gender": "female"}
+    timings = {
+        "decode": median_ms(lambda: decode_image(upload, limits), runs),
+        "landmarks": median_ms(lambda: models.detector.detect(rgb), runs),
+        "pose": median_ms(lambda: check_pose(estimate_pose(face), limits), runs),
+        "calibration": median_ms(lambda: calibrate(face), runs),
+        "segmentation (fallback)": median_ms(lambda: models.segmenter.segment(rgb, face), runs),
+        "hairline": median_ms(lambda: trace_hairline(rgb, face, segmentation, calibration), runs),
+        "measurements": median_ms(lambda: measure_face(face, hairline, calibration, "female", limits), runs),
+        "render": median_ms(lambda: render.annotate_measurement(rgb, face, hairline, calibration, result), runs),
+        "PNG encode + base64": median_ms(lambda: render.png_base64(annotated), runs),
+        "measure endpoint total (fallback)": median_ms(lambda: run_endpoint("measure", upload, options, models, limits), runs),
+    }
+    if bisenet is not None:
+        timings["segmentation (BiSeNet, random)"] = median_ms(lambda: bisenet.segmenter.segment(rgb, face), runs)
+        timings["measure endpoint total (BiSeNet)"] = median_ms(
+            lambda: run_endpoint("measure", upload, options, bisenet, limits), runs
+        )
+    return timings
+
+
+def random_bisenet(models: Models) -> Models:
+    import torch
+
+    from analysis.bisenet import BiSeNet, BisenetSegmenter
+
+    torch.manual_seed(0)
+    return Models(detector=models.detector, segmenter=BisenetSegmenter.from_network(BiSeNet()), device="cpu")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--no-bisenet", action="store_true", help="skip the BiSeNet rows (no torch import)")
+    args = parser.parse_args()
+
+    models = load_models("", "cpu")
+    bisenet = None if args.no_bisenet else random_bisenet(models)
+    astronaut = data.astronaut()
+    small = stage_timings(jpeg(astronaut), models, bisenet, args.runs)
+    large = stage_timings(jpeg(twelve_megapixels(astronaut)), models, bisenet, args.runs)
+
+    print(f"\nmedian of {args.runs} runs, ms (shared 2-core machine: expect noise)")
+    print(f"{'stage':36} {'512x512':>9} {'4000x3000':>10} {'ratio':>6}")
+    for stage in small:
+        print(f"{stage:36} {small[stage]:9.1f} {large[stage]:10.1f} {large[stage] / small[stage]:6.1f}")
+    total_small = small["measure endpoint total (fallback)"]
+    total_large = large["measure endpoint total (fallback)"]
+    print(f"\ntarget 512 px <= {TARGET_512_MS:.0f} ms: {total_small:.0f} ms "
+          f"({'met' if total_small <= TARGET_512_MS else 'MISSED'})")
+    limit_large = TARGET_12MP_FACTOR * TARGET_512_MS
+    print(f"target 12 MP <= {TARGET_12MP_FACTOR:.0f}x = {limit_large:.0f} ms: {total_large:.0f} ms, "
+          f"{total_large / total_small:.1f}x the 512 px run ({'met' if total_large <= limit_large else 'MISSED'})")
+    models.close()
+
+
+if __name__ == "__main__":
+    main()

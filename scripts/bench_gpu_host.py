@@ -1,0 +1,232 @@
+#!/usr/bin/env python
+"""Benchmark of the GPU host's serving layer (not of the analysis itself).
+
+Starts one real `hairgate gpu-host` and one real `hairgate edge` in front of it (files from
+`gpu_host.dev.prepare`, under a temporary directory), then measures on the 512×512 astronaut:
+
+1. endpoint 1 (measure): median latency in-process (`run_endpoint`), through the host
+   directly, and through gateway + host; the cost of web layer + pipe as a ratio of the
+   in-process time (target ≤ 10 %);
+2. `/health` latency while inferences run back to back (target p99 < 50 ms);
+3. recovery after SIGKILL of the model child vs the child's load time (target ≤ load + 1 s).
+
+Numbers are noisy on a shared machine: run it when the machine is quiet, read medians.
+Usage: .venv/bin/python scripts/bench_gpu_host.py [--runs N] [--kills K] [--first-port P]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from gpu_host.dev import prepare  # noqa: E402
+from shared.contract import HEADER_TOKEN  # noqa: E402
+from shared.settings import AnalysisSettings  # noqa: E402
+
+MEASURE = "/api/v1/hair/measure"
+_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*model process (started|ready) \| pid=(\d+)")
+
+
+def astronaut_png() -> bytes:
+    from PIL import Image
+    from skimage import data
+
+    buffer = io.BytesIO()
+    Image.fromarray(data.astronaut()).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+def wait_until(check, what: str, deadline_s: float = 180.0, step_s: float = 0.02) -> float:
+    """Poll `check()` until true; seconds waited (other processes: no event to wait on)."""
+    started = time.monotonic()
+    while time.monotonic() - started < deadline_s:
+        try:
+            if check():
+                return time.monotonic() - started
+        except httpx.TransportError:
+            pass
+        time.sleep(step_s)
+    raise SystemExit(f"bench: {what} not within {deadline_s} s")
+
+
+def latency_medians(client: httpx.Client, urls: dict[str, str], photo: bytes, runs: int) -> dict[str, float]:
+    """Median seconds per route; the routes take turns in every round, so the machine's
+    background load drifts over all of them alike (in-process included)."""
+    from analysis.endpoints import run_endpoint
+    from analysis.models import load_models
+
+    models = load_models("", "cpu")
+    limits = AnalysisSettings()
+
+    def in_process() -> None:
+        run_endpoint("measure", photo, {"gender": "unknown"}, models, limits)
+
+    def over_http(url: str) -> None:
+        body = client.post(url, files={"image": ("a.png", photo, "image/png")}).json()
+        if body["code"] != 0:
+            raise SystemExit(f"bench: {url} answered {body['code']}: {body['message']}")
+
+    routes = {"in_process": in_process, **{name: partial(over_http, url) for name, url in urls.items()}}
+    times: dict[str, list[float]] = {name: [] for name in routes}
+    for round_number in range(runs + 1):
+        for name, call in routes.items():
+            started = time.perf_counter()
+            call()
+            if round_number:  # round 0 warms every route up
+                times[name].append(time.perf_counter() - started)
+    models.close()
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def health_during_inference(host_url: str, token: str, photo: bytes, runs: int) -> dict:
+    """Health latencies sampled every 10 ms from a second thread while `runs` inferences run."""
+    done = threading.Event()
+    samples: list[tuple[float, bool]] = []
+
+    def poll_health() -> None:
+        with httpx.Client(base_url=host_url, headers={HEADER_TOKEN: token}, timeout=5) as client:
+            while not done.is_set():
+                started = time.perf_counter()
+                busy = client.get("/health").json().get("busy", False)
+                samples.append((time.perf_counter() - started, busy))
+                time.sleep(0.01)
+
+    poller = threading.Thread(target=poll_health)
+    with httpx.Client(base_url=host_url, headers={HEADER_TOKEN: token}, timeout=120) as client:
+        poller.start()
+        for _ in range(runs):
+            client.post(MEASURE, files={"image": ("a.png", photo, "image/png")})
+        done.set()
+        poller.join()
+    during = [latency for latency, busy in samples if busy]
+    return {
+        "samples_busy": len(during),
+        "p50_ms": percentile(during, 0.5) * 1000,
+        "p99_ms": percentile(during, 0.99) * 1000,
+        "max_ms": max(during) * 1000,
+    }
+
+
+def load_seconds(log_text: str) -> list[float]:
+    """Spawn -> ready per model child, from the host's own log lines."""
+    started: dict[str, datetime] = {}
+    loads = []
+    for line in log_text.splitlines():
+        match = _LOG_TIME.match(line)
+        if not match:
+            continue
+        stamp = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f")
+        if match[2] == "started":
+            started[match[3]] = stamp
+        elif match[3] in started:
+            loads.append((stamp - started[match[3]]).total_seconds())
+    return loads
+
+
+def model_child(host_pid: int) -> int:
+    for task in Path(f"/proc/{host_pid}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return int(pid)
+    raise SystemExit("bench: no model child found")
+
+
+def recoveries(host_url: str, host_pid: int, token: str, kills: int) -> list[float]:
+    results = []
+    with httpx.Client(base_url=host_url, headers={HEADER_TOKEN: token}, timeout=5) as client:
+        for _ in range(kills):
+            os.kill(model_child(host_pid), signal.SIGKILL)
+            killed_at = time.monotonic()
+            wait_until(lambda: client.get("/health").status_code == 503, "503 after the kill", 10, 0.005)
+            wait_until(lambda: client.get("/health").status_code == 200, "ready after the kill")
+            results.append(time.monotonic() - killed_at)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--first-port", type=int, default=20450)
+    args = parser.parse_args()
+
+    photo = astronaut_png()
+    workdir = Path(tempfile.mkdtemp(prefix="bench_gpu_host_"))
+    cluster = prepare(REPO_ROOT / "settings.toml", 1, args.first_port, args.first_port + 1, workdir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAIRGATE_")}
+    logs = {service.name: workdir / f"{service.name}.log" for service in cluster.services}
+    processes = [
+        subprocess.Popen(s.argv, cwd=workdir, env=env, stdout=open(logs[s.name], "wb"), stderr=subprocess.STDOUT)
+        for s in cluster.services
+    ]
+    host, gateway = cluster.hosts[0], cluster.gateway
+    host_url = host.health_url.rsplit("/", 1)[0]
+    try:
+        with httpx.Client(headers={HEADER_TOKEN: cluster.token}, timeout=120) as client:
+            wait_until(lambda: client.get(host.health_url).status_code == 200, "host ready", step_s=0.1)
+            wait_until(lambda: client.get(gateway.health_url).json().get("workers_healthy") == 1, "gateway", step_s=0.1)
+            print("measuring in-process / host / gateway + host, interleaved ...", file=sys.stderr)
+            medians = latency_medians(
+                client,
+                {"host_direct": host_url + MEASURE, "gateway_and_host": cluster.gateway_url + MEASURE},
+                photo,
+                args.runs,
+            )
+        print("measuring /health during inference ...", file=sys.stderr)
+        health = health_during_inference(host_url, cluster.token, photo, args.runs)
+        print("measuring recovery after SIGKILL ...", file=sys.stderr)
+        recovered = recoveries(host_url, processes[0].pid, cluster.token, args.kills)
+        loads = load_seconds(logs[host.name].read_text(errors="replace"))
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            process.wait(timeout=30)
+
+    report = {
+        "runs": args.runs,
+        "measure_median_s": medians,
+        "overhead_ratio": {
+            "host_web_and_pipe": medians["host_direct"] / medians["in_process"] - 1,
+            "gateway_and_host": medians["gateway_and_host"] / medians["in_process"] - 1,
+        },
+        "health_during_inference": health,
+        "recovery_after_sigkill_s": recovered,
+        "model_load_s": loads,
+        "targets": {"overhead_ratio_max": 0.10, "health_p99_ms_max": 50, "recovery_max_s": "median load + 1"},
+    }
+    report["targets_met"] = {
+        "overhead_end_to_end": report["overhead_ratio"]["gateway_and_host"] <= 0.10,
+        "overhead_host_only": report["overhead_ratio"]["host_web_and_pipe"] <= 0.10,
+        "health_p99": health["p99_ms"] < 50,
+        "recovery": statistics.median(recovered) <= statistics.median(loads) + 1,
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

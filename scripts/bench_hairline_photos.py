@@ -1,0 +1,73 @@
+#!/usr/bin/env python
+"""Hairline accuracy and timing of the fallback segmenter on the labelled photos.
+
+    .venv/bin/python scripts/bench_hairline_photos.py [--runs 3] [--photos ../shared/photos]
+
+For each photo in labels.json (plus the astronaut, whose fringe edge is at row 81.6): the
+expected and traced trichion row, the status, the ± band in px, and the median time of
+segmentation and of tracing. A timing on a shared machine is noisy: compare medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from skimage import data
+
+from analysis.calibration import calibrate
+from analysis.hairline import trace_hairline
+from analysis.landmarks import FaceMeshDetector
+from analysis.segmentation import FallbackSegmenter
+
+DEFAULT_PHOTOS = Path(__file__).resolve().parents[1] / ".." / "shared" / "photos"
+
+
+def cases(photos: Path) -> list[tuple[str, np.ndarray, dict]]:
+    found = [("astronaut", data.astronaut(), {"kind": "hairline", "trichion_row": 81.6, "tolerance_px": 2})]
+    labels = photos / "labels.json"
+    if not labels.is_file():
+        print(f"no labelled photos at {photos.resolve()}: astronaut only")
+        return found
+    for label in json.loads(labels.read_text()):
+        with Image.open(photos / label["file"]) as image:
+            found.append((label["file"], np.asarray(image.convert("RGB")), label))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--photos", type=Path, default=DEFAULT_PHOTOS)
+    args = parser.parse_args()
+    detector, segmenter = FaceMeshDetector(), FallbackSegmenter()
+    print(f"{'photo':18} {'kind':11} {'expected':>9} {'got':>7} {'err px':>6} {'status':11} {'±px':>5} {'seg ms':>6} {'trace ms':>8}")
+    for name, rgb, label in cases(args.photos):
+        face = detector.detect(rgb)
+        calibration = calibrate(face)
+        segment_ms, trace_ms = [], []
+        for _ in range(args.runs):
+            start = time.perf_counter()
+            segmentation = segmenter.segment(rgb, face)
+            middle = time.perf_counter()
+            hairline = trace_hairline(rgb, face, segmentation, calibration)
+            segment_ms.append(1000 * (middle - start))
+            trace_ms.append(1000 * (time.perf_counter() - middle))
+        expected = label.get("trichion_row")
+        got = None if hairline.trichion is None else hairline.trichion[1]
+        error = "" if expected is None or got is None else f"{abs(got - expected):.1f}"
+        band = "" if hairline.uncertainty_mm is None else f"{hairline.uncertainty_mm / calibration.mm_per_px:.1f}"
+        print(
+            f"{name:18} {label['kind']:11} {expected if expected is not None else '-':>9} "
+            f"{'-' if got is None else f'{got:.1f}':>7} {error:>6} {hairline.status:11} {band:>5} "
+            f"{statistics.median(segment_ms):6.0f} {statistics.median(trace_ms):8.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

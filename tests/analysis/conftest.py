@@ -1,0 +1,92 @@
+"""Fixtures shared by the analysis tests: real faces, one detector, the labelled photos."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from matplotlib import cbook
+from PIL import Image
+from skimage import data
+
+from analysis.landmarks import FaceMeshDetector
+from shared.settings import AnalysisSettings
+
+from .images import no_face_photo, rotated, side_by_side
+
+# Beside the checkout (/work/shared/photos for /work/main; ../shared in CI); never in the repo.
+PHOTOS_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "photos"
+
+
+def _read_only(rgb: np.ndarray) -> np.ndarray:
+    # Session-wide images: a test that writes into one would corrupt every later test.
+    rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
+    rgb.setflags(write=False)
+    return rgb
+
+
+@pytest.fixture(scope="session")
+def astronaut() -> np.ndarray:
+    """Eileen Collins, 512×512 RGB: frontal, yaw ≈ −1°, pitch ≈ +8°, roll ≈ −3°, iris ≈ 8 px."""
+    return _read_only(data.astronaut())
+
+
+@pytest.fixture(scope="session")
+def grace_hopper() -> np.ndarray:
+    """Grace Hopper, 600×512 (H×W) RGB, from matplotlib's sample data: frontal, iris ≈ 16 px."""
+    with cbook.get_sample_data("grace_hopper.jpg") as file:
+        return _read_only(np.asarray(Image.open(file).convert("RGB")))
+
+
+@pytest.fixture(scope="session")
+def detector() -> Iterator[FaceMeshDetector]:
+    """One MediaPipe detector for the whole session (building one costs ~0.5 s)."""
+    mesh = FaceMeshDetector()
+    yield mesh
+    mesh.close()
+
+
+@pytest.fixture
+def limits() -> AnalysisSettings:
+    """The default input and pose limits."""
+    return AnalysisSettings()
+
+
+@pytest.fixture(scope="session")
+def two_faces(grace_hopper: np.ndarray) -> np.ndarray:
+    """Grace Hopper twice, side by side (600×1024)."""
+    return _read_only(side_by_side(grace_hopper, grace_hopper))
+
+
+@pytest.fixture(scope="session")
+def no_face() -> np.ndarray:
+    """A real photo with no face in it (coffee cup, 400×600)."""
+    return _read_only(no_face_photo())
+
+
+@pytest.fixture(scope="session")
+def astronaut_rolled_30(astronaut: np.ndarray) -> np.ndarray:
+    """The astronaut turned 30° counter-clockwise in the image plane (roll ≈ +27°)."""
+    return _read_only(rotated(astronaut, 30))
+
+
+@pytest.fixture(scope="session")
+def photos_dir() -> Path:
+    """The labelled real photos; the test is skipped, saying where it looked, when absent."""
+    if not (PHOTOS_DIR / "labels.json").is_file():
+        pytest.skip(
+            f"SKIPPED: labelled photos not found at {PHOTOS_DIR.resolve()} "
+            "(expected ../shared/photos beside the checkout)"
+        )
+    return PHOTOS_DIR
+
+
+@pytest.fixture(scope="session")
+def photo_labels(photos_dir: Path) -> list[dict[str, Any]]:
+    """labels.json: one entry per photo (file, kind, trichion_row, tolerance_px, ...)."""
+    return json.loads((photos_dir / "labels.json").read_text())
+

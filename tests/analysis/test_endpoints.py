@@ -1,0 +1,222 @@
+"""run_endpoint on real photos with the real models (fallback segmenter): contract fields,
+check order, and plain-JSON output."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+from analysis.endpoints import INPAINT_MASK_KEY, INPAINT_MASK_OPTION, run_endpoint, special_points
+from analysis.models import Models, load_models
+from analysis.options import parse_options
+from analysis.types import LandmarkId
+from shared.contract import Code, ContractError
+from shared.settings import AnalysisSettings
+
+from .images import encode, load_photo
+
+LIMITS = AnalysisSettings()
+NULL_WITHOUT_HAIRLINE = ("forehead_height_mm", "upper_third_mm", "thirds_ratio", "hairline_width_mm",
+                         "temple_recession_mm")
+
+
+@pytest.fixture(scope="module")
+def models() -> Iterator[Models]:
+    loaded = load_models("", "cpu")
+    yield loaded
+    loaded.close()
+
+
+@pytest.fixture(scope="module")
+def astronaut_png(astronaut: np.ndarray) -> bytes:
+    return encode(astronaut, "PNG")
+
+
+@pytest.fixture(scope="module")
+def measured(astronaut_png: bytes, models: Models) -> dict[str, Any]:
+    return run_endpoint("measure", astronaut_png, parse_options("measure", {"gender": "female"}), models, LIMITS)
+
+
+def assert_plain_json(value: Any) -> None:
+    """Only plain Python JSON types (json.dumps would let numpy floats through) and no NaN."""
+    if isinstance(value, dict):
+        assert all(type(key) is str for key in value)
+        for item in value.values():
+            assert_plain_json(item)
+    elif isinstance(value, list):
+        for item in value:
+            assert_plain_json(item)
+    else:
+        assert type(value) in (str, int, float, bool, type(None)), f"{type(value)}: {value!r}"
+    json.dumps(value, allow_nan=False)
+
+
+def call(endpoint: str, image: bytes, models: Models, **fields: Any) -> dict[str, Any]:
+    data = run_endpoint(endpoint, image, parse_options(endpoint, fields), models, LIMITS)
+    assert_plain_json(data)
+    return data
+
+
+def refused(endpoint: str, image: bytes, models: Models, **fields: Any) -> ContractError:
+    with pytest.raises(ContractError) as caught:
+        call(endpoint, image, models, **fields)
+    return caught.value
+
+
+def png(encoded: str, flags: int = cv2.IMREAD_UNCHANGED) -> np.ndarray:
+    image = cv2.imdecode(np.frombuffer(base64.b64decode(encoded, validate=True), dtype=np.uint8), flags)
+    assert image is not None
+    return image
+
+
+def assert_rounded(points: Any) -> None:
+    values = np.asarray(points, dtype=np.float64).ravel()
+    assert np.allclose(values, np.round(values, 1))
+
+
+def test_measure_returns_the_contract_fields(measured: dict[str, Any]) -> None:
+    assert_plain_json(measured)
+    assert set(measured) == {"image", "face", "calibration", "hairline", "measurements", "assessment", "segmenter",
+                             "annotated_image_base64"}
+    assert measured["image"] == {"width": 512, "height": 512}
+    x, y, w, h = measured["face"]["bbox"]
+    assert all(isinstance(value, int) for value in (x, y, w, h)) and 50 < w < 200 and 50 < h < 250
+    pose = measured["face"]["pose"]
+    assert set(pose) == {"yaw", "pitch", "roll"} and abs(pose["yaw"]) < 15
+    assert measured["calibration"]["method"] == "iris" and 6 < measured["calibration"]["iris_diameter_px"] < 11
+    assert measured["calibration"]["mm_per_px"] == pytest.approx(11.7 / measured["calibration"]["iris_diameter_px"], rel=0.01)
+    assert measured["segmenter"] == "fallback"
+    hairline = measured["hairline"]
+    assert set(hairline) == {"status", "points", "trichion", "shape", "uncertainty_mm"}
+    assert hairline["status"] in ("ok", "uncertain", "no_hairline", "occluded")
+    assert set(measured["measurements"]) >= {"forehead_height_mm", "middle_third_mm", "lower_third_mm", *NULL_WITHOUT_HAIRLINE}
+    assert set(measured["assessment"]) == {"forehead", "notes"}
+    if hairline["status"] in ("no_hairline", "occluded"):
+        assert hairline["points"] is None and hairline["trichion"] is None and hairline["shape"] is None
+        assert all(measured["measurements"][key] is None for key in NULL_WITHOUT_HAIRLINE)
+    else:
+        assert_rounded(hairline["points"])
+        assert_rounded(hairline["trichion"])
+    assert measured["measurements"]["middle_third_mm"] > 30
+    assert png(measured["annotated_image_base64"]).shape == (512, 512, 3)
+
+
+def test_a_gif_is_1002(models: Models, astronaut: np.ndarray) -> None:
+    assert refused("measure", encode(astronaut, "GIF"), models).code == Code.UNSUPPORTED_IMAGE
+
+
+def test_a_small_photo_is_1004_before_any_face_check(models: Models, astronaut: np.ndarray) -> None:
+    assert refused("measure", encode(astronaut[:320, :320], "PNG"), models).code == Code.BAD_RESOLUTION
+
+
+def test_two_faces_are_1006(models: Models, two_faces: np.ndarray) -> None:
+    assert refused("mask", encode(two_faces, "JPEG", quality=92), models).code == Code.MULTIPLE_FACES
+
+
+def test_no_face_is_1005(models: Models, no_face: np.ndarray) -> None:
+    larger = cv2.resize(no_face, (900, 600), interpolation=cv2.INTER_CUBIC)
+    assert refused("hairline", encode(larger, "JPEG"), models).code == Code.NO_FACE
+
+
+def test_a_rolled_face_is_1008(models: Models, astronaut_rolled_30: np.ndarray) -> None:
+    assert refused("grow", encode(astronaut_rolled_30, "PNG"), models).code == Code.NOT_FRONTAL
+
+
+def test_mask_is_a_binary_png_of_input_size(models: Models, grace_hopper: np.ndarray) -> None:
+    data = call("mask", encode(grace_hopper, "JPEG", quality=95), models)
+    assert set(data) == {"mask_image_base64", "hair_area_ratio"}
+    mask = png(data["mask_image_base64"])
+    assert mask.shape == grace_hopper.shape[:2] and mask.dtype == np.uint8
+    assert set(np.unique(mask)) <= {0, 255} and (mask == 255).any()
+    assert data["hair_area_ratio"] == pytest.approx((mask == 255).mean(), abs=1e-4)
+    assert 0.01 < data["hair_area_ratio"] < 0.5
+
+
+def test_grow_draws_the_requested_plans(models: Models, astronaut_png: bytes) -> None:
+    data = call("grow", astronaut_png, models, plans="aggressive,conservative", gender="male")
+    assert [result["plan"] for result in data["results"]] == ["aggressive", "conservative"]
+    for result in data["results"]:
+        assert set(result) == {"plan", "hairline_drop_mm", "image_base64", "grown_image_base64"}
+        assert result["grown_image_base64"] is None
+        assert result["hairline_drop_mm"] is None or result["hairline_drop_mm"] >= 0
+        assert png(result["image_base64"]).shape == (512, 512, 3)
+
+
+def test_grow_returns_inpainting_masks_only_when_the_host_asks(models: Models, grace_hopper: np.ndarray) -> None:
+    options = {**parse_options("grow", {"plans": ["standard"]}), INPAINT_MASK_OPTION: True}
+    data = run_endpoint("grow", encode(grace_hopper, "PNG"), options, models, LIMITS)
+    mask = png(data["results"][0][INPAINT_MASK_KEY])
+    assert mask.shape == grace_hopper.shape[:2] and set(np.unique(mask)) <= {0, 255}
+    assert not INPAINT_MASK_KEY.endswith("_base64")  # the gateway never publishes it
+
+
+def test_mark_with_points(models: Models, astronaut_png: bytes, astronaut: np.ndarray) -> None:
+    data = call("mark", astronaut_png, models, hairline_points=[[180, 75], [226, 66], [270, 77]])
+    assert set(data) == {"marked_image_base64", "grown_image_base64"} and data["grown_image_base64"] is None
+    marked = cv2.cvtColor(png(data["marked_image_base64"]), cv2.COLOR_BGR2RGB)
+    assert marked.shape == astronaut.shape
+    assert np.any(marked[66, 220:232] != astronaut[66, 220:232])  # the polyline is drawn where asked
+
+
+def test_mark_points_outside_the_image_are_1001_before_the_face_check(models: Models, no_face: np.ndarray) -> None:
+    larger = encode(cv2.resize(no_face, (900, 600)), "JPEG")
+    error = refused("mark", larger, models, hairline_points=[[10, 10], [500, 20], [901, 30]])
+    assert error.code == Code.INVALID_PARAMETER and "hairline_points" in error.message and "900×600" in error.message
+
+
+def test_hairline_styles_in_requested_order(models: Models, grace_hopper: np.ndarray) -> None:
+    data = call("hairline", encode(grace_hopper, "PNG"), models, styles=["widows_peak", "straight"])
+    assert [item["style"] for item in data["hairline_images"]] == ["widows_peak", "straight"]
+    for item in data["hairline_images"]:
+        assert set(item) == {"style", "image_base64"}
+        assert png(item["image_base64"]).shape == grace_hopper.shape
+
+
+def test_special_points_are_rounded_landmarks(models: Models, astronaut_png: bytes, astronaut: np.ndarray) -> None:
+    data = call("special-points", astronaut_png, models)
+    assert data["image"] == {"width": 512, "height": 512}
+    assert set(data["points"]) == {"trichion", "glabella", "nasion", "subnasale", "menton", "left_temple",
+                                   "right_temple", "left_iris_center", "right_iris_center"}
+    face = models.detector.detect(astronaut)
+    assert data["points"]["trichion"] == pytest.approx(face.points[LandmarkId.MESH_TOP], abs=0.051)
+    assert data["points"]["left_iris_center"][0] < data["points"]["right_iris_center"][0]
+    assert_rounded(list(data["points"].values()))
+    assert special_points(astronaut, models.detector) == data  # the gateway's entry: same answer
+
+
+def test_special_points_pose_gate_applies_when_limits_are_given(models: Models, astronaut_rolled_30: np.ndarray) -> None:
+    assert special_points(astronaut_rolled_30, models.detector)["points"]["trichion"] is not None
+    with pytest.raises(ContractError) as caught:
+        special_points(astronaut_rolled_30, models.detector, LIMITS)
+    assert caught.value.code == Code.NOT_FRONTAL
+
+
+def labelled_photo(photos_dir: Path, name: str, scale: float = 1.0) -> bytes:
+    rgb = load_photo(photos_dir, name)
+    if scale != 1.0:  # several labelled photos are below the 480 px minimum
+        rgb = cv2.resize(rgb, None, fx=scale, fy=scale, interpolation=cv2.INTER_CUBIC)
+    return encode(rgb, "PNG")
+
+
+def test_mark_by_drop_on_a_detected_hairline(models: Models, photos_dir: Path) -> None:
+    photo = labelled_photo(photos_dir, "obama.jpg")
+    assert call("measure", photo, models)["hairline"]["status"] in ("ok", "uncertain")
+    data = call("mark", photo, models, drop_mm="10")
+    assert png(data["marked_image_base64"]).shape == (1137, 910, 3)
+
+
+def test_bald_head_mark_by_drop_is_1001_and_grow_has_no_drop(models: Models, photos_dir: Path) -> None:
+    photo = labelled_photo(photos_dir, "willis_white.png", scale=2.0)
+    error = refused("mark", photo, models, drop_mm=5)
+    assert error.code == Code.INVALID_PARAMETER and "drop_mm" in error.message and "hairline_points" in error.message
+    options = {**parse_options("grow", {"plans": "standard", "gender": "male"}), INPAINT_MASK_OPTION: True}
+    result = run_endpoint("grow", photo, options, models, LIMITS)["results"][0]
+    assert result["hairline_drop_mm"] is None  # no hairline: no honest drop
+    assert (png(result[INPAINT_MASK_KEY]) == 255).any()  # but a design, and a region to grow, from the face

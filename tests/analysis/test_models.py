@@ -1,0 +1,87 @@
+"""load_models: which segmenter, which device, and a clear reason when weights cannot load."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from analysis.bisenet import BiSeNet, BisenetSegmenter
+from analysis.models import ModelLoadError, load_models, resolve_device
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_web_side_imports_load_neither_torch_nor_mediapipe():
+    # The GPU host's web process imports these; torch or MediaPipe there would defeat the
+    # model process. A fresh interpreter, since this one has both loaded already.
+    probe = (
+        "import sys, analysis.models, analysis.image_input, analysis.pose, analysis.calibration, "
+        "analysis.landmarks, analysis.types; "
+        "print(sorted(name for name in ('torch', 'mediapipe', 'cv2') if name in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_device_resolution():
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") == ("cuda:0" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ModelLoadError, match="unknown device"):
+        resolve_device("tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_cuda_without_a_gpu_says_so():
+    with pytest.raises(ModelLoadError, match="no CUDA GPU"):
+        resolve_device("cuda")
+
+
+@pytest.fixture(scope="module")
+def weights_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "79999_iter.pth"
+    torch.save(BiSeNet().state_dict(), path)
+    return path
+
+
+def test_named_weights_load_bisenet(weights_file):
+    models = load_models(str(weights_file), device="cpu")
+    try:
+        assert isinstance(models.segmenter, BisenetSegmenter)
+        assert models.segmenter.name == "bisenet"
+        assert models.device == "cpu"
+    finally:
+        models.close()
+
+
+def test_missing_weights_file_says_not_found(tmp_path):
+    with pytest.raises(ModelLoadError, match="weights file not found: .*absent.pth"):
+        load_models(str(tmp_path / "absent.pth"), device="cpu")
+
+
+def test_unreadable_weights_say_why(tmp_path):
+    garbage = tmp_path / "garbage.pth"
+    garbage.write_bytes(b"this is not a checkpoint")
+    with pytest.raises(ModelLoadError, match="cannot be loaded"):
+        load_models(str(garbage), device="cpu")
+
+
+def test_wrong_network_weights_name_the_key(tmp_path):
+    wrong = tmp_path / "resnet.pth"
+    torch.save({"conv1.weight": torch.zeros(64, 3, 7, 7)}, wrong)
+    with pytest.raises(ModelLoadError, match="cp.resnet.conv1.weight"):
+        load_models(str(wrong), device="cpu")
+
+
+def test_no_weights_means_the_fallback_on_the_cpu():
+    segmentation = pytest.importorskip("analysis.segmentation", reason="the fallback segmenter is not written yet")
+    models = load_models("", device="auto")
+    try:
+        assert isinstance(models.segmenter, segmentation.FallbackSegmenter)
+        assert models.segmenter.name == "fallback"
+        assert models.device == "cpu"
+    finally:
+        models.close()

@@ -1,0 +1,136 @@
+"""Head pose: synthetic rotations of the canonical face recovered, real faces, the 1008 rule."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from analysis.landmarks import LANDMARK_COUNT
+from analysis.pose import canonical_face_model, check_pose, estimate_pose, procrustes_weights, weighted_similarity
+from analysis.types import Face, Pose
+from shared.contract import Code, ContractError
+from shared.settings import AnalysisSettings
+
+from .images import load_photo, mirrored
+
+
+def rotation(yaw: float, pitch: float, roll: float) -> np.ndarray:
+    """Rx(pitch) · Ry(yaw) · Rz(roll), angles in degrees."""
+    a, b, c = (math.radians(angle) for angle in (pitch, yaw, roll))
+    rx = np.array([[1, 0, 0], [0, math.cos(a), -math.sin(a)], [0, math.sin(a), math.cos(a)]])
+    ry = np.array([[math.cos(b), 0, math.sin(b)], [0, 1, 0], [-math.sin(b), 0, math.cos(b)]])
+    rz = np.array([[math.cos(c), -math.sin(c), 0], [math.sin(c), math.cos(c), 0], [0, 0, 1]])
+    return rx @ ry @ rz
+
+
+def photographed(yaw: float, pitch: float, roll: float, noise_px: float = 0.0, seed: int = 0) -> Face:
+    """The canonical face turned by the angles, then seen the way MediaPipe reports it:
+    pixels with y down, z growing away from the camera, ~25 px per cm, centred at (320, 240)."""
+    turned = canonical_face_model() @ rotation(yaw, pitch, roll).T * 25.0
+    pixels = turned * np.array([1.0, -1.0, -1.0]) + np.array([320.0, 240.0, 0.0])
+    pixels += np.random.default_rng(seed).normal(0.0, noise_px, pixels.shape)
+    iris = np.repeat(pixels[[33]], LANDMARK_COUNT - len(pixels), axis=0)  # unused by the pose
+    return Face(landmarks=np.vstack([pixels, iris]), image_width=640, image_height=480)
+
+
+def angles(pose: Pose) -> np.ndarray:
+    return np.array([pose.yaw_degrees, pose.pitch_degrees, pose.roll_degrees])
+
+
+def test_model_data_loads():
+    model = canonical_face_model()
+    assert model.shape == (468, 3)
+    np.testing.assert_allclose(model[1], [0, -1.126865, 7.475604])  # the nose tip, towards the camera
+    ids, weights = procrustes_weights()
+    assert len(ids) == len(weights) == 33
+    assert (ids < 468).all() and (weights > 0).all()
+
+
+@pytest.mark.parametrize(
+    "yaw, pitch, roll",
+    [(0, 0, 0), (12, 0, 0), (-25, 0, 0), (0, 18, 0), (0, -15, 0), (0, 0, 30), (0, 0, -40), (10, -12, 7), (-20, 15, -25)],
+)
+def test_synthetic_rotations_are_recovered(yaw, pitch, roll):
+    recovered = angles(estimate_pose(photographed(yaw, pitch, roll, noise_px=0.5)))
+    np.testing.assert_allclose(recovered, [yaw, pitch, roll], atol=1.0)
+
+
+def test_similarity_recovers_scale_rotation_translation():
+    source = canonical_face_model()
+    truth = rotation(14, -9, 21)
+    target = 3.5 * source @ truth.T + np.array([10.0, -4.0, 2.0])
+    scale, found, translation = weighted_similarity(source, target, np.ones(len(source)))
+    assert scale == pytest.approx(3.5)
+    np.testing.assert_allclose(found, truth, atol=1e-9)
+    np.testing.assert_allclose(translation, [10.0, -4.0, 2.0], atol=1e-9)
+
+
+def test_astronaut_is_near_frontal(detector, astronaut, limits):
+    pose = estimate_pose(detector.detect(astronaut))
+    np.testing.assert_allclose(angles(pose), [-1.0, 8.0, -3.0], atol=3.0)
+    check_pose(pose, limits)
+
+
+def test_grace_hopper_is_near_frontal(detector, grace_hopper, limits):
+    pose = estimate_pose(detector.detect(grace_hopper))
+    assert np.abs(angles(pose)).max() < 10
+    check_pose(pose, limits)
+
+
+def test_mirror_flips_yaw_and_roll_keeps_pitch(detector, astronaut):
+    # A 3° face read as −1/8/−3 mirrors to about +1/8/+3; pitch must not change sign.
+    direct = angles(estimate_pose(detector.detect(astronaut)))
+    flipped = angles(estimate_pose(detector.detect(mirrored(astronaut))))
+    np.testing.assert_allclose(flipped, direct * [-1, 1, -1], atol=3.0)
+
+
+def test_in_plane_rotation_reads_as_roll_and_is_1008(detector, astronaut, astronaut_rolled_30, limits):
+    before = estimate_pose(detector.detect(astronaut))
+    after = estimate_pose(detector.detect(astronaut_rolled_30))
+    assert after.roll_degrees - before.roll_degrees == pytest.approx(30, abs=4)
+    assert abs(after.yaw_degrees - before.yaw_degrees) < 6
+    with pytest.raises(ContractError) as caught:
+        check_pose(after, limits)
+    assert caught.value.code == Code.NOT_FRONTAL
+    assert f"歪头（头部倾斜） {abs(after.roll_degrees):.0f}°，允许 ±15°" in caught.value.message
+    assert "左右转头" not in caught.value.message
+
+
+def test_check_pose_names_each_angle_over_its_limit(limits):
+    with pytest.raises(ContractError) as caught:
+        check_pose(Pose(yaw_degrees=-23.4, pitch_degrees=25.0, roll_degrees=3.0), limits)
+    message = caught.value.message
+    assert caught.value.code == Code.NOT_FRONTAL
+    assert "左右转头 23°，允许 ±15°" in message
+    assert "低头 25°，允许 ±20°" in message
+    assert "歪头" not in message
+
+
+def test_pitch_message_says_up_or_down(limits):
+    # Positive pitch = forehead towards the camera (a bowed head, like tom_cruise.jpg's +18°).
+    with pytest.raises(ContractError) as caught:
+        check_pose(Pose(yaw_degrees=0.0, pitch_degrees=-31.0, roll_degrees=0.0), limits)
+    assert "抬头 31°" in caught.value.message and "低头" not in caught.value.message
+
+
+def test_check_pose_limits_come_from_settings():
+    pose = Pose(yaw_degrees=9.0, pitch_degrees=0.0, roll_degrees=0.0)
+    check_pose(pose, AnalysisSettings())
+    with pytest.raises(ContractError):
+        check_pose(pose, AnalysisSettings(max_yaw_degrees=8))
+
+
+def test_check_pose_accepts_exactly_the_limit(limits):
+    check_pose(Pose(yaw_degrees=15.0, pitch_degrees=-20.0, roll_degrees=15.0), limits)
+
+
+def test_labelled_photos_are_frontal_enough(detector, photos_dir, photo_labels, limits):
+    # All eight are meant to be measured, so none may be refused as 1008.
+    pitches = {}
+    for label in photo_labels:
+        pose = estimate_pose(detector.detect(load_photo(photos_dir, label["file"])))
+        check_pose(pose, limits)
+        pitches[label["file"]] = pose.pitch_degrees
+    assert pitches["tom_cruise.jpg"] > 10  # visibly bowed head: the sign of pitch

@@ -1,0 +1,40 @@
+"""Fixtures for the gateway's in-process unit tests: settings, a gateway graph, its Quart app."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edge.app import Gateway, build_gateway, create_quart_app
+from edge.pool import ProbeResult
+from shared.settings import Settings
+
+TOKEN = "unit-test-token-3f9a"
+WORKERS = ["http://127.0.0.1:18190", "http://127.0.0.1:18191", "http://127.0.0.1:18192"]
+
+
+def make_settings(tmp_path: Path, **edge: object) -> Settings:
+    section = {
+        "static_dir": str(tmp_path / "static"),
+        "request_log": str(tmp_path / "request_log.jsonl"),
+        "public_base_url": "http://gateway.test",
+        "pool": {"workers": WORKERS, "primary_workers": WORKERS[:2]},
+        **edge,
+    }
+    return Settings.model_validate({"auth": {"shared_password": TOKEN}, "edge": section})
+
+
+def bring_online(gateway: Gateway, *indexes: int) -> None:
+    for index in indexes:
+        gateway.dispatcher.record_probe(index, ProbeResult(0.0, ok=True))
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Gateway:
+    return build_gateway(make_settings(tmp_path))
+
+
+@pytest.fixture
+def client(gateway: Gateway):
+    return create_quart_app(gateway).test_client()

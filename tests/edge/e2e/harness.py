@@ -1,0 +1,120 @@
+"""The harness of the gateway's end-to-end tests: a cluster of real processes, and polling helpers.
+
+A `Cluster` starts what a test asks for (fake workers, then `hairgate edge` configured for
+them) and `stop()` kills all of it. Waiting is always for a condition with a deadline
+(`wait_until`), never a bare sleep.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from tests.fakes.launch import (
+    FakeWorkerProcess,
+    GatewayProcess,
+    free_port,
+    write_gateway_settings,
+    write_secrets,
+)
+
+MEASURE = "/api/v1/hair/measure"
+# The keys of a 200 /monitor answer (seed 001 §4); a 503 adds `message`, a drill `simulated`.
+MONITOR_KEYS = frozenset(
+    {"status", "service", "workers_total", "workers_healthy", "workers_primary_total", "workers_primary_healthy"}
+)
+
+
+class Cluster:
+    """Fake workers and one gateway, all on loopback, all files under `directory`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.token = secrets.token_hex(16)
+        self.secrets_path = write_secrets(directory, self.token)
+        self.fakes: list[FakeWorkerProcess] = []
+        self.gateways: list[GatewayProcess] = []
+        self.port = free_port()  # kept across restarts and reloads of the gateway
+        self.static_dir = directory / "static"
+        self.request_log = directory / "request_log.jsonl"
+
+    def start_fakes(self, count: int, latency_ms: float = 0, token: str | None = None) -> list[FakeWorkerProcess]:
+        started = []
+        for _ in range(count):
+            log = self.directory / f"fake-{len(self.fakes)}.log"
+            fake = FakeWorkerProcess.start(token or self.token, latency_ms, log_path=log)
+            self.fakes.append(fake)
+            started.append(fake)
+        return started
+
+    @property
+    def gateway(self) -> GatewayProcess | None:
+        return self.gateways[-1] if self.gateways else None
+
+    def write_settings(
+        self,
+        workers: list[FakeWorkerProcess | str] | None = None,
+        primary: list[FakeWorkerProcess | str] | None = None,
+        edge: dict[str, Any] | None = None,
+    ) -> Path:
+        """settings.toml for `workers` (default: every fake started so far)."""
+        urls = [w.url if isinstance(w, FakeWorkerProcess) else w for w in (workers or self.fakes)]
+        primary_urls = [w.url if isinstance(w, FakeWorkerProcess) else w for w in (primary or [])]
+        return write_gateway_settings(self.directory, self.port, urls, primary_urls, edge)
+
+    def start_gateway(
+        self,
+        workers: list[FakeWorkerProcess | str] | None = None,
+        primary: list[FakeWorkerProcess | str] | None = None,
+        edge: dict[str, Any] | None = None,
+    ) -> GatewayProcess:
+        """The gateway in front of `workers` (default: every fake started so far)."""
+        config = self.write_settings(workers, primary, edge)
+        log = self.directory / f"gateway-{len(self.gateways)}.log"
+        self.gateways.append(GatewayProcess.start(config, self.secrets_path, self.port, log))
+        return self.gateways[-1]
+
+    def client(self, **kwargs: Any) -> httpx.AsyncClient:
+        assert self.gateway is not None, "start_gateway() first"
+        kwargs.setdefault("timeout", 15)
+        return httpx.AsyncClient(base_url=self.gateway.url, **kwargs)
+
+    def annotation_files(self) -> list[Path]:
+        folder = self.static_dir / "annotations"
+        return sorted(folder.iterdir()) if folder.exists() else []
+
+    def stop(self) -> None:
+        for gateway in self.gateways:
+            gateway.kill()
+            print(f"--- gateway log ({gateway.log_path}) ---\n{gateway.log_text()[-6000:]}")
+        for fake in self.fakes:
+            fake.kill()
+
+
+async def wait_until(
+    condition: Callable[[], Awaitable[bool]], timeout_s: float, what: str, interval_s: float = 0.02
+) -> None:
+    """Poll `condition` until it holds; fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for: {what}")
+        await trio.sleep(interval_s)
+
+
+async def gateway_health(client: httpx.AsyncClient) -> dict[str, Any]:
+    response = await client.get("/gateway-health")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def measure(client: httpx.AsyncClient, **kwargs: Any) -> httpx.Response:
+    """One business request with a small JSON body, as a client sends it."""
+    kwargs.setdefault("json", {"image_base64": "AAAA", "gender": "unknown"})
+    return await client.post(MEASURE, **kwargs)

@@ -1,0 +1,246 @@
+"""`/api/` end to end inside one process: the ASGI front, dispatch, retries, rewrite, log.
+
+The workers are a fake `Upstream` (the seam the gateway's real httpcore client plugs into):
+per-URL behaviours, a record of every forward, and an overlap counter.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from functools import partial
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+import trio.testing
+from PIL import Image
+
+from edge.app import Gateway, build_gateway, create_app
+from edge.forward import FailureKind, ForwardRequest, WorkerAnswer, WorkerFailure
+from shared.contract import MSG_BACKEND_BUSY, MSG_BACKEND_UNAVAILABLE, Code, envelope
+from tests.edge.conftest import WORKERS, bring_online, make_settings
+
+MEASURE, GROW = "/api/v1/hair/measure", "/api/v1/hair/grow"
+
+
+def png_base64() -> str:
+    buffer = io.BytesIO()
+    Image.new("L", (2, 2)).save(buffer, "PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+class FakeUpstream:
+    """Workers by URL: "ok", "ok_image", "bad_image", "http500", "closed", "hang" or "slow"."""
+
+    def __init__(self) -> None:
+        self.behaviour = dict.fromkeys(WORKERS, "ok")
+        self.forwards: list[tuple[str, ForwardRequest]] = []
+        self.active: set[str] = set()
+        self.overlaps = 0
+
+    async def forward(self, url: str, request: ForwardRequest, timeout: float) -> WorkerAnswer:
+        self.forwards.append((url, request))
+        self.overlaps += url in self.active
+        self.active.add(url)
+        try:
+            return await self._answer(self.behaviour[url], request, timeout)
+        finally:
+            self.active.discard(url)
+
+    async def _answer(self, behaviour: str, request: ForwardRequest, timeout: float) -> WorkerAnswer:
+        data: dict = {"echo_path": request.target}
+        if behaviour == "slow":
+            await trio.sleep(1)
+        elif behaviour == "hang":
+            await trio.sleep(timeout)
+            raise WorkerFailure(FailureKind.TIMEOUT, "no answer")
+        elif behaviour == "http500":
+            raise WorkerFailure(FailureKind.BAD_STATUS, "HTTP 500")
+        elif behaviour == "closed":
+            raise WorkerFailure(FailureKind.CLOSED, "connection reset")
+        elif behaviour == "ok_image":
+            data["mask_image_base64"] = png_base64()
+        elif behaviour == "bad_image":
+            data["mask_image_base64"] = "bm90IGEgcG5n"
+        body = envelope(Code.OK, request.request_id, data)
+        return WorkerAnswer(json.dumps(body).encode(), body)
+
+
+@pytest.fixture
+def upstream() -> FakeUpstream:
+    return FakeUpstream()
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path, upstream: FakeUpstream) -> Gateway:
+    settings = make_settings(
+        tmp_path,
+        max_body_bytes=1000,
+        pool={"workers": WORKERS[:2], "primary_workers": []},
+        dispatch={"queue_wait_seconds": 5, "request_timeout_seconds": 10, "slow_request_timeout_seconds": 30},
+    )
+    gateway = build_gateway(settings, upstream=upstream)
+    bring_online(gateway, 0, 1)
+    return gateway
+
+
+@pytest.fixture
+def client(gateway: Gateway) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=create_app(gateway), client=("203.0.113.7", 5555))
+    return httpx.AsyncClient(transport=transport, base_url="http://gateway.test")
+
+
+async def logged(gateway: Gateway) -> list[dict]:
+    await gateway.request_log.flush()
+    return [json.loads(line) for line in gateway.request_log.path.read_text().splitlines()]
+
+
+async def test_success_passes_through_with_request_id(client, upstream: FakeUpstream, gateway: Gateway) -> None:
+    response = await client.post(
+        MEASURE + "?debug=1",
+        json={"image_base64": "AAAA"},
+        headers={"X-Request-ID": "client-id.1", "X-Internal-Token": "client-guess", "X-Forwarded-For": "198.51.100.1"},
+    )
+    assert response.status_code == 200
+    assert response.headers["X-Request-ID"] == "client-id.1"
+    assert response.json() == {"code": 0, "message": "成功", "request_id": "client-id.1", "data": {"echo_path": MEASURE + "?debug=1"}}
+    (_, forwarded), = upstream.forwards
+    assert forwarded.request_id == "client-id.1"
+    assert forwarded.forwarded_for == "198.51.100.1, 203.0.113.7"
+    assert forwarded.content_type == "application/json"
+    assert json.loads(forwarded.body) == {"image_base64": "AAAA"}
+    (entry,) = await logged(gateway)
+    assert {k: entry[k] for k in ("request_id", "method", "path", "client_ip", "worker", "attempts", "http_status", "code")} == {
+        "request_id": "client-id.1", "method": "POST", "path": MEASURE, "client_ip": "203.0.113.7",
+        "worker": entry["worker"], "attempts": 1, "http_status": 200, "code": 0,
+    }
+    assert entry["worker"] in (0, 1) and entry["bytes_out"] == len(response.content)
+    assert set(entry) == {
+        "ts", "request_id", "method", "path", "client_ip", "worker", "attempts", "queue_ms",
+        "duration_ms", "http_status", "code", "bytes_in", "bytes_out", "idempotent_replay",
+    }
+    assert "AAAA" not in gateway.request_log.path.read_text()
+
+
+@pytest.mark.parametrize("given", [None, "", "has space", "x" * 65, "a/b", "id;drop"])
+async def test_invalid_request_id_is_replaced(client, given) -> None:
+    headers = {"X-Request-ID": given} if given is not None else {}
+    response = await client.post(MEASURE, content=b"{}", headers=headers)
+    generated = response.headers["X-Request-ID"]
+    assert generated != given and 1 <= len(generated) <= 64
+    assert response.json()["request_id"] == generated
+
+
+@pytest.mark.parametrize("failure", ["http500", "closed", "bad_image"])
+async def test_failed_worker_is_ejected_and_request_retried_elsewhere(client, upstream, gateway, failure) -> None:
+    upstream.behaviour[WORKERS[0]] = failure
+    upstream.behaviour[WORKERS[1]] = "ok"
+    gateway.pool.workers[1].idle_since = 1.0  # make worker 0 the first choice
+    response = await client.post(MEASURE, content=b"{}")
+    assert response.json()["code"] == 0
+    assert [url for url, _ in upstream.forwards] == WORKERS[:2]
+    assert [w.online for w in gateway.pool.workers] == [False, True]
+    assert not list(Path(gateway.settings.edge.static_dir).rglob("*.png"))
+    assert (await logged(gateway))[0]["attempts"] == 2
+
+
+async def test_retries_exhausted_answer_unavailable(client, upstream, gateway) -> None:
+    upstream.behaviour = dict.fromkeys(WORKERS, "http500")
+    response = await client.post(MEASURE, content=b"{}", headers={"X-Request-ID": "doomed"})
+    assert response.json() == {"code": 1007, "message": MSG_BACKEND_UNAVAILABLE, "request_id": "doomed", "data": None}
+    assert response.headers["Retry-After"] == "8"  # nothing online any more: one probe interval
+    assert len(upstream.forwards) == 2
+
+
+@pytest.mark.parametrize(("path", "retried"), [(MEASURE, True), (GROW, False)])
+async def test_timeout_is_retried_except_on_slow_paths(autojump_clock, client, upstream, gateway, path, retried) -> None:
+    upstream.behaviour[WORKERS[0]] = "hang"
+    gateway.pool.workers[1].idle_since = 1.0
+    response = await client.post(path, content=b"{}")
+    assert response.json()["code"] == (0 if retried else 1007)
+    assert len(upstream.forwards) == (2 if retried else 1)
+    assert not gateway.pool.workers[0].online, "a timeout ejects the worker either way"
+
+
+async def test_image_is_rewritten_to_a_url(client, upstream, gateway) -> None:
+    upstream.behaviour = dict.fromkeys(WORKERS, "ok_image")
+    data = (await client.post(MEASURE, content=b"{}")).json()["data"]
+    assert data["mask_image_url"].startswith("http://gateway.test/static/annotations/")
+    served = await client.get(data["mask_image_url"].removeprefix("http://gateway.test"))
+    assert served.status_code == 200 and served.content.startswith(b"\x89PNG")
+
+
+async def test_queue_timeout_answers_busy(autojump_clock, client, upstream, gateway) -> None:
+    upstream.behaviour = dict.fromkeys(WORKERS, "hang")
+    async with trio.open_nursery() as nursery:
+        for _ in range(2):
+            nursery.start_soon(partial(client.post, GROW, content=b"{}"))
+        await trio.testing.wait_all_tasks_blocked()
+        response = await client.post(MEASURE, content=b"{}")
+        assert response.json()["message"] == MSG_BACKEND_BUSY
+        assert response.headers["Retry-After"] == "2"
+        nursery.cancel_scope.cancel()
+
+
+async def test_burst_never_overlaps_on_a_worker(autojump_clock, client, upstream) -> None:
+    upstream.behaviour = dict.fromkeys(WORKERS, "slow")
+    codes = []
+
+    async def one() -> None:
+        codes.append((await client.post(MEASURE, content=b"{}")).json()["code"])
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(8):
+            nursery.start_soon(one)
+    assert codes == [0] * 8 and upstream.overlaps == 0
+
+
+@pytest.mark.parametrize("path", ["/api/v1/face/features", "/api/v1/face/special-points"])
+async def test_gateway_endpoints_are_not_forwarded(client, upstream, path) -> None:
+    response = await client.post(path, content=b"{}")
+    assert response.json()["code"] == 1007 and path in response.json()["message"]
+    assert "Retry-After" in response.headers
+    assert upstream.forwards == []
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", "/api/v1/nope"), ("GET", MEASURE), ("PUT", GROW)])
+async def test_unknown_endpoint_or_method_is_1001(client, upstream, method, path) -> None:
+    response = await client.request(method, path)
+    assert response.status_code == 200 and response.json()["code"] == 1001
+    assert upstream.forwards == []
+
+
+async def test_body_over_the_limit_is_1003_without_touching_a_worker(client, upstream, gateway) -> None:
+    response = await client.post(MEASURE, content=b"x" * 1001)
+    assert response.json()["code"] == 1003 and "1000" in response.json()["message"]
+    assert upstream.forwards == []
+    assert (await client.post(MEASURE, content=b"x" * 1000)).json()["code"] == 0
+
+
+async def test_chunked_body_over_the_limit_is_1003(client, upstream) -> None:
+    async def chunks():
+        for _ in range(5):
+            yield b"y" * 300
+
+    response = await client.post(MEASURE, content=chunks())
+    assert response.json()["code"] == 1003
+    assert upstream.forwards == []
+
+
+async def test_no_online_worker_answers_unavailable_at_once(autojump_clock, client, gateway) -> None:
+    for index in (0, 1):
+        gateway.dispatcher.eject(index, "test")
+    started = trio.current_time()
+    response = await client.post(MEASURE, content=b"{}")
+    assert response.json()["message"] == MSG_BACKEND_UNAVAILABLE
+    assert trio.current_time() == started
+
+
+async def test_only_api_requests_are_logged(client, gateway) -> None:
+    for path in ("/health", "/gateway-health", "/monitor", "/static/annotations/x.png"):
+        await client.get(path)
+    await client.post(MEASURE, content=b"{}")
+    assert [entry["path"] for entry in await logged(gateway)] == [MEASURE]

@@ -1,0 +1,162 @@
+"""The pool state machine as tables of (state, event) -> state; no I/O, no clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from edge.pool import Pool, ProbeResult, Thresholds, Transition
+
+A, B, C = "http://a:1", "http://b:1", "http://c:1"
+OK = ProbeResult(sent_at=0.0, ok=True)
+FAIL = ProbeResult(sent_at=0.0, ok=False, reason="refused")
+
+
+def online_pool(*urls: str, primaries: tuple[str, ...] = (), thresholds: Thresholds = Thresholds()) -> Pool:
+    pool = Pool(urls, primaries, thresholds)
+    for worker in pool.workers:
+        pool.record_probe(worker.index, OK, now=0.0)
+    return pool
+
+
+@pytest.mark.parametrize(
+    ("thresholds", "probes", "online_after", "transitions"),
+    [
+        # healthy_threshold=1: one success brings a new worker online
+        (Thresholds(2, 1, 60), [OK], [True], [Transition.CAME_ONLINE]),
+        # healthy_threshold=2 needs two in a row; a failure resets the streak
+        (Thresholds(2, 2, 60), [OK, FAIL, OK, OK], [False, False, False, True], [Transition.CAME_ONLINE]),
+        # unhealthy_threshold=2: one blip does not take an online worker down
+        (Thresholds(2, 1, 60), [OK, FAIL, OK, FAIL, FAIL], [True, True, True, True, False],
+         [Transition.CAME_ONLINE, Transition.WENT_OFFLINE]),
+        # a worker that never came online logs no "went offline", however often it fails
+        (Thresholds(1, 1, 60), [FAIL, FAIL, FAIL], [False, False, False], []),
+    ],
+)
+def test_probe_sequences(thresholds, probes, online_after, transitions) -> None:
+    pool = Pool([A], thresholds=thresholds)
+    seen_online, events = [], []
+    for probe in probes:
+        event = pool.record_probe(0, probe, now=1.0)
+        seen_online.append(pool.workers[0].online)
+        if event is not None:
+            events.append(event.transition)
+    assert seen_online == online_after
+    assert events == transitions
+
+
+def test_offline_event_carries_the_probe_reason() -> None:
+    pool = online_pool(A, thresholds=Thresholds(1, 1, 60))
+    event = pool.record_probe(0, ProbeResult(5.0, ok=False, reason="HTTP 503"), now=5.0)
+    assert event is not None and (event.transition, event.index, event.reason) == (Transition.WENT_OFFLINE, 0, "HTTP 503")
+
+
+@pytest.mark.parametrize(
+    ("probe_at", "online"),
+    [(10.0, False), (69.9, False), (70.0, True), (200.0, True)],
+)
+def test_ejection_cooldown_holds_off_probe_successes(probe_at: float, online: bool) -> None:
+    pool = online_pool(A, thresholds=Thresholds(2, 1, 60))
+    event = pool.eject(0, now=10.0, reason="HTTP 500")
+    assert event is not None and event.transition is Transition.EJECTED
+    pool.record_probe(0, ProbeResult(probe_at, ok=True), now=probe_at)
+    assert pool.workers[0].online is online
+
+
+def test_ejecting_an_offline_worker_is_silent_but_still_cools_down() -> None:
+    pool = Pool([A])
+    assert pool.eject(0, now=0.0, reason="refused") is None
+    pool.record_probe(0, ProbeResult(1.0, ok=True), now=1.0)
+    assert not pool.workers[0].online
+
+
+@pytest.mark.parametrize(
+    ("online", "primaries", "expected"),
+    [
+        ({A, B, C}, (), [0, 1, 2]),  # empty primary list: all are primary
+        ({A, B, C}, (A,), [0]),  # backups wait while a primary is online
+        ({B, C}, (A,), [1, 2]),  # no primary online: backups serve
+        ({B}, (A, B), [1]),
+        (set(), (A,), []),
+    ],
+)
+def test_eligible_tiers(online: set[str], primaries: tuple[str, ...], expected: list[int]) -> None:
+    pool = Pool([A, B, C], primaries)
+    for worker in pool.workers:
+        if worker.url in online:
+            pool.record_probe(worker.index, OK, now=0.0)
+    assert [w.index for w in pool.eligible()] == expected
+
+
+def test_statistics_count_primaries_and_busy() -> None:
+    pool = online_pool(A, B, C, primaries=(A, B))
+    pool.eject(1, now=1.0, reason="x")
+    pool.lease(0)
+    stats = pool.statistics()
+    assert (stats.workers_total, stats.workers_healthy, stats.workers_busy) == (3, 2, 1)
+    assert (stats.workers_primary_total, stats.workers_primary_healthy, stats.drill) == (2, 1, False)
+
+
+def test_select_prefers_the_worker_idle_the_longest() -> None:
+    pool = online_pool(A, B, C)
+    for index, ended_at in [(0, 5.0), (1, 3.0), (2, 4.0)]:
+        pool.lease(index)
+        pool.release(index, ended_at)
+    order = []
+    for _ in range(3):
+        worker = pool.select()
+        pool.lease(worker.index)
+        order.append(worker.index)
+    assert order == [1, 2, 0]
+    assert pool.select() is None
+
+
+def test_a_leased_worker_is_never_selected_twice() -> None:
+    pool = online_pool(A)
+    pool.lease(0)
+    assert pool.select() is None
+    with pytest.raises(RuntimeError):
+        pool.lease(0)
+
+
+def test_select_honours_exclusions() -> None:
+    pool = online_pool(A, B)
+    assert pool.select(frozenset({pool.select().index})).index != pool.select().index
+    assert pool.select(frozenset({0, 1})) is None
+
+
+@pytest.mark.parametrize(
+    ("probe_sent_at", "busy", "idle"),
+    [
+        (9.0, True, True),  # sent while our request still ran: stale, ignored
+        (10.0, True, False),  # sent after it ended: the worker really is busy
+        (11.0, False, True),
+    ],
+)
+def test_busy_report_counts_only_from_a_probe_sent_after_our_last_request(probe_sent_at, busy, idle) -> None:
+    pool = online_pool(A)
+    pool.lease(0)
+    pool.release(0, now=10.0)
+    pool.record_probe(0, ProbeResult(probe_sent_at, ok=True, busy=busy), now=12.0)
+    assert pool.workers[0].idle is idle
+    assert (pool.select() is not None) is idle
+
+
+def test_a_later_free_probe_clears_a_busy_report() -> None:
+    pool = online_pool(A)
+    pool.record_probe(0, ProbeResult(1.0, ok=True, busy=True), now=1.0)
+    assert pool.select() is None and pool.statistics().workers_busy == 1
+    pool.record_probe(0, ProbeResult(2.0, ok=True, busy=False), now=2.0)
+    assert pool.select() is not None
+
+
+def test_drill_flag_reports_changes_only() -> None:
+    pool = Pool([A])
+    assert [pool.set_drill(True), pool.set_drill(True), pool.set_drill(False)] == [True, False, True]
+    assert pool.statistics().drill is False
+
+
+def test_new_workers_start_offline_and_never_used() -> None:
+    worker = Pool([A]).workers[0]
+    assert (worker.online, worker.last_request_ended, worker.cooldown_until) == (False, -math.inf, -math.inf)

@@ -1,0 +1,116 @@
+"""The prober in virtual time with fake probe functions (no sockets)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+import trio.testing
+
+from edge.dispatch import Dispatcher
+from edge.pool import Pool, ProbeResult, Thresholds
+from edge.prober import HealthAnswer, Prober, judge
+
+URLS = ["http://w0", "http://w1", "http://w2"]
+
+
+class FakeWorkers:
+    """Answers probes per URL: an HealthAnswer, an exception to raise, or "hang"."""
+
+    def __init__(self, answers: dict[str, object]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[str, float]] = []
+
+    async def probe(self, url: str, timeout: float) -> HealthAnswer:
+        self.calls.append((url, trio.current_time()))
+        answer = self.answers[url.removesuffix("/health")]
+        if answer == "hang":
+            await trio.sleep_forever()
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+HEALTHY = HealthAnswer(200, b'{"status": "ok"}')
+
+
+def make(answers: dict[str, object], primaries=(), thresholds=Thresholds(2, 1, 60)) -> tuple[Prober, Dispatcher, FakeWorkers]:
+    pool = Pool(list(answers), primaries, thresholds)
+    dispatcher = Dispatcher(pool, max_inflight=8, queue_wait_seconds=30, max_queue_wait_seconds=590)
+    fakes = FakeWorkers(answers)
+    prober = Prober(dispatcher, fakes.probe, path="/health", interval_seconds=8, timeout_seconds=3)
+    return prober, dispatcher, fakes
+
+
+@pytest.mark.parametrize(
+    ("answer", "ok", "busy"),
+    [
+        (HealthAnswer(200, b'{"status":"ok"}'), True, False),
+        (HealthAnswer(200, b'{"status":"ok","busy":true}'), True, True),
+        (HealthAnswer(200, b'{"busy":"yes"}'), True, False),
+        (HealthAnswer(200, b"[1]"), True, False),
+        (HealthAnswer(200, b"<html>ok</html>"), False, False),
+        (HealthAnswer(503, b'{"status":"loading"}'), False, False),
+        (HealthAnswer(401, b'{"detail":"bad token"}'), False, False),
+    ],
+)
+def test_judge(answer: HealthAnswer, ok: bool, busy: bool) -> None:
+    result = judge(answer, sent_at=1.0)
+    assert (result.ok, result.busy) == (ok, busy)
+
+
+async def test_first_round_completes_before_started_and_logs_once(autojump_clock, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="edge.pool")
+    answers = {URLS[0]: HEALTHY, URLS[1]: ConnectionRefusedError("refused"), URLS[2]: "hang"}
+    prober, dispatcher, fakes = make(answers, primaries=(URLS[0], URLS[1]))
+    async with trio.open_nursery() as nursery:
+        started = trio.current_time()
+        await nursery.start(prober.run)
+        # all three probed concurrently: the hanging one bounds the round at the timeout
+        assert trio.current_time() - started == pytest.approx(3)
+        assert [w.online for w in dispatcher.pool.workers] == [True, False, False]
+        await trio.sleep(30)
+        nursery.cancel_scope.cancel()
+    lines = [r.getMessage() for r in caplog.records if "池初始化完成" in r.getMessage()]
+    assert lines == ["Worker 池初始化完成 | 总数=3 | 在线=1 | 主worker=2"]
+    rounds = sorted({at for url, at in fakes.calls if url == URLS[0] + "/health"})
+    assert rounds == [0, 8, 16, 24, 32]  # every interval from the first round, not from its end
+
+
+async def test_worker_going_down_then_up_is_logged_on_transitions_only(autojump_clock, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="edge.pool")
+    prober, dispatcher, fakes = make({URLS[0]: HEALTHY})
+    await prober.probe_all()
+    fakes.answers[URLS[0]] = HealthAnswer(503, b"{}")
+    for _ in range(4):
+        await prober.probe_all()
+    assert not dispatcher.pool.workers[0].online
+    fakes.answers[URLS[0]] = HEALTHY
+    await prober.probe_all()
+    messages = [r.getMessage().split(" |")[0] for r in caplog.records]
+    assert messages == ["Worker 上线", "Worker 下线", "Worker 上线"]
+    assert [r.levelname for r in caplog.records] == ["INFO", "WARNING", "INFO"]
+
+
+async def test_busy_health_keeps_a_worker_from_dispatch_until_a_later_probe(autojump_clock) -> None:
+    prober, dispatcher, fakes = make({URLS[0]: HealthAnswer(200, b'{"busy": true}')})
+    await prober.probe_all()
+    assert dispatcher.pool.workers[0].online and dispatcher.pool.select() is None
+    fakes.answers[URLS[0]] = HEALTHY
+    await prober.probe_all()
+    assert dispatcher.pool.select() is not None
+
+
+async def test_probe_does_not_wait_for_a_worker_serving_a_request(autojump_clock) -> None:
+    prober, dispatcher, fakes = make({URLS[0]: HealthAnswer(200, b'{"busy": true}')})
+    await prober.probe_all()
+    fakes.answers[URLS[0]] = HEALTHY
+    await prober.probe_all()
+    async with dispatcher.worker():
+        before = trio.current_time()
+        fakes.answers[URLS[0]] = HealthAnswer(200, b'{"busy": true}')
+        await prober.probe_all()  # probes while the lease is held
+        assert trio.current_time() == before
+    # that probe was sent during our request, so its "busy" is stale: still dispatchable
+    assert dispatcher.pool.select() is not None

@@ -1,0 +1,146 @@
+"""`serve()` on real loopback sockets: start-up order, the body limit on the wire, drain on stop."""
+
+from __future__ import annotations
+
+import json
+import logging
+from functools import partial
+from pathlib import Path
+
+import httpx
+import hypercorn.trio
+import pytest
+import trio
+import trio.testing
+from hypercorn.config import Config
+
+from edge.main import serve
+from shared.contract import envelope
+from tests.edge.conftest import make_settings
+
+GATEWAY_PORT = 18150
+MEASURE = "/api/v1/hair/measure"
+
+
+class InProcessWorker:
+    """A worker on a real socket whose /health and jobs wait for the test's say-so."""
+
+    def __init__(self) -> None:
+        self.health_open = trio.Event()
+        self.job_started = trio.Event()
+        self.job_may_finish = trio.Event()
+        self.job_may_finish.set()
+        self.url = ""
+
+    async def app(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        while (await receive()).get("more_body"):
+            pass
+        if scope["path"] == "/health":
+            await self.health_open.wait()
+            payload = b'{"status": "ok"}'
+        else:
+            self.job_started.set()
+            await self.job_may_finish.wait()
+            payload = json.dumps(envelope(0, "w", {"done": True})).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        config = Config()
+        config.bind = ["127.0.0.1:0"]
+        config.accesslog = None
+        self.url = (await nursery.start(partial(hypercorn.trio.serve, self.app, config)))[0]
+
+
+async def port_accepts(port: int) -> bool:
+    try:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+    except OSError:
+        return False
+    await stream.aclose()
+    return True
+
+
+@pytest.fixture
+async def worker(nursery) -> InProcessWorker:
+    worker = InProcessWorker()
+    await worker.start(nursery)
+    return worker
+
+
+def settings_for(tmp_path: Path, worker: InProcessWorker, **edge):
+    return make_settings(
+        tmp_path,
+        bind=f"127.0.0.1:{GATEWAY_PORT}",
+        pool={"workers": [worker.url], "primary_workers": []},
+        health_check={"interval_seconds": 0.5, "timeout_seconds": 5},
+        **edge,
+    )
+
+
+async def test_port_accepts_only_after_the_first_probe_round(tmp_path: Path, worker: InProcessWorker, caplog) -> None:
+    caplog.set_level(logging.INFO)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve, settings_for(tmp_path, worker), stop.wait)
+        await trio.sleep(0.3)  # give a wrong implementation time to open the port early
+        assert not await port_accepts(GATEWAY_PORT)
+        assert not any("池初始化完成" in r.getMessage() for r in caplog.records)
+        worker.health_open.set()
+        with trio.fail_after(5):
+            while not await port_accepts(GATEWAY_PORT):
+                await trio.sleep(0.02)
+        ready = [r.getMessage() for r in caplog.records if "池初始化完成" in r.getMessage()]
+        assert ready == ["Worker 池初始化完成 | 总数=1 | 在线=1 | 主worker=1"]
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{GATEWAY_PORT}") as client:
+            assert (await client.get("/monitor")).status_code == 200
+        stop.set()
+
+
+async def test_client_writing_a_huge_body_before_reading_gets_1003(tmp_path: Path, worker: InProcessWorker) -> None:
+    worker.health_open.set()
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve, settings_for(tmp_path, worker, max_body_bytes=1024), stop.wait)
+        body = b"z" * (3 * 1024 * 1024)
+        head = f"POST {MEASURE} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        stream = await trio.open_tcp_stream("127.0.0.1", GATEWAY_PORT)
+        await stream.send_all(head.encode() + body)  # all of it, before reading a byte
+        answer = b""
+        with trio.fail_after(10):
+            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                answer += await stream.receive_some(65536)
+        await stream.aclose()
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["code"] == 1003
+        assert not worker.job_started.is_set(), "an over-limit body never reaches a worker"
+        stop.set()
+
+
+async def test_stop_drains_in_flight_requests_then_returns(tmp_path: Path, worker: InProcessWorker) -> None:
+    worker.health_open.set()
+    worker.job_may_finish = trio.Event()
+    stop, answers = trio.Event(), []
+
+    async def client_request() -> None:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{GATEWAY_PORT}", timeout=10) as client:
+            answers.append((await client.post(MEASURE, content=b"{}")).json())
+
+    with trio.fail_after(15):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve, settings_for(tmp_path, worker), stop.wait)
+            nursery.start_soon(client_request)
+            await worker.job_started.wait()
+            stop.set()  # SIGTERM arrives while the request runs
+            with trio.fail_after(5):
+                while await port_accepts(GATEWAY_PORT):
+                    await trio.sleep(0.02)
+            worker.job_may_finish.set()
+    assert answers == [envelope(0, "w", {"done": True})]
+    log_lines = (tmp_path / "request_log.jsonl").read_text().splitlines()
+    assert [json.loads(line)["code"] for line in log_lines] == [0], "the log is flushed on the way out"

@@ -1,0 +1,77 @@
+"""`/static/annotations/<uuid>.png`: served; anything else under /static 404, no escape."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from edge.app import Gateway
+from edge.static_files import annotation_path
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"fake-but-served-as-is"
+
+
+@pytest.fixture
+def annotation(gateway: Gateway) -> str:
+    folder = Path(gateway.settings.edge.static_dir) / "annotations"
+    folder.mkdir(parents=True)
+    name = f"{uuid.uuid4()}.png"
+    (folder / name).write_bytes(PNG)
+    # a secret beside the static folder, the target of every traversal attempt below
+    (Path(gateway.settings.edge.static_dir).parent / "secrets.toml").write_text("token")
+    return name
+
+
+async def test_serves_an_annotation(client, annotation: str) -> None:
+    response = await client.get(f"/static/annotations/{annotation}")
+    assert response.status_code == 200
+    assert response.mimetype == "image/png"
+    assert await response.get_data() == PNG
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/static/annotations/../../secrets.toml",
+        "/static/annotations/%2e%2e/%2e%2e/secrets.toml",
+        "/static/annotations/..%2f..%2fsecrets.toml",
+        "/static/annotations/..\\..\\secrets.toml",
+        "/static/annotations//etc/passwd",
+        "/static/annotations/00000000-0000-0000-0000-000000000000.png",  # well-formed, absent
+        "/static/annotations/not-a-uuid.png",
+        "/static/secrets.toml",
+        "/static/",
+        "/static",
+    ],
+)
+async def test_everything_else_is_404(client, annotation: str, path: str) -> None:
+    response = await client.get(path)
+    assert response.status_code == 404
+    assert b"token" not in await response.get_data()
+
+
+async def test_a_symlink_named_like_an_annotation_is_not_followed(client, gateway: Gateway, annotation: str) -> None:
+    folder = Path(gateway.settings.edge.static_dir) / "annotations"
+    link = f"{uuid.uuid4()}.png"
+    os.symlink(folder.parent.parent / "secrets.toml", folder / link)
+    assert (await client.get(f"/static/annotations/{link}")).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("subpath", "allowed"),
+    [
+        ("annotations/0b9f6a2e-8d4c-4a57-9c0b-6f1f0a3c2d11.png", True),
+        ("annotations/0B9F6A2E-8D4C-4A57-9C0B-6F1F0A3C2D11.png", False),
+        ("annotations/0b9f6a2e-8d4c-4a57-9c0b-6f1f0a3c2d11.png/x", False),
+        ("other/0b9f6a2e-8d4c-4a57-9c0b-6f1f0a3c2d11.png", False),
+        ("annotations/------------------------------------.png", True),  # pattern, not a file
+    ],
+)
+def test_annotation_path_only_accepts_uuid_names(tmp_path: Path, subpath: str, allowed: bool) -> None:
+    path = annotation_path(tmp_path, subpath)
+    assert (path is not None) is allowed
+    if path is not None:
+        assert path.parent == tmp_path / "annotations"

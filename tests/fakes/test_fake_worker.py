@@ -1,0 +1,59 @@
+"""The fake worker's own promises, in-process: the gateway tests are only as honest as its counters."""
+
+from __future__ import annotations
+
+import base64
+from functools import partial
+
+import trio
+import trio.testing
+
+from shared.contract import is_envelope
+from tests.fakes.fake_worker import PNG_BYTES, FakeWorker, create_app
+
+TOKEN = "fake-token"
+AUTH = {"X-Internal-Token": TOKEN}
+
+
+async def test_health_requires_the_token_and_reports_busy_and_loading() -> None:
+    worker = FakeWorker(TOKEN)
+    client = create_app(worker).test_client()
+    unauthorized = await client.get("/health")
+    assert (unauthorized.status_code, await unauthorized.get_json()) == (401, {"status": "unauthorized"})
+    ok = await client.get("/health", headers=AUTH)
+    assert await ok.get_json() == {"status": "ok", "device": "cpu", "segmenter": "fallback", "busy": False}
+    worker.knobs.update({"health_busy": True})
+    assert (await (await client.get("/health", headers=AUTH)).get_json())["busy"] is True
+    worker.knobs.update({"not_ready": True})
+    loading = await client.get("/health", headers=AUTH)
+    assert (loading.status_code, await loading.get_json()) == (503, {"status": "loading"})
+
+
+async def test_overlapping_jobs_are_counted() -> None:
+    worker = FakeWorker(TOKEN)
+    worker.knobs.update({"hold": True})
+    client = create_app(worker).test_client()
+    async with trio.open_nursery() as nursery:
+        for request_id in ("first", "second"):
+            headers = {**AUTH, "X-Request-ID": request_id}
+            nursery.start_soon(partial(client.post, "/api/v1/hair/measure", headers=headers))
+            await trio.testing.wait_all_tasks_blocked()  # "first" is held before "second" starts
+        assert worker.stats.in_flight == 2
+        worker.release()
+    assert (worker.stats.overlaps, worker.stats.max_concurrent, worker.stats.in_flight) == (1, 2, 0)
+    assert [job["request_id"] for job in worker.stats.jobs] == ["first", "second"]
+
+
+async def test_answers_an_envelope_with_a_real_png_and_fails_on_demand() -> None:
+    worker = FakeWorker(TOKEN)
+    client = create_app(worker).test_client()
+    response = await client.post("/api/v1/hair/measure", headers={**AUTH, "X-Request-ID": "r1"}, json={})
+    body = await response.get_json()
+    assert is_envelope(body) and body["request_id"] == "r1"
+    assert base64.b64decode(body["data"]["annotated_image_base64"]) == PNG_BYTES
+    assert PNG_BYTES.startswith(b"\x89PNG\r\n\x1a\n")
+    worker.knobs.update({"fail_next": 1, "fail_status": 503})
+    assert (await client.post("/api/v1/hair/measure", headers=AUTH)).status_code == 503
+    assert (await client.post("/api/v1/hair/measure", headers=AUTH)).status_code == 200
+    forged = await client.post("/api/v1/hair/measure", headers={"X-Internal-Token": "other"})
+    assert forged.status_code == 401 and worker.stats.unauthorized == 1

@@ -1,0 +1,83 @@
+"""Fixtures: a GPU host app in-process with a real spawned child (fake or real) behind it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from gpu_host.app import create_app
+from gpu_host.auth import TokenGuard
+from gpu_host.model_process import ModelProcess
+from gpu_host.protocol import ChildConfig
+from shared.settings import AnalysisSettings
+from tests.gpu_host import fake_child
+
+TOKEN = "tok-current-7f3a9c"
+OLD_TOKEN = "tok-previous-51d2e8"
+LIMITS = AnalysisSettings(max_image_bytes=64 * 1024)
+
+
+def fake_config(**extra: Any) -> ChildConfig:
+    return ChildConfig(bisenet_weights="", device="cpu", limits=LIMITS, extra=extra)
+
+
+def fake_model(timeout: float = 30.0, **extra: Any) -> ModelProcess:
+    return ModelProcess(
+        fake_config(**extra),
+        inference_timeout_seconds=timeout,
+        entry=fake_child.serve,
+        restart_delay_seconds=0.05,
+    )
+
+
+@asynccontextmanager
+async def serving(model: ModelProcess, limits: AnalysisSettings = LIMITS) -> AsyncIterator[Any]:
+    """The app with its lifespan running (the model supervisor started); yields a test client."""
+    app = create_app(model, TokenGuard((TOKEN, OLD_TOKEN)), limits)
+    async with app.test_app() as test_app:
+        yield test_app.test_client()
+
+
+def auth(**headers: str) -> dict[str, str]:
+    return {"X-Internal-Token": TOKEN, **headers}
+
+
+class Fifos:
+    """A pair of named pipes: the fake child says it entered a request, the test releases it."""
+
+    def __init__(self, directory: Path) -> None:
+        self.entered = directory / "entered"
+        self.release = directory / "release"
+        os.mkfifo(self.entered)
+        os.mkfifo(self.release)
+
+    @property
+    def command(self) -> bytes:
+        return f"block:{self.entered}:{self.release}".encode()
+
+    async def wait_entered(self) -> int:
+        """Block (in a thread) until the child is inside the request; its pid."""
+
+        def read() -> int:
+            with open(self.entered) as pipe:
+                return int(pipe.readline())
+
+        return await trio.to_thread.run_sync(read)
+
+    async def release_child(self) -> None:
+        def write() -> None:
+            with open(self.release, "w") as pipe:
+                pipe.write("go\n")
+
+        await trio.to_thread.run_sync(write)
+
+
+@pytest.fixture
+def fifos(tmp_path: Path) -> Fifos:
+    return Fifos(tmp_path)

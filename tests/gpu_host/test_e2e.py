@@ -1,0 +1,162 @@
+"""End to end: the real gateway (`hairgate edge`) in front of real GPU hosts with the real analysis.
+
+The default run keeps one of these: `hairgate dev` itself, a photo through it, Ctrl-C.
+The others are `slow` (`make test-all`).
+"""
+
+from __future__ import annotations
+
+import io
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image
+
+from gpu_host.dev import hairgate_argv
+from tests.gpu_host.processes import (
+    REPO_ROOT,
+    STARTUP_DEADLINE_SECONDS,
+    ServiceProcess,
+    astronaut_png,
+    child_env,
+    child_pids,
+    cluster_files,
+    free_ports,
+    is_running,
+    start,
+    two_faces_png,
+    wait_for,
+)
+
+MEASURE = "/api/v1/hair/measure"
+
+
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for child in child_pids(pid):
+        found += [child, *_descendants(child)]
+    return found
+
+
+def _read_until(process: subprocess.Popen, marker: bytes, deadline_s: float) -> list[bytes]:
+    lines: list[bytes] = []
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        line = process.stdout.readline() if readable else b""
+        if not line:
+            break
+        lines.append(line)
+        if marker in line:
+            return lines
+    raise AssertionError(f"{marker!r} not printed in {deadline_s} s:\n" + b"".join(lines).decode(errors="replace"))
+
+
+def test_hairgate_dev_serves_a_photo_through_gateway_and_two_hosts_then_stops_everything(tmp_path: Path) -> None:
+    gateway_port, first_host_port, _ = free_ports(3)
+    command = hairgate_argv() + [
+        "dev", "--workers", "2", "--config", str(REPO_ROOT / "settings.toml"),
+        "--port", str(gateway_port), "--first-worker-port", str(first_host_port),
+    ]  # fmt: skip
+    # unbuffered: `select` must see every byte not yet read (a buffered reader hides lines)
+    dev = subprocess.Popen(
+        command, cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0
+    )
+    try:
+        output = _read_until(dev, b"curl -F image=@", STARTUP_DEADLINE_SECONDS)
+        curl = output[-1].decode().split()
+        photo, url = Path(tmp_path / curl[2].removeprefix("image=@")), curl[3]
+        with httpx.Client(timeout=120) as client:
+            answer = client.post(url, files={"image": ("photo.png", photo.read_bytes(), "image/png")})
+            body = answer.json()
+            annotated = client.get(body["data"]["annotated_image_url"]) if body["code"] == 0 else None
+        processes = _descendants(dev.pid)
+        secrets_mode = (tmp_path / "var/dev/secrets.toml").stat().st_mode & 0o777
+    finally:
+        dev.send_signal(signal.SIGINT)
+        exit_code = dev.wait(timeout=60)
+        rest = dev.stdout.read().decode(errors="replace")
+    assert url == f"http://127.0.0.1:{gateway_port}/api/v1/hair/measure"
+    assert body["code"] == 0, body
+    assert annotated is not None and annotated.status_code == 200
+    assert Image.open(io.BytesIO(annotated.content)).size == Image.open(photo).size == (512, 512)
+    assert secrets_mode == 0o600
+    assert len(processes) >= 5  # 2 hosts + their model children + the gateway
+    assert exit_code == 0, rest
+    assert [pid for pid in processes if is_running(pid)] == []
+    assert "GPU host stopped" in rest  # the hosts' shutdown logs made it to the terminal
+
+
+# -- a cluster started service by service (slow) ------------------------------------------
+
+
+class Cluster:
+    def __init__(self, directory: Path) -> None:
+        self.files = cluster_files(directory, hosts=2)
+        self.hosts: list[ServiceProcess] = [start(service, directory) for service in self.files.hosts]
+        self.gateway: ServiceProcess = start(self.files.gateway, directory)
+        for host in self.hosts:
+            wait_for(host, self.files.token, lambda r: r.status_code == 200, "host ready")
+        wait_for(self.gateway, self.files.token, lambda r: r.json().get("workers_healthy") == 2, "pool complete")
+
+    def post(self, image: bytes, name: str = "photo.png") -> dict:
+        with httpx.Client(base_url=self.gateway.url, timeout=120) as client:
+            return client.post(MEASURE, files={"image": (name, image, "application/octet-stream")}).json()
+
+    def stop(self) -> None:
+        for service in [self.gateway, *self.hosts]:
+            service.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    running = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.mark.slow
+def test_non_image_through_the_gateway_is_1002(cluster: Cluster) -> None:
+    body = cluster.post(b"%PDF-1.4 this is not a photo", "file.pdf")
+    assert (body["code"], body["data"]) == (1002, None)
+
+
+@pytest.mark.slow
+def test_two_faces_through_the_gateway_is_1006(cluster: Cluster) -> None:
+    body = cluster.post(two_faces_png())
+    assert (body["code"], body["data"]) == (1006, None)
+
+
+@pytest.mark.slow
+def test_json_body_through_the_gateway_returns_every_image_as_a_url(cluster: Cluster) -> None:
+    import base64
+
+    with httpx.Client(base_url=cluster.gateway.url, timeout=120) as client:
+        body = client.post(
+            "/api/v1/hair/hairline",
+            json={"image_base64": "data:image/png;base64," + base64.b64encode(astronaut_png()).decode(), "styles": ["rounded"]},
+        ).json()
+        assert body["code"] == 0, body
+        (design,) = body["data"]["hairline_images"]
+        assert client.get(design["image_url"]).status_code == 200
+
+
+@pytest.mark.slow
+def test_with_every_host_stopped_the_gateway_monitor_is_503(cluster: Cluster) -> None:
+    for host in cluster.hosts:
+        assert host.stop() == 0
+    deadline = time.monotonic() + 30
+    with httpx.Client(base_url=cluster.gateway.url, timeout=5) as client:
+        while (monitor := client.get("/monitor")).status_code != 503 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the gateway's prober notices on its own schedule
+        answer = client.post(MEASURE, files={"image": ("a.png", astronaut_png(), "image/png")}).json()
+    assert monitor.status_code == 503
+    assert (answer["code"], answer["message"]) == (1007, "后端服务暂不可用，请稍后重试")

@@ -1,0 +1,167 @@
+"""The supervisor and the pipe, with a real spawned child running the fake entry point."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import trio
+import trio.testing
+
+from gpu_host.model_process import ModelProcess, ModelState, ModelUnavailable
+from shared.contract import Code, ContractError
+from tests.gpu_host.conftest import Fifos, fake_model
+
+WAIT = 30  # generous upper bound for a spawn on a loaded 2-core machine; never reached when healthy
+
+
+async def _started(nursery: trio.Nursery, model: ModelProcess) -> ModelProcess:
+    await nursery.start(model.run)
+    with trio.fail_after(WAIT):
+        await model.wait_ready()
+    return model
+
+
+async def test_ready_child_answers_with_its_result_and_reports_device() -> None:
+    async with trio.open_nursery() as nursery:
+        model = await _started(nursery, fake_model())
+        data = await model.infer("rid-1", "measure", b"hello", {"gender": "male"})
+        stats = model.statistics()
+        model.stop()
+    assert data["endpoint"] == "measure"
+    assert data["image_bytes"] == 5
+    assert data["options"] == {"gender": "male"}
+    assert data["request_id"] == "rid-1"
+    assert data["pid"] != os.getpid()
+    assert (stats.state, stats.device, stats.segmenter, stats.busy) == (ModelState.READY, "cpu", "fake", False)
+
+
+async def test_contract_failure_crosses_the_pipe_as_code_and_message() -> None:
+    async with trio.open_nursery() as nursery:
+        model = await _started(nursery, fake_model())
+        with pytest.raises(ContractError) as caught:
+            await model.infer("rid", "measure", b"fail:1006", {})
+        # an unexpected exception in the analysis is a 1007, and the child lives on
+        with pytest.raises(ContractError) as bug:
+            await model.infer("rid", "measure", b"raise", {})
+        pid = model.statistics().pid
+        after = await model.infer("rid", "measure", b"ok", {})
+        model.stop()
+    assert (caught.value.code, caught.value.message) == (Code.MULTIPLE_FACES, "scripted failure")
+    assert bug.value.code is Code.SYSTEM_ERROR
+    assert "boom" not in bug.value.message  # internals stay in the child's log
+    assert after["pid"] == pid
+
+
+async def test_child_killed_mid_request_gives_1007_then_a_new_child_serves(fifos: Fifos) -> None:
+    async with trio.open_nursery() as nursery:
+        model = await _started(nursery, fake_model())
+        outcome: list[BaseException] = []
+        answered = trio.Event()
+
+        async def request() -> None:
+            try:
+                await model.infer("doomed", "measure", fifos.command, {})
+            except ContractError as error:
+                outcome.append(error)
+            answered.set()
+
+        nursery.start_soon(request)
+        with trio.fail_after(WAIT):
+            victim = await fifos.wait_entered()
+        assert model.statistics().busy
+        os.kill(victim, signal.SIGKILL)
+        with trio.fail_after(WAIT):
+            await answered.wait()
+            assert model.statistics().state is ModelState.LOADING
+            await model.wait_ready()
+        data = await model.infer("next", "measure", b"ok", {})
+        stats = model.statistics()
+        model.stop()
+    assert [getattr(e, "code", None) for e in outcome] == [Code.SYSTEM_ERROR]
+    assert data["pid"] != victim
+    assert stats.restarts == 1
+
+
+async def test_inference_over_the_timeout_is_killed_with_1007_and_recovers() -> None:
+    async with trio.open_nursery() as nursery:
+        model = await _started(nursery, fake_model(timeout=1.0))
+        hung_pid = model.statistics().pid
+        with pytest.raises(ContractError) as caught:
+            await model.infer("slow", "measure", b"hang", {})
+        assert model.statistics().state is ModelState.LOADING  # not ready until the new child is
+        assert "timed out" in (model.statistics().message or "")
+        with trio.fail_after(WAIT):
+            await model.wait_ready()
+        data = await model.infer("next", "measure", b"ok", {})
+        model.stop()
+    assert caught.value.code is Code.SYSTEM_ERROR
+    assert "超时" in caught.value.message
+    assert data["pid"] != hung_pid
+
+
+async def test_child_that_crashes_itself_is_replaced() -> None:
+    async with trio.open_nursery() as nursery:
+        model = await _started(nursery, fake_model())
+        with pytest.raises(ContractError) as caught:
+            await model.infer("x", "measure", b"crash", {})
+        with trio.fail_after(WAIT):
+            await model.wait_ready()
+        assert (await model.infer("y", "mask", b"ok", {}))["endpoint"] == "mask"
+        model.stop()
+    assert caught.value.code is Code.SYSTEM_ERROR
+
+
+async def test_load_failure_is_reported_and_not_retried() -> None:
+    async with trio.open_nursery() as nursery:
+        model = fake_model(load="fail")
+        await nursery.start(model.run)
+        with trio.fail_after(WAIT):
+            while model.statistics().state is ModelState.LOADING:
+                await model.wait_transition()
+        stats = model.statistics()
+        with pytest.raises(ModelUnavailable):
+            await model.infer("x", "measure", b"ok", {})
+        model.stop()
+    assert stats.state is ModelState.FAILED
+    assert "weights file not found" in (stats.message or "")
+    assert stats.restarts == 0
+
+
+async def test_child_dying_while_loading_is_restarted_and_stays_not_ready() -> None:
+    async with trio.open_nursery() as nursery:
+        model = fake_model(load="exit")
+        await nursery.start(model.run)
+        with trio.fail_after(WAIT):
+            while model.statistics().restarts < 2:
+                await model.wait_transition()
+        stats = model.statistics()
+        model.stop()
+    assert stats.state is ModelState.LOADING
+    assert "exit code 3" in (stats.message or "")
+
+
+async def test_requests_are_serialised_one_at_a_time(fifos: Fifos) -> None:
+    async with trio.open_nursery() as nursery:
+        model = await _started(nursery, fake_model())
+        finished: list[str] = []
+        both_done = trio.Event()
+
+        async def request(name: str, image: bytes) -> None:
+            await model.infer(name, "measure", image, {})
+            finished.append(name)
+            if len(finished) == 2:
+                both_done.set()
+
+        nursery.start_soon(request, "first", fifos.command)
+        with trio.fail_after(WAIT):
+            await fifos.wait_entered()
+        nursery.start_soon(request, "second", b"ok")
+        await trio.testing.wait_all_tasks_blocked()
+        assert finished == []  # "second" waits for the lock, not for the child
+        await fifos.release_child()
+        with trio.fail_after(WAIT):
+            await both_done.wait()
+        model.stop()
+    assert finished == ["first", "second"]
