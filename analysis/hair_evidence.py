@@ -29,7 +29,7 @@ HAT_FRACTION = 0.30
 NOTE_BALD = "头顶以皮肤为主，未见前额发际线（光头或剃发）"
 NOTE_HAT = "帽子遮挡了发际线，请摘帽后重拍"
 NOTE_LOW_CONTRAST = "发色与肤色接近（浅色、花白或稀疏头发），发际线位置不确定"
-NOTE_NO_OUTLINE = "未能识别头部轮廓，无法判断发际线"
+NOTE_NO_OUTLINE = "头顶不在画面内或未能识别头部轮廓，看不到发际线：请拍摄完整的头部"
 
 Verdict = Literal["hair", "no_hairline", "occluded"]
 

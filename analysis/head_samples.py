@@ -1,4 +1,4 @@
-"""Colour evidence about a head: where skin and scalp hair are sampled, in CIE Lab.
+"""Colour evidence about a head: where skin and scalp hair are sampled, in Lab (`to_lab`).
 
 Shared by the fallback segmenter (to seed GrabCut) and the hair-evidence checks (to
 decide "no hairline visible" before any mask is trusted), so both read the same pixels.

@@ -22,7 +22,6 @@ from .types import Face, HairSegmentation, LandmarkId
 GRABCUT_ITERATIONS = 1
 PERSON_THRESHOLD = 0.5
 NOT_SKIN_MAHALANOBIS = 4.0
-PERSON_RIM_PX = 2
 
 
 class FallbackSegmenter:
@@ -70,10 +69,7 @@ def segment_hair(work: np.ndarray, face: Face, person_probability: np.ndarray) -
     model_bg, model_fg = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
     cv2.setRNGSeed(0)  # GrabCut's GMM initialisation is random: results would vary run to run
     cv2.grabCut(work, labels, None, model_bg, model_fg, GRABCUT_ITERATIONS, cv2.GC_INIT_WITH_MASK)
-    # the selfie mask overshoots the head by a few px on dark backgrounds: that dark rim
-    # would pass for hair and drag the temples down
-    inside = cv2.erode(person.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=PERSON_RIM_PX).astype(bool)
-    hair = ((labels == cv2.GC_FGD) | (labels == cv2.GC_PR_FGD)) & inside
+    hair = ((labels == cv2.GC_FGD) | (labels == cv2.GC_PR_FGD)) & person
     return _connected_to(hair, seeds)
 
 

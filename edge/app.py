@@ -31,6 +31,7 @@ from shared.settings import Settings
 log = logging.getLogger("edge.monitor")
 
 _EXTENSION = "hairgate"
+FAULT_BODY_LIMIT_BYTES = 64 * 1024
 FILE_THREADS = 4  # concurrent file reads/writes; PNGs are small, the disk is the limit
 
 
@@ -93,6 +94,8 @@ def create_quart_app(gateway: Gateway) -> QuartTrio:
     """The routes the gateway answers itself (everything but `/api/`)."""
     app = QuartTrio(__name__, static_folder=None)
     app.json.sort_keys = False  # keep the documented field order of seed 001 §4
+    app.json.ensure_ascii = False  # messages readable as the seed shows them
+    app.config["MAX_CONTENT_LENGTH"] = FAULT_BODY_LIMIT_BYTES  # no route here needs more
     app.extensions[_EXTENSION] = gateway
     app.add_url_rule("/health", view_func=_health, methods=["GET"])
     app.add_url_rule("/gateway-health", view_func=_gateway_health, methods=["GET"])
@@ -121,10 +124,13 @@ async def _monitor() -> tuple[dict, int]:
 
 async def _monitor_fault() -> tuple[dict, int]:
     gateway = _gateway()
+    # Read the (small) body even when refusing: a keep-alive connection whose request body
+    # is left unread hangs in Hypercorn instead of serving the client's next request.
+    raw = await request.get_data(as_text=False)
     if not _token_ok(request.headers.get(HEADER_TOKEN), gateway.settings.auth.shared_password):
         return monitor.error_answer(monitor.MSG_BAD_TOKEN), 401
     try:
-        enabled = monitor.parse_fault_request(await request.get_data(as_text=False))
+        enabled = monitor.parse_fault_request(raw)
     except monitor.FaultRequestError:
         return monitor.error_answer(monitor.MSG_BAD_FAULT_BODY), 400
     if gateway.pool.set_drill(enabled):

@@ -7,6 +7,7 @@ to `after_serving`, so the port opens at once and `/health` says `loading` meanw
 
 from __future__ import annotations
 
+import json
 import logging
 from functools import partial
 from typing import Any
@@ -75,20 +76,28 @@ def create_app(model: ModelProcess, guard: TokenGuard, limits: AnalysisSettings)
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Any:
-        # Unknown paths and wrong methods: an envelope under /api/, plain JSON elsewhere.
+        # Under /api/ every answer is an envelope, never a traceback. Answers about the request
+        # (unknown path, wrong method, body too large) are HTTP 200 like any contract answer:
+        # the gateway counts other statuses as a broken host. A failure outside the handlers
+        # keeps its 5xx, so the gateway does try another host.
         if request.path.startswith(API_PREFIX):
             code, message = _http_error_as_contract(error, request.method, request.path)
             body = envelope(code, _request_id(), message=message)
-            return _with_request_id(jsonify(body), body["request_id"]), error.code
+            status = 200 if code is not Code.SYSTEM_ERROR else error.code
+            return _with_request_id(jsonify(body), body["request_id"]), status
         return jsonify(status=error.name.lower().replace(" ", "_")), error.code
 
     return app
 
 
-def _http_error_as_contract(error: HTTPException, method: str, path: str) -> tuple[Code, str]:
+def _http_error_as_contract(error: HTTPException, method: str, path: str) -> tuple[Code, str | None]:
     if error.code == 413:
         return Code.TOO_LARGE, "请求体过大"
-    return Code.INVALID_PARAMETER, MSG_UNKNOWN_ENDPOINT.format(method=method, path=path)
+    if error.code in (404, 405):
+        return Code.INVALID_PARAMETER, MSG_UNKNOWN_ENDPOINT.format(method=method, path=path)
+    if error.code is not None and error.code >= 500:  # an exception outside the handlers (logged by Quart)
+        return Code.SYSTEM_ERROR, None
+    return Code.INVALID_PARAMETER, None
 
 
 def _health_response(model: ModelProcess) -> Any:
@@ -118,14 +127,23 @@ async def _business(endpoint: str, model: ModelProcess, limits: AnalysisSettings
     except Exception:
         log.exception("internal error | request_id=%s endpoint=%s", request_id, endpoint)
         body = envelope(Code.SYSTEM_ERROR, request_id)
+    # Encoded in a thread: an answer with several full-size PNGs can be tens of MB of JSON,
+    # and /health must keep answering meanwhile.
+    payload = await trio.to_thread.run_sync(_encode_json, body)
     log.info(
-        "request | request_id=%s endpoint=%s code=%d ms=%.0f",
+        "request | request_id=%s endpoint=%s code=%d ms=%.0f bytes_out=%d",
         request_id,
         endpoint,
         body["code"],
         (trio.current_time() - started) * 1000,
+        len(payload),
     )
-    return _with_request_id(jsonify(body), request_id), status
+    response = Response(payload, status=status, content_type="application/json")
+    return _with_request_id(response, request_id)
+
+
+def _encode_json(body: dict) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 async def _run(endpoint: str, model: ModelProcess, limits: AnalysisSettings, request_id: str) -> dict:
@@ -133,7 +151,7 @@ async def _run(endpoint: str, model: ModelProcess, limits: AnalysisSettings, req
     upload = await read_upload(request)
     require_image(upload)
     options = parse_options(endpoint, upload.fields)
-    image = image_bytes(upload, limits.max_image_bytes)
+    image = await trio.to_thread.run_sync(image_bytes, upload, limits.max_image_bytes)  # base64: megabytes
     return await model.infer(request_id, endpoint, image, options)
 
 

@@ -40,8 +40,20 @@ def run(args: argparse.Namespace) -> int:
     except (SettingsError, ValueError) as error:
         print(f"hairgate gpu-host: {error}", file=sys.stderr)
         return 2
-    trio.run(serve, settings, bind, guard, reload)
-    return 0
+    bind_errors: list[BaseException] = []
+    try:
+        trio.run(serve, settings, bind, guard, reload)
+    except* OSError as group:  # the port is taken, or the address is not ours
+        bind_errors = _leaves(group)
+    for error in bind_errors:
+        print(f"hairgate gpu-host: cannot serve on {bind}: {error}", file=sys.stderr)
+    return 1 if bind_errors else 0
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
 
 
 def check_bind(bind: str) -> str:

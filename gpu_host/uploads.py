@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import trio
 from quart import Request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
@@ -41,7 +42,7 @@ class Upload:
 
     @property
     def has_image(self) -> bool:
-        return self.image_file is not None or bool(self.image_base64)
+        return bool(self.image_file) or bool(self.image_base64)  # an empty upload is no image
 
 
 def max_body_bytes(max_image_bytes: int) -> int:
@@ -55,7 +56,8 @@ async def read_upload(request: Request) -> Upload:
         if request.mimetype == "multipart/form-data":
             return await _read_multipart(request)
         if request.mimetype == "application/json" or request.mimetype.endswith("+json"):
-            return _parse_json(await request.get_data(as_text=False))
+            # megabytes of JSON: parsed in a thread so the event loop (and /health) stay free
+            return await trio.to_thread.run_sync(_parse_json, await request.get_data(as_text=False))
     except RequestEntityTooLarge:
         raise ContractError(Code.TOO_LARGE, f"请求体过大：上限 {request.max_content_length} 字节") from None
     except (HTTPException, ValueError):  # a malformed multipart body

@@ -225,6 +225,7 @@ def main() -> int:
         "recovery": statistics.median(recovered) <= statistics.median(loads) + 1,
     }
     print(json.dumps(report, indent=2))
+    print(f"service logs: {workdir}", file=sys.stderr)
     return 0
 
 

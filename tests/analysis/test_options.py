@@ -112,3 +112,12 @@ def test_importing_options_loads_no_heavy_library() -> None:
     code = "import sys, analysis.options; print(sorted(m for m in ('numpy', 'torch', 'mediapipe', 'cv2') if m in sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]"
+
+
+def test_choices_match_the_analysis_types() -> None:
+    from typing import get_args
+
+    from analysis import options, types
+
+    assert options.PLANS == types.PLANS and options.STYLES == types.STYLES
+    assert options.GENDERS == get_args(types.Gender)

@@ -144,3 +144,26 @@ async def test_stop_drains_in_flight_requests_then_returns(tmp_path: Path, worke
     assert answers == [envelope(0, "w", {"done": True})]
     log_lines = (tmp_path / "request_log.jsonl").read_text().splitlines()
     assert [json.loads(line)["code"] for line in log_lines] == [0], "the log is flushed on the way out"
+
+
+async def test_refused_fault_request_keeps_the_connection_usable(tmp_path: Path, worker: InProcessWorker) -> None:
+    worker.health_open.set()
+    stop = trio.Event()
+    body = b'{"enabled": true}'
+    head = f"POST /monitor/fault HTTP/1.1\r\nHost: gw\r\nX-Internal-Token: no\r\nContent-Length: {len(body)}\r\n\r\n"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve, settings_for(tmp_path, worker), stop.wait)
+        stream = await trio.open_tcp_stream("127.0.0.1", GATEWAY_PORT)
+        await stream.send_all(head.encode())
+        # Not synchronisation: the body must arrive late, as it does from clients that send
+        # headers and body separately. A handler that answers without reading the body
+        # left this keep-alive connection hanging.
+        await trio.sleep(0.2)
+        await stream.send_all(body + b"GET /monitor HTTP/1.1\r\nHost: gw\r\n\r\n")
+        received = b""
+        with trio.fail_after(5):
+            while received.count(b"HTTP/1.1 ") < 2 or not received.rstrip().endswith(b"}"):
+                received += await stream.receive_some(65536)
+        await stream.aclose()
+        assert received.startswith(b"HTTP/1.1 401") and b"HTTP/1.1 200" in received
+        stop.set()

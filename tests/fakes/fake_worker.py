@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
+import hashlib
 import hmac
 import io
 import json
@@ -110,7 +111,7 @@ class FakeWorker:
             self.stats.unauthorized += 1
         return ok
 
-    def begin_job(self, path: str, body_bytes: int) -> None:
+    def begin_job(self, path: str, body: bytes) -> None:
         stats = self.stats
         if stats.probes_before_first_job is None:
             stats.probes_before_first_job = stats.health_checks
@@ -124,7 +125,8 @@ class FakeWorker:
                 "path": path,
                 "forwarded_for": request.headers.get(HEADER_FORWARDED_FOR),
                 "content_type": request.headers.get("Content-Type"),
-                "bytes": body_bytes,
+                "bytes": len(body),
+                "sha256": hashlib.sha256(body).hexdigest(),
                 "query": request.query_string.decode(),
                 "at": time.monotonic(),
             }
@@ -207,7 +209,7 @@ def create_app(worker: FakeWorker) -> QuartTrio:
         if not worker.authorized():
             return unauthorized()
         body = await request.get_data()
-        worker.begin_job(request.path, len(body))
+        worker.begin_job(request.path, body)
         try:
             if worker.knobs.crash:
                 os._exit(1)  # the GPU host died with the request half-done

@@ -4,7 +4,7 @@ Both are started as the operator starts them (`python -m tests.fakes.fake_worker
 `hairgate edge --config … --secrets … --bind …`) and waited for by an event, never by a
 sleep: a fake prints a ready line once its socket listens; the gateway logs
 `Worker 池初始化完成` after its first probe round and only then accepts connections, which
-is polled with a deadline. `stop()` always kills what was started.
+is polled with a deadline. `kill()` ends what was started, whatever state it is in.
 """
 
 from __future__ import annotations

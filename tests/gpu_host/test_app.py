@@ -123,8 +123,9 @@ async def test_health_answers_while_an_inference_runs(fifos: Fifos) -> None:
             nursery.start_soon(slow_request)
             with trio.fail_after(WAIT):
                 await fifos.wait_entered()  # the child is inside the inference now
-            during = await client.get("/health", headers=auth())
-            assert answers == []  # ... and still is: health did not wait for it
+            with trio.fail_after(WAIT):  # a health check that waited for the inference would hang here
+                during = await client.get("/health", headers=auth())
+            assert answers == []  # ... and the inference is still running: health did not wait for it
             await fifos.release_child()
             with trio.fail_after(WAIT):
                 await done.wait()
@@ -234,6 +235,8 @@ async def test_multipart_and_json_bodies_reach_the_child_alike() -> None:
     [
         ({"json": {"gender": "male"}}, 1001, "缺少图片"),
         ({"form": {"gender": "male"}, "files": {}}, 1001, "缺少图片"),
+        ({"files": _file(b"")}, 1001, "缺少图片"),
+        ({"form": {"image": "not a file"}, "files": {"other": _file(b"x")["image"]}}, 1001, "以文件方式上传"),
         ({"json": {"image_base64": "not base64 at all!"}}, 1001, "image_base64 不是有效的 base64"),
         ({"json": {"image_base64": 42}}, 1001, "image_base64"),
         ({"json": ["a list"]}, 1001, "JSON 对象"),
@@ -267,7 +270,7 @@ async def test_body_over_the_limit_is_1003() -> None:
         oversize = b"x" * (8 * LIMITS.max_image_bytes + 2 * 1024 * 1024)
         response = await client.post(MEASURE, headers={**auth(), "Content-Type": "application/json"}, data=oversize)
         body = await _json(response)
-    assert (body["code"], body["data"]) == (1003, None)
+    assert (response.status_code, body["code"], body["data"]) == (200, 1003, None)
     assert "请求体过大" in body["message"]
 
 
@@ -294,8 +297,27 @@ async def test_unknown_api_path_and_wrong_method_are_envelopes() -> None:
         unknown = await client.post("/api/v1/hair/nope", headers=auth(), json={})
         wrong_method = await client.get(MEASURE, headers=auth())
         elsewhere = await client.get("/nope", headers=auth())
-    assert unknown.status_code == 404
-    assert (await _json(unknown))["code"] == Code.INVALID_PARAMETER
-    assert wrong_method.status_code == 405
+    # contract answers are HTTP 200 (the gateway counts any other status as a broken host)
+    assert (unknown.status_code, (await _json(unknown))["code"]) == (200, Code.INVALID_PARAMETER)
+    assert "/api/v1/hair/nope" in (await _json(unknown))["message"]
+    assert (wrong_method.status_code, (await _json(wrong_method))["code"]) == (200, Code.INVALID_PARAMETER)
     assert "POST" in (await _json(wrong_method))["message"]
     assert (elsewhere.status_code, await _json(elsewhere)) == (404, {"status": "not_found"})
+
+
+async def test_a_failure_outside_the_handlers_is_a_1007_envelope_without_a_traceback() -> None:
+    from gpu_host.app import create_app
+    from gpu_host.auth import TokenGuard
+
+    class BrokenGuard(TokenGuard):
+        def is_accepted(self, presented: str | None) -> bool:
+            raise RuntimeError("a bug in a hook")
+
+    app = create_app(fake_model(), BrokenGuard((TOKEN,)), LIMITS)
+    async with app.test_app() as test_app:
+        response = await test_app.test_client().post(MEASURE, headers=auth(**{"X-Request-ID": "r-500"}), json={})
+        text = await response.get_data(as_text=True)
+    body = await _json(response)
+    assert response.status_code == 500
+    assert (body["code"], body["request_id"], body["data"]) == (1007, "r-500", None)
+    assert "Traceback" not in text and "a bug in a hook" not in text

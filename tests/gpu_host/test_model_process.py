@@ -165,3 +165,23 @@ async def test_requests_are_serialised_one_at_a_time(fifos: Fifos) -> None:
             await both_done.wait()
         model.stop()
     assert finished == ["first", "second"]
+
+
+async def test_a_caller_that_gives_up_mid_inference_leaves_no_stale_reply(fifos: Fifos) -> None:
+    async with trio.open_nursery() as nursery:
+        model = await _started(nursery, fake_model())
+        with trio.CancelScope() as caller:
+
+            async def give_up_once_inside() -> None:
+                await fifos.wait_entered()
+                caller.cancel()
+
+            nursery.start_soon(give_up_once_inside)
+            await model.infer("abandoned", "measure", fifos.command, {})
+        # the reply the child still owed must not become the answer to the next request
+        with trio.fail_after(WAIT):
+            await model.wait_ready()
+        data = await model.infer("next", "measure", b"ok", {})
+        model.stop()
+    assert caller.cancelled_caught
+    assert data["request_id"] == "next"

@@ -150,3 +150,19 @@ def test_sighup_swaps_the_accepted_tokens_without_a_restart(tmp_path: Path) -> N
     assert still_running
     assert "accept_passwords reloaded | count=1" in host.log()
     assert new_token not in host.log() and cluster.token not in host.log()
+
+
+def test_a_taken_port_exits_1_with_one_line_and_leaves_no_model_child(tmp_path: Path) -> None:
+    import re
+    import socket
+
+    cluster = cluster_files(tmp_path, hosts=1)
+    port = int(cluster.hosts[0].argv[-1].rsplit(":", 1)[1])
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        out = subprocess.run(cluster.hosts[0].argv, capture_output=True, text=True, env=child_env(), timeout=60)
+    assert out.returncode == 1
+    assert f"cannot serve on 127.0.0.1:{port}" in out.stderr.strip().splitlines()[-1]
+    started = re.search(r"model process started \| pid=(\d+)", out.stderr)
+    assert started is None or not is_running(int(started[1]))

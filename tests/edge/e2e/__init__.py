@@ -1,0 +1,1 @@
+"""Black-box end-to-end tests of the real gateway process in front of fake worker processes."""

@@ -5,11 +5,13 @@ Fake workers count overlapping jobs; the gateway's core promise is that they nev
 
 from __future__ import annotations
 
+import hashlib
+
 import httpx
 import pytest
 import trio
 
-from shared.contract import MSG_BACKEND_BUSY, Code, envelope
+from shared.contract import MSG_BACKEND_BUSY, Code, envelope, is_valid_request_id
 from tests.edge.e2e.harness import Cluster, gateway_health, measure, wait_until
 
 
@@ -155,3 +157,54 @@ async def test_worker_reporting_busy_gets_no_request_until_a_probe_sees_it_free(
         for _ in range(4):
             assert (await measure(client)).json()["code"] == Code.OK
     assert (await busy.stats())["jobs"], "once a probe saw it free, the idle-longest worker gets work"
+
+
+@pytest.mark.slow
+async def test_forward_keeps_path_query_body_and_content_type(cluster: Cluster) -> None:
+    (fake,) = cluster.start_fakes(1)
+    cluster.start_gateway()
+    photo = bytes(range(256)) * 40
+    async with cluster.client() as client:
+        request = client.build_request(
+            "POST", "/api/v1/hair/mark?drop_mm=12", files={"image": ("face.jpg", photo, "image/jpeg")},
+            data={"drop_mm": "12"}, headers={"X-Request-ID": "multipart-1"},
+        )
+        body = await request.aread()
+        response = await client.send(request)
+    assert response.json()["code"] == Code.OK
+    (job,) = (await fake.stats())["jobs"]
+    assert (job["path"], job["query"], job["request_id"]) == ("/api/v1/hair/mark", "drop_mm=12", "multipart-1")
+    assert job["content_type"] == request.headers["Content-Type"], "the multipart boundary must survive"
+    assert (job["bytes"], job["sha256"]) == (len(body), hashlib.sha256(body).hexdigest())
+
+
+@pytest.mark.slow
+async def test_a_malformed_request_id_is_replaced_end_to_end(cluster: Cluster) -> None:
+    (fake,) = cluster.start_fakes(1)
+    cluster.start_gateway()
+    async with cluster.client() as client:
+        response = await measure(client, headers={"X-Request-ID": "not valid/" + "x" * 70})
+    generated = response.json()["request_id"]
+    assert is_valid_request_id(generated) and not generated.startswith("not valid")
+    assert response.headers["X-Request-ID"] == generated
+    assert (await fake.stats())["jobs"][0]["request_id"] == generated, "the worker sees the same id"
+
+
+@pytest.mark.slow
+async def test_a_busy_worker_is_still_probed_and_stays_online(cluster: Cluster) -> None:
+    (fake,) = cluster.start_fakes(1)
+    await fake.configure(hold=True)
+    cluster.start_gateway(edge={"health_check": {"interval_seconds": 0.2, "timeout_seconds": 0.5}})
+    async with cluster.client() as client, trio.open_nursery() as nursery:
+        nursery.start_soon(measure, client)
+        await wait_until(lambda: _in_flight(fake, 1), 5, "the request to reach the worker")
+        probes = (await fake.stats())["health_checks"]
+
+        async def probed_during_the_job() -> bool:
+            return (await fake.stats())["health_checks"] >= probes + 3
+
+        await wait_until(probed_during_the_job, 5, "probes while the worker runs a job")
+        health = await gateway_health(client)
+        assert (health["workers_healthy"], health["workers_busy"]) == (1, 1)
+        await fake.configure(hold=False)
+        await fake.release()

@@ -105,6 +105,8 @@ async def test_failed_worker_is_ejected_and_the_request_retried(cluster: Cluster
         responses = await _send_until_worker_gets_one(client, broken)
         assert [r.json()["code"] for r in responses] == [Code.OK] * len(responses)
         assert await _healthy_count(client) == 1, "a failed forward ejects the worker at once"
+    retried = responses[-1].json()["request_id"]
+    assert (await good.stats())["jobs"][-1]["request_id"] == retried, "the failed request ran again on the other"
     if broken.alive():
         assert await _jobs(broken) == 1
 

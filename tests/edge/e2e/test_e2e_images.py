@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from shared.contract import MSG_BACKEND_UNAVAILABLE, Code, envelope
-from tests.edge.e2e.harness import Cluster, gateway_health, measure
+from tests.edge.e2e.harness import Cluster, gateway_health, measure, wait_until
 from tests.fakes.fake_worker import PNG_BYTES, Knobs, job_data
 
 ANNOTATIONS = "/static/annotations/"
@@ -147,3 +147,19 @@ async def test_static_serves_annotations_only_and_no_path_traversal(cluster: Clu
         assert status == 404, f"{target} answered {status}"
         for secret in (cluster.token.encode(), b"CANARY", b"[edge", b"root:"):
             assert secret not in answer, f"{target} leaked {secret!r}"
+
+
+@pytest.mark.slow
+async def test_annotations_older_than_max_age_are_deleted(cluster: Cluster) -> None:
+    cluster.start_fakes(1)
+    cleanup = {"interval_seconds": 0.2, "max_age_hours": 1 / 3600}  # one second
+    gateway = cluster.start_gateway(edge={"static_cleanup": cleanup})
+    async with cluster.client() as client:
+        url = (await measure(client)).json()["data"]["annotated_image_url"].removeprefix(gateway.url)
+        assert (await client.get(url)).status_code == 200
+
+        async def deleted() -> bool:
+            return (await client.get(url)).status_code == 404
+
+        await wait_until(deleted, 10, "the cleanup task to delete a file past max_age_hours")
+    assert cluster.annotation_files() == []

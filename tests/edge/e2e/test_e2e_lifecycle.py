@@ -186,3 +186,20 @@ async def test_sighup_swaps_workers_without_failing_a_request(cluster: Cluster) 
     assert len((await old.stats())["jobs"]) == old_jobs, "a removed worker gets no new request"
     assert health["workers_total"] == 1
     assert gateway.process.poll() is None
+
+
+@pytest.mark.slow
+async def test_admin_stats_requires_the_token_and_counts_requests(cluster: Cluster) -> None:
+    cluster.start_fakes(1)
+    cluster.start_gateway()
+    async with cluster.client() as client:
+        for _ in range(3):
+            await measure(client)
+        assert (await client.get("/admin/stats")).status_code == 401
+        assert (await client.get("/admin/stats", headers={"X-Internal-Token": "guess"})).status_code == 401
+
+        async def three_counted() -> bool:
+            stats = await client.get("/admin/stats", headers={"X-Internal-Token": cluster.token})
+            return stats.status_code == 200 and "3" in stats.text and MEASURE in stats.text
+
+        await wait_until(three_counted, 3, "/admin/stats to count the three measure requests")
