@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from tests.fakes.launch import (
@@ -118,3 +119,9 @@ async def measure(client: httpx.AsyncClient, **kwargs: Any) -> httpx.Response:
     """One business request with a small JSON body, as a client sends it."""
     kwargs.setdefault("json", {"image_base64": "AAAA", "gender": "unknown"})
     return await client.post(MEASURE, **kwargs)
+
+
+# Tests of gateway.md features that issue 2 lists under "Later" (idempotency, /admin/stats,
+# static cleanup, SIGHUP reload). They specify the behaviour now and flip to passing (strict:
+# then this mark must go) when the feature lands.
+NOT_BUILT_YET = pytest.mark.xfail(strict=True, reason="gateway feature listed under 'Later' in issue 2; not built yet")

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from shared.contract import MSG_BACKEND_UNAVAILABLE, Code, envelope
-from tests.edge.e2e.harness import Cluster, gateway_health, measure, wait_until
+from tests.edge.e2e.harness import NOT_BUILT_YET, Cluster, gateway_health, measure, wait_until
 from tests.fakes.fake_worker import PNG_BYTES, Knobs, job_data
 
 ANNOTATIONS = "/static/annotations/"
@@ -150,6 +150,7 @@ async def test_static_serves_annotations_only_and_no_path_traversal(cluster: Clu
 
 
 @pytest.mark.slow
+@NOT_BUILT_YET
 async def test_annotations_older_than_max_age_are_deleted(cluster: Cluster) -> None:
     cluster.start_fakes(1)
     cleanup = {"interval_seconds": 0.2, "max_age_hours": 1 / 3600}  # one second

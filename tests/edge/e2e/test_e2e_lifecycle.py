@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from shared.contract import Code
-from tests.edge.e2e.harness import MEASURE, Cluster, measure, wait_until
+from tests.edge.e2e.harness import MEASURE, NOT_BUILT_YET, Cluster, measure, wait_until
 from tests.fakes.launch import REPO_ROOT, child_env, free_port, hairgate_command
 
 REQUEST_LOG_FIELDS = {
@@ -156,6 +156,7 @@ async def test_request_log_has_api_requests_only_and_no_secret(cluster: Cluster)
 
 
 @pytest.mark.slow
+@NOT_BUILT_YET
 async def test_sighup_swaps_workers_without_failing_a_request(cluster: Cluster) -> None:
     old, new = cluster.start_fakes(2)
     gateway = cluster.start_gateway(workers=[old])
@@ -189,6 +190,7 @@ async def test_sighup_swaps_workers_without_failing_a_request(cluster: Cluster) 
 
 
 @pytest.mark.slow
+@NOT_BUILT_YET
 async def test_admin_stats_requires_the_token_and_counts_requests(cluster: Cluster) -> None:
     cluster.start_fakes(1)
     cluster.start_gateway()
