@@ -240,3 +240,6 @@ class BisenetSegmenter:
         return HairSegmentation(
             segmenter="bisenet", hair=labels == HAIR, person=labels != BACKGROUND, hat=labels == HAT
         )
+
+    def close(self) -> None:
+        """Nothing to release: torch frees the network (and its GPU memory) with the object."""

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from shared.contract import Code, ContractError, failure, new_request_id, url_key_for
+from shared.contract import URL_SUFFIX, Code, ContractError, failure, new_request_id, url_key_for
 from shared.logs import configure_logging
 from shared.settings import AnalysisSettings, SettingsError, load_settings
 
@@ -70,7 +70,7 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _analyse(args: argparse.Namespace, image: bytes, options: dict[str, Any], limits: AnalysisSettings,
+def _analyse(endpoint: str, image: bytes, options: dict[str, Any], limits: AnalysisSettings,
              weights: str, device: str) -> dict[str, Any]:
     from .endpoints import run_endpoint  # heavy (mediapipe, cv2): only once the input is known good
     from .models import load_models
@@ -78,7 +78,7 @@ def _analyse(args: argparse.Namespace, image: bytes, options: dict[str, Any], li
     with _stdout_to_stderr():
         models = load_models(weights, device)
         try:
-            return run_endpoint(args.endpoint, image, options, models, limits)
+            return run_endpoint(endpoint, image, options, models, limits)
         finally:
             models.close()
 
@@ -101,7 +101,7 @@ class ImageWriter:
             if url_key is None:
                 published[key] = self.publish(item, (*path, key))
             else:
-                published[url_key] = None if item is None else self._write(item, (*path, url_key[: -len("_url")]))
+                published[url_key] = None if item is None else self._write(item, (*path, url_key[: -len(URL_SUFFIX)]))
         return published
 
     def _write(self, encoded: str, path: tuple[str, ...]) -> str:
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         limits, weights, device = _configuration(args)
         options = parse_options(args.endpoint, _fields(args))
-        data = _analyse(args, _read_photo(args.photo), options, limits, weights, device)
+        data = _analyse(args.endpoint, _read_photo(args.photo), options, limits, weights, device)
         _print_json(ImageWriter(args.out, f"{Path(args.photo).stem}.{args.endpoint}").publish(data))
         return EXIT_OK
     except ContractError as error:

@@ -12,14 +12,14 @@ is wired in, coordinates are rounded to 0.1 px.
 The inpainting masks that generation needs are internal: only when the caller sets
 `options[INPAINT_MASK_OPTION]` (never set by `parse_options`, so never by a client) does
 each grow result, and the mark data, carry `inpaint_mask_png` (base64 PNG; the name does
-not end in `_base64`, so the gateway would never publish it). The GPU host pops it before
-answering.
+not end in `_base64`, so the gateway would never publish it). Nothing sets that option yet:
+it is for the ComfyUI step, which is not wired in.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np

@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 from PIL import Image, ImageOps
 
-from shared.contract import Code, ContractError
+from shared.contract import MSG_IMAGE_TOO_LARGE, Code, ContractError
 from shared.settings import AnalysisSettings
 
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP")
@@ -63,10 +63,8 @@ def check_image_size(width: int, height: int, limits: AnalysisSettings) -> None:
 
 def _check_byte_size(size: int, limits: AnalysisSettings) -> None:
     if size > limits.max_image_bytes:
-        raise ContractError(
-            Code.TOO_LARGE,
-            f"图片文件过大：{_megabytes(size)}，最多允许 {_megabytes(limits.max_image_bytes)}，请压缩后上传",
-        )
+        message = MSG_IMAGE_TOO_LARGE.format(size_mb=size / 2**20, limit_mb=limits.max_image_bytes / 2**20)
+        raise ContractError(Code.TOO_LARGE, message)
     if size == 0:
         raise ContractError(Code.UNSUPPORTED_IMAGE, "图片文件为空：请重新上传")
 
@@ -130,7 +128,3 @@ def _to_rgb8(image: Image.Image) -> np.ndarray:
 
 def _has_alpha(image: Image.Image) -> bool:
     return image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info
-
-
-def _megabytes(size: int) -> str:
-    return f"{size / (1024 * 1024):.1f} MB"

@@ -22,12 +22,15 @@ class ModelLoadError(Exception):
 
 @dataclass
 class Models:
+    """The detector and the segmenter of one model process; `close()` releases both."""
+
     detector: FaceMeshDetector
     segmenter: HairSegmenter
     device: str  # "cpu" or "cuda:0"
 
     def close(self) -> None:
         self.detector.close()
+        self.segmenter.close()
 
 
 def resolve_device(device: str) -> str:

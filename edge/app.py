@@ -2,8 +2,9 @@
 
 `build_gateway(settings)` wires pool, dispatcher, upstream client, image store, request
 log and API service; `create_app(gateway)` returns the ASGI callable Hypercorn serves:
-`/api/` is handled by the thin front (`edge.asgi`), every other path by a QuartTrio app
-whose handlers reach the gateway through `current_app.extensions`, never module globals.
+`/api/` and the status pages (`/health`, `/gateway-health`, `/monitor`) are answered by
+the thin front (`edge.asgi`), every other path by a QuartTrio app whose handlers reach
+the gateway through `current_app.extensions`, never module globals.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from quart_trio import QuartTrio
 
 from edge import monitor
 from edge.api import ApiService
-from edge.asgi import EdgeASGI
+from edge.asgi import EdgeASGI, StatusPage
 from edge.dispatch import Dispatcher
 from edge.forward import RetryPolicy, Upstream
 from edge.pool import Pool, Thresholds
@@ -87,19 +88,31 @@ def build_gateway(settings: Settings, upstream: Upstream | None = None) -> Gatew
 
 
 def create_app(gateway: Gateway) -> EdgeASGI:
-    return EdgeASGI(gateway.api, create_quart_app(gateway), gateway.request_log, gateway.settings.edge.max_body_bytes)
+    return EdgeASGI(
+        gateway.api,
+        create_quart_app(gateway),
+        gateway.request_log,
+        gateway.settings.edge.max_body_bytes,
+        status_pages(gateway.pool),
+    )
+
+
+def status_pages(pool: Pool) -> dict[str, StatusPage]:
+    """The answers read from memory only; GET or HEAD, no auth, never a worker call."""
+    return {
+        "/health": lambda: (200, monitor.health()),
+        "/gateway-health": lambda: (200, monitor.gateway_health(pool.statistics())),
+        "/monitor": lambda: monitor.monitor(pool.statistics()),
+    }
 
 
 def create_quart_app(gateway: Gateway) -> QuartTrio:
-    """The routes the gateway answers itself (everything but `/api/`)."""
+    """The routes that need a request object or files: the drill switch and static PNGs."""
     app = QuartTrio(__name__, static_folder=None)
     app.json.sort_keys = False  # keep the documented field order of seed 001 §4
     app.json.ensure_ascii = False  # messages readable as the seed shows them
     app.config["MAX_CONTENT_LENGTH"] = FAULT_BODY_LIMIT_BYTES  # no route here needs more
     app.extensions[_EXTENSION] = gateway
-    app.add_url_rule("/health", view_func=_health, methods=["GET"])
-    app.add_url_rule("/gateway-health", view_func=_gateway_health, methods=["GET"])
-    app.add_url_rule("/monitor", view_func=_monitor, methods=["GET"])
     app.add_url_rule("/monitor/fault", view_func=_monitor_fault, methods=["POST"])
     app.add_url_rule("/static/<path:subpath>", view_func=_static, methods=["GET"])
     return app
@@ -107,19 +120,6 @@ def create_quart_app(gateway: Gateway) -> QuartTrio:
 
 def _gateway() -> Gateway:
     return current_app.extensions[_EXTENSION]
-
-
-async def _health() -> tuple[dict, int]:
-    return monitor.health(), 200
-
-
-async def _gateway_health() -> tuple[dict, int]:
-    return monitor.gateway_health(_gateway().pool.statistics()), 200
-
-
-async def _monitor() -> tuple[dict, int]:
-    status, body = monitor.monitor(_gateway().pool.statistics())
-    return body, status
 
 
 async def _monitor_fault() -> tuple[dict, int]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
@@ -70,7 +70,9 @@ class RequestLog:
         batch, self._pending = self._pending, []
         self._has_pending = trio.Event()
         if batch:
-            lines = "".join(json.dumps(asdict(entry), ensure_ascii=False) + "\n" for entry in batch)
+            # Records are flat: vars() gives asdict()'s dict without its recursive copy,
+            # which was the costliest part of logging a request.
+            lines = "".join(json.dumps(vars(entry), ensure_ascii=False) + "\n" for entry in batch)
             await trio.to_thread.run_sync(self._append, lines.encode())
 
     def _append(self, data: bytes) -> None:

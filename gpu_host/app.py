@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 import trio
-from quart import Response, jsonify, request
+from quart import Request, Response, jsonify, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -27,6 +27,7 @@ from shared.contract import (
     HEADER_REQUEST_ID,
     HEADER_TOKEN,
     MSG_BACKEND_UNAVAILABLE,
+    MSG_BODY_TOO_LARGE,
     MSG_UNKNOWN_ENDPOINT,
     Code,
     ContractError,
@@ -81,7 +82,7 @@ def create_app(model: ModelProcess, guard: TokenGuard, limits: AnalysisSettings)
         # the gateway counts other statuses as a broken host. A failure outside the handlers
         # keeps its 5xx, so the gateway does try another host.
         if request.path.startswith(API_PREFIX):
-            code, message = _http_error_as_contract(error, request.method, request.path)
+            code, message = _http_error_as_contract(error, request)
             body = envelope(code, _request_id(), message=message)
             status = 200 if code is not Code.SYSTEM_ERROR else error.code
             return _with_request_id(jsonify(body), body["request_id"]), status
@@ -90,11 +91,11 @@ def create_app(model: ModelProcess, guard: TokenGuard, limits: AnalysisSettings)
     return app
 
 
-def _http_error_as_contract(error: HTTPException, method: str, path: str) -> tuple[Code, str | None]:
+def _http_error_as_contract(error: HTTPException, failed: Request) -> tuple[Code, str | None]:
     if error.code == 413:
-        return Code.TOO_LARGE, "请求体过大"
+        return Code.TOO_LARGE, MSG_BODY_TOO_LARGE.format(limit_bytes=failed.max_content_length)
     if error.code in (404, 405):
-        return Code.INVALID_PARAMETER, MSG_UNKNOWN_ENDPOINT.format(method=method, path=path)
+        return Code.INVALID_PARAMETER, MSG_UNKNOWN_ENDPOINT.format(method=failed.method, path=failed.path)
     if error.code is not None and error.code >= 500:  # an exception outside the handlers (logged by Quart)
         return Code.SYSTEM_ERROR, None
     return Code.INVALID_PARAMETER, None

@@ -35,12 +35,9 @@ from gpu_host.protocol import (
     Ready,
     Result,
 )
-from shared.contract import Code, ContractError
+from shared.contract import MSG_INFERENCE_TIMED_OUT, MSG_MODEL_PROCESS_DIED, Code, ContractError
 
 log = logging.getLogger("gpu_host.model")
-
-MSG_TIMED_OUT = "推理超时（超过 {seconds:g} 秒），模型进程已重启，请稍后重试"
-MSG_CHILD_DIED = "模型进程异常退出，正在重启，请稍后重试"
 
 
 class ModelState(enum.Enum):
@@ -108,7 +105,7 @@ class ModelProcess:
             device=ready.device if ready else None,
             segmenter=ready.segmenter if ready else None,
             busy=self._lock.locked(),
-            pid=self._process.pid if self._process else None,
+            pid=self._pid(),
             restarts=self._restarts,
         )
 
@@ -133,10 +130,10 @@ class ModelProcess:
                     reply = await _receive(conn)
             except trio.TooSlowError:
                 self._fail(f"inference timed out after {self._timeout:g}s (request_id={request_id})")
-                raise ContractError(Code.SYSTEM_ERROR, MSG_TIMED_OUT.format(seconds=self._timeout)) from None
+                raise ContractError(Code.SYSTEM_ERROR, MSG_INFERENCE_TIMED_OUT.format(seconds=self._timeout)) from None
             except (EOFError, OSError, trio.ClosedResourceError):
                 self._fail(f"model process died during an inference (request_id={request_id})")
-                raise ContractError(Code.SYSTEM_ERROR, MSG_CHILD_DIED) from None
+                raise ContractError(Code.SYSTEM_ERROR, MSG_MODEL_PROCESS_DIED) from None
             except trio.Cancelled:
                 # The caller went away (client disconnect, shutdown) with a reply still owed:
                 # the next request would read it. A fresh child is the simple consistent state.
@@ -147,7 +144,7 @@ class ModelProcess:
         if isinstance(reply, Failure) and reply.request_id == request_id:
             raise ContractError(Code(reply.code), reply.message)
         self._fail(f"protocol violation: got {type(reply).__name__} for request_id={request_id}")
-        raise ContractError(Code.SYSTEM_ERROR, MSG_CHILD_DIED)
+        raise ContractError(Code.SYSTEM_ERROR, MSG_MODEL_PROCESS_DIED)
 
     def stop(self) -> None:
         """Stop supervising; `run` kills the child on its way out (server shutdown)."""

@@ -21,7 +21,7 @@ import trio
 from quart import Request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from shared.contract import Code, ContractError
+from shared.contract import MSG_BODY_TOO_LARGE, MSG_IMAGE_TOO_LARGE, Code, ContractError
 
 IMAGE_FIELD = "image"
 IMAGE_BASE64_FIELD = "image_base64"
@@ -59,7 +59,8 @@ async def read_upload(request: Request) -> Upload:
             # megabytes of JSON: parsed in a thread so the event loop (and /health) stay free
             return await trio.to_thread.run_sync(_parse_json, await request.get_data(as_text=False))
     except RequestEntityTooLarge:
-        raise ContractError(Code.TOO_LARGE, f"请求体过大：上限 {request.max_content_length} 字节") from None
+        message = MSG_BODY_TOO_LARGE.format(limit_bytes=request.max_content_length)
+        raise ContractError(Code.TOO_LARGE, message) from None
     except (HTTPException, ValueError):  # a malformed multipart body
         raise ContractError(Code.INVALID_PARAMETER, "请求体无法解析：multipart/form-data 格式错误") from None
     raise ContractError(
@@ -122,7 +123,5 @@ def _decoded_length(text: str) -> int:
 
 def _check_size(size: int, max_image_bytes: int) -> None:
     if size > max_image_bytes:
-        raise ContractError(
-            Code.TOO_LARGE,
-            f"图片过大：{size / 1024 / 1024:.1f} MB，上限 {max_image_bytes / 1024 / 1024:.1f} MB",
-        )
+        message = MSG_IMAGE_TOO_LARGE.format(size_mb=size / 2**20, limit_mb=max_image_bytes / 2**20)
+        raise ContractError(Code.TOO_LARGE, message)

@@ -1,39 +1,49 @@
 #!/usr/bin/env python
 """Per-stage timings of the measure pipeline at 512 px and at 12 MP (median of N runs).
 
-    .venv/bin/python scripts/bench_analysis.py [--runs 7] [--no-bisenet]
+    .venv/bin/python scripts/bench_analysis.py [--runs 7] [--no-bisenet] [--device cpu|cuda:0]
 
 Photos: the 512×512 astronaut, and the same face rescaled to 3000×3000 and padded with its
 own edge pixels to a 4000×3000 canvas (12 MP), both uploaded as JPEG q92. The 4096 px limit
 is the endpoint's and both sizes are within it. BiSeNet runs with random weights (its cost
 does not depend on them). Targets (analysis.md / the task): the whole measure endpoint on
 the 512 px astronaut with the fallback segmenter <= 250 ms on a 2-core CPU; 12 MP <= 2x that.
+Also printed: the pose, iris calibration and interpupillary distance of each real face
+shipped with the packages (the astronaut and matplotlib's Grace Hopper), and the time to
+refuse a 30000×30000 PNG decompression bomb.
 Timings on a shared machine are noisy: compare medians, not single runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
+from matplotlib import cbook
 from PIL import Image
 from skimage import data
 
-from analysis import render
-from analysis.calibration import calibrate
-from analysis.endpoints import run_endpoint
-from analysis.hairline import trace_hairline
-from analysis.image_input import decode_image
-from analysis.measurements import measure_face
-from analysis.models import Models, load_models
-from analysis.pose import check_pose, estimate_pose
-from shared.settings import AnalysisSettings
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.analysis.images
+
+from analysis import render  # noqa: E402
+from analysis.calibration import calibrate  # noqa: E402
+from analysis.endpoints import run_endpoint  # noqa: E402
+from analysis.hairline import trace_hairline  # noqa: E402
+from analysis.image_input import decode_image  # noqa: E402
+from analysis.measurements import measure_face  # noqa: E402
+from analysis.models import Models, load_models  # noqa: E402
+from analysis.pose import check_pose, estimate_pose  # noqa: E402
+from analysis.types import LandmarkId  # noqa: E402
+from shared.contract import ContractError  # noqa: E402
+from shared.settings import AnalysisSettings  # noqa: E402
+from tests.analysis.images import encode, huge_blank_png  # noqa: E402
 
 TARGET_512_MS = 250.0
 TARGET_12MP_FACTOR = 2.0
@@ -45,9 +55,7 @@ def twelve_megapixels(rgb: np.ndarray) -> np.ndarray:
 
 
 def jpeg(rgb: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(rgb).save(buffer, format="JPEG", quality=92)
-    return buffer.getvalue()
+    return encode(rgb, "JPEG", quality=92)
 
 
 def median_ms(action: Callable[[], Any], runs: int) -> float:
@@ -90,23 +98,56 @@ def stage_timings(upload: bytes, models: Models, bisenet: Models | None, runs: i
     return timings
 
 
-def random_bisenet(models: Models) -> Models:
+def random_bisenet(models: Models, device: str) -> Models:
     import torch
 
     from analysis.bisenet import BiSeNet, BisenetSegmenter
 
     torch.manual_seed(0)
-    return Models(detector=models.detector, segmenter=BisenetSegmenter.from_network(BiSeNet()), device="cpu")
+    segmenter = BisenetSegmenter.from_network(BiSeNet(), device)
+    return Models(detector=models.detector, segmenter=segmenter, device=device)
+
+
+def print_face_geometry(models: Models) -> None:
+    """Pose, iris scale and interpupillary distance of each real face: a sanity check of the
+    landmarks and the calibration (an adult IPD is 55-70 mm)."""
+    with cbook.get_sample_data("grace_hopper.jpg") as file:
+        grace_hopper = np.asarray(Image.open(file).convert("RGB"))
+    for name, rgb in (("astronaut", data.astronaut()), ("grace_hopper", grace_hopper)):
+        face = models.detector.detect(rgb)
+        pose, calibration = estimate_pose(face), calibrate(face)
+        left, right = face.points[list(LandmarkId.IRIS_CENTERS)]
+        print(
+            f"{name}: yaw {pose.yaw_degrees:+.1f}° pitch {pose.pitch_degrees:+.1f}° roll {pose.roll_degrees:+.1f}°, "
+            f"iris {calibration.left_iris_px:.1f}/{calibration.right_iris_px:.1f} px, "
+            f"{calibration.mm_per_px:.3f} mm/px ±{calibration.relative_uncertainty:.1%}, "
+            f"IPD {np.hypot(*(left - right)) * calibration.mm_per_px:.1f} mm"
+        )
+
+
+def refuse_bomb_ms(runs: int) -> float:
+    bomb, limits = huge_blank_png(30000, 30000), AnalysisSettings()
+
+    def refuse() -> None:
+        try:
+            decode_image(bomb, limits)
+        except ContractError:
+            return
+        raise AssertionError("the decompression bomb was accepted")
+
+    return median_ms(refuse, runs)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--no-bisenet", action="store_true", help="skip the BiSeNet rows (no torch import)")
+    parser.add_argument("--device", default="cpu", help="where BiSeNet runs: cpu or cuda:0")
     args = parser.parse_args()
 
     models = load_models("", "cpu")
-    bisenet = None if args.no_bisenet else random_bisenet(models)
+    print_face_geometry(models)
+    bisenet = None if args.no_bisenet else random_bisenet(models, args.device)
     astronaut = data.astronaut()
     small = stage_timings(jpeg(astronaut), models, bisenet, args.runs)
     large = stage_timings(jpeg(twelve_megapixels(astronaut)), models, bisenet, args.runs)
@@ -122,6 +163,7 @@ def main() -> None:
     limit_large = TARGET_12MP_FACTOR * TARGET_512_MS
     print(f"target 12 MP <= {TARGET_12MP_FACTOR:.0f}x = {limit_large:.0f} ms: {total_large:.0f} ms, "
           f"{total_large / total_small:.1f}x the 512 px run ({'met' if total_large <= limit_large else 'MISSED'})")
+    print(f"refuse a 30000x30000 PNG bomb: {refuse_bomb_ms(args.runs):.2f} ms")
     models.close()
 
 

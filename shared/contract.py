@@ -42,6 +42,13 @@ DEFAULT_MESSAGES: dict[Code, str] = {
 # Infrastructure failures reuse 1007 with these exact messages (contract.md).
 MSG_BACKEND_UNAVAILABLE = "后端服务暂不可用，请稍后重试"
 MSG_BACKEND_BUSY = "后端服务繁忙，请稍后重试"
+# A GPU host's model child timed out or died mid-request (1007); it is being replaced.
+MSG_INFERENCE_TIMED_OUT = "推理超时（超过 {seconds:g} 秒），模型进程已重启，请稍后重试"
+MSG_MODEL_PROCESS_DIED = "模型进程异常退出，正在重启，请稍后重试"
+# A body over the service's limit (1003), from the gateway or a GPU host.
+MSG_BODY_TOO_LARGE = "请求体过大：上限 {limit_bytes} 字节"
+# An image over analysis.max_image_bytes (1003), whichever check (upload or decode) sees it.
+MSG_IMAGE_TOO_LARGE = "图片过大：{size_mb:.1f} MB，最多允许 {limit_mb:.1f} MB，请压缩后上传"
 # Gateway answers for /api/ requests it cannot route.
 MSG_ENDPOINT_NOT_AVAILABLE = "该接口暂未在本网关开放：{path}"
 MSG_UNKNOWN_ENDPOINT = "接口不存在：{method} {path}（业务接口均为 POST）"

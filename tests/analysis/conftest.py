@@ -1,4 +1,5 @@
-"""Fixtures shared by the analysis tests: real faces, one detector, the labelled photos."""
+"""Fixtures shared by the analysis tests: real faces, one detector and one segmenter, the
+labelled photos."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from matplotlib import cbook
 from PIL import Image
 from skimage import data
 
+from analysis.calibration import calibrate
 from analysis.landmarks import FaceMeshDetector
+from analysis.segmentation import FallbackSegmenter
+from analysis.types import Calibration, Face
 from shared.settings import AnalysisSettings
 
 from .images import no_face_photo, rotated, side_by_side
@@ -48,6 +52,26 @@ def detector() -> Iterator[FaceMeshDetector]:
     mesh = FaceMeshDetector()
     yield mesh
     mesh.close()
+
+
+@pytest.fixture(scope="session")
+def segmenter() -> Iterator[FallbackSegmenter]:
+    """One fallback segmenter for the whole session (deterministic: GrabCut is reseeded)."""
+    fallback = FallbackSegmenter()
+    yield fallback
+    fallback.close()
+
+
+@pytest.fixture(scope="session")
+def face(detector: FaceMeshDetector, astronaut: np.ndarray) -> Face:
+    """The astronaut's landmarks: the face the design and drawing tests draw on."""
+    return detector.detect(astronaut)
+
+
+@pytest.fixture(scope="session")
+def calibration(face: Face) -> Calibration:
+    """The astronaut's iris calibration."""
+    return calibrate(face)
 
 
 @pytest.fixture

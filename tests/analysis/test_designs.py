@@ -6,22 +6,10 @@ import numpy as np
 import pytest
 
 from analysis import designs
-from analysis.calibration import calibrate
 from analysis.designs import FaceFrame
-from analysis.landmarks import FaceMeshDetector
 from analysis.types import PLANS, STYLES, Calibration, Face, Hairline, LandmarkId
 
 pytestmark = pytest.mark.filterwarnings("error")
-
-
-@pytest.fixture(scope="module")
-def face(detector: FaceMeshDetector, astronaut: np.ndarray) -> Face:
-    return detector.detect(astronaut)
-
-
-@pytest.fixture(scope="module")
-def calibration(face: Face) -> Calibration:
-    return calibrate(face)
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +158,7 @@ def test_inpainting_mask_is_empty_when_nothing_grows(face, frame, calibration) -
     assert not designs.inpainting_mask(face, design, current, calibration).any()
 
 
-def test_inpainting_mask_without_a_hairline_stays_inside_the_person(face, frame, calibration) -> None:
+def test_inpainting_mask_without_a_hairline_stays_inside_the_person(face, calibration) -> None:
     design = designs.plan_design("standard", face, NO_HAIRLINE, calibration, "female")
     person = np.zeros((face.image_height, face.image_width), dtype=bool)
     person[40:, :] = True  # pretend the head ends at row 40

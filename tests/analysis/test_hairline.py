@@ -22,11 +22,6 @@ from .images import encode, mirrored, rotated
 ASTRONAUT_FRINGE_ROW = 81.6
 
 
-@pytest.fixture(scope="module")
-def segmenter() -> FallbackSegmenter:
-    return FallbackSegmenter()
-
-
 def analyse(rgb: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter) -> Hairline:
     face = detector.detect(rgb)
     return trace_hairline(rgb, face, segmenter.segment(rgb, face), calibrate(face))

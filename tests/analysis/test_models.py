@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from analysis.bisenet import BiSeNet, BisenetSegmenter
 from analysis.models import ModelLoadError, load_models, resolve_device
+from analysis.segmentation import FallbackSegmenter
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,13 +50,10 @@ def weights_file(tmp_path_factory) -> Path:
 
 
 def test_named_weights_load_bisenet(weights_file):
-    models = load_models(str(weights_file), device="cpu")
-    try:
+    with closing(load_models(str(weights_file), device="cpu")) as models:
         assert isinstance(models.segmenter, BisenetSegmenter)
         assert models.segmenter.name == "bisenet"
         assert models.device == "cpu"
-    finally:
-        models.close()
 
 
 def test_missing_weights_file_says_not_found(tmp_path):
@@ -77,11 +76,14 @@ def test_wrong_network_weights_name_the_key(tmp_path):
 
 
 def test_no_weights_means_the_fallback_on_the_cpu():
-    segmentation = pytest.importorskip("analysis.segmentation", reason="the fallback segmenter is not written yet")
-    models = load_models("", device="auto")
-    try:
-        assert isinstance(models.segmenter, segmentation.FallbackSegmenter)
+    with closing(load_models("", device="auto")) as models:
+        assert isinstance(models.segmenter, FallbackSegmenter)
         assert models.segmenter.name == "fallback"
         assert models.device == "cpu"
-    finally:
-        models.close()
+
+
+def test_close_releases_the_segmenter_too(astronaut, face):
+    models = load_models("", device="cpu")
+    models.close()
+    with pytest.raises(ValueError, match="_graph is None"):  # MediaPipe's graph is gone
+        models.segmenter.segment(astronaut, face)

@@ -4,6 +4,7 @@ analysis is called directly. Skipped loudly when the photos are absent."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +30,9 @@ KNOWN_MISSES: dict[str, str] = {}
 
 
 def _labels() -> list[dict[str, Any]]:
-    import json
-
+    # Read at collection time (parametrize); the photos_dir fixture skips when they are absent.
     path = PHOTOS_DIR / "labels.json"
     return json.loads(path.read_text()) if path.is_file() else [{"file": "(photos absent)", "kind": "absent"}]
-
-
-@pytest.fixture(scope="module")
-def segmenter() -> FallbackSegmenter:
-    return FallbackSegmenter()
 
 
 @pytest.mark.parametrize(

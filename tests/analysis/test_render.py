@@ -10,8 +10,7 @@ import pytest
 
 from analysis import designs, render
 from analysis.calibration import calibrate
-from analysis.landmarks import FaceMeshDetector
-from analysis.types import Calibration, Face, Hairline
+from analysis.types import Hairline
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -24,17 +23,8 @@ MEASURE_DATA = {
 
 
 @pytest.fixture(scope="module")
-def face(detector: FaceMeshDetector, astronaut: np.ndarray) -> Face:
-    return detector.detect(astronaut)
-
-
-@pytest.fixture(scope="module")
-def calibration(face: Face) -> Calibration:
-    return calibrate(face)
-
-
-@pytest.fixture(scope="module")
-def hairline(face: Face) -> Hairline:
+def hairline() -> Hairline:
+    """A rounded hairline across the astronaut's forehead, trichion at (226, 60)."""
     x = np.linspace(190, 262, 25)
     points = np.stack([x, 60 + 0.01 * (x - 226) ** 2], axis=1)
     return Hairline(status="ok", points=points, trichion=(226.0, 60.0), shape="rounded", uncertainty_mm=2.1,

@@ -12,11 +12,6 @@ from analysis.landmarks import FaceMeshDetector
 from analysis.segmentation import FallbackSegmenter
 
 
-@pytest.fixture(scope="module")
-def segmenter() -> FallbackSegmenter:
-    return FallbackSegmenter()
-
-
 def test_astronaut_masks_are_full_size_and_find_her_hair(astronaut: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter) -> None:
     face = detector.detect(astronaut)
     result = segmenter.segment(astronaut, face)

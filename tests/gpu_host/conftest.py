@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 import trio
+from werkzeug.datastructures import FileStorage
 
 from gpu_host.app import create_app
 from gpu_host.auth import TokenGuard
@@ -21,6 +23,7 @@ from tests.gpu_host import fake_child
 TOKEN = "tok-current-7f3a9c"
 OLD_TOKEN = "tok-previous-51d2e8"
 LIMITS = AnalysisSettings(max_image_bytes=64 * 1024)
+MEASURE = "/api/v1/hair/measure"
 
 
 def fake_config(**extra: Any) -> ChildConfig:
@@ -46,6 +49,15 @@ async def serving(model: ModelProcess, limits: AnalysisSettings = LIMITS) -> Asy
 
 def auth(**headers: str) -> dict[str, str]:
     return {"X-Internal-Token": TOKEN, **headers}
+
+
+def image_file(content: bytes, name: str = "photo.jpg") -> dict[str, FileStorage]:
+    """A multipart `files=` argument carrying `content` as the image (the fake child's script)."""
+    return {"image": FileStorage(io.BytesIO(content), filename=name, content_type="image/jpeg")}
+
+
+async def post_image(client: Any, content: bytes, path: str = MEASURE, **form: str) -> Any:
+    return await client.post(path, headers=auth(), files=image_file(content), form=form)
 
 
 class Fifos:

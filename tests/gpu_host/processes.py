@@ -7,7 +7,6 @@ readiness is polled with a deadline, never a bare sleep.
 
 from __future__ import annotations
 
-import io
 import os
 import random
 import signal
@@ -18,14 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import tomlkit
+from skimage import data
 
 from gpu_host.dev import DevCluster, Service, prepare
 from shared.contract import HEADER_TOKEN
+from tests.analysis.images import encode, side_by_side
+from tests.fakes.launch import child_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PORT_RANGE = (20000, 20499)
 STARTUP_DEADLINE_SECONDS = 120.0  # model loading on a busy 2-core machine
-_SECRET_ENV = ("HAIRGATE_SHARED_PASSWORD", "HAIRGATE_ACCEPT_PASSWORDS")
 
 
 def free_ports(count: int) -> list[int]:
@@ -47,13 +49,6 @@ def _is_free(port: int) -> bool:
     return True
 
 
-def child_env() -> dict[str, str]:
-    # Secrets reach a child only through the files a test writes, never from this shell.
-    env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def cluster_files(directory: Path, hosts: int) -> DevCluster:
     """Settings + secrets for `hosts` GPU hosts and a gateway, all under `directory`."""
     gateway_port, *_ = ports = free_ports(hosts + 1)
@@ -63,8 +58,6 @@ def cluster_files(directory: Path, hosts: int) -> DevCluster:
 
 
 def _point_var_paths_into(settings_path: Path, directory: Path) -> None:
-    import tomlkit
-
     document = tomlkit.parse(settings_path.read_text())
     edge = document["edge"]
     edge["static_dir"] = str(directory / "static")
@@ -76,8 +69,6 @@ def _point_var_paths_into(settings_path: Path, directory: Path) -> None:
 
 
 def set_settings(settings_path: Path, section: str, **values: Any) -> None:
-    import tomlkit
-
     document = tomlkit.parse(settings_path.read_text())
     for key, value in values.items():
         document[section][key] = value
@@ -167,20 +158,9 @@ def is_running(pid: int) -> bool:
 
 
 def astronaut_png() -> bytes:
-    from PIL import Image
-    from skimage import data
-
-    buffer = io.BytesIO()
-    Image.fromarray(data.astronaut()).save(buffer, format="PNG")
-    return buffer.getvalue()
+    return encode(data.astronaut(), "PNG")
 
 
 def two_faces_png() -> bytes:
-    import numpy as np
-    from PIL import Image
-    from skimage import data
-
     face = data.astronaut()
-    buffer = io.BytesIO()
-    Image.fromarray(np.concatenate([face, face], axis=1)).save(buffer, format="PNG")
-    return buffer.getvalue()
+    return encode(side_by_side(face, face), "PNG")

@@ -14,6 +14,11 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
+def load_text(directory: Path, text: str) -> None:
+    """Load `text` as the settings file, with no secrets and an empty environment."""
+    load_settings(write(directory / "s.toml", text), environ={})
+
+
 def test_committed_settings_load_and_hold_no_secret():
     settings = load_settings(REPO_SETTINGS, environ={})
     assert settings.edge.pool.workers == ("http://127.0.0.1:28187",)
@@ -21,21 +26,18 @@ def test_committed_settings_load_and_hold_no_secret():
 
 
 def test_unknown_key_is_named(tmp_path):
-    config = write(tmp_path / "s.toml", "[edge.dispatch]\nqueue_wait_secs = 3\n")
     with pytest.raises(SettingsError, match=r"unknown settings key: edge\.dispatch\.queue_wait_secs"):
-        load_settings(config, environ={})
+        load_text(tmp_path, "[edge.dispatch]\nqueue_wait_secs = 3\n")
 
 
 def test_bad_value_is_named_without_echoing_it(tmp_path):
-    config = write(tmp_path / "s.toml", "[edge.health_check]\ninterval_seconds = -1\n")
     with pytest.raises(SettingsError, match=r"edge\.health_check\.interval_seconds"):
-        load_settings(config, environ={})
+        load_text(tmp_path, "[edge.health_check]\ninterval_seconds = -1\n")
 
 
 def test_invalid_toml_names_the_file(tmp_path):
-    config = write(tmp_path / "s.toml", "[edge\n")
     with pytest.raises(SettingsError, match="not valid TOML"):
-        load_settings(config, environ={})
+        load_text(tmp_path, "[edge\n")
 
 
 @pytest.mark.parametrize("section", ["[auth]\nshared_password = 'x'", "[edge.features]\napi_key = 'k'"])
@@ -71,15 +73,10 @@ def test_environment_wins_over_secrets_file(tmp_path):
 
 
 def test_primary_must_be_a_worker(tmp_path):
-    config = write(
-        tmp_path / "s.toml",
-        "[edge.pool]\nworkers = ['http://a:1']\nprimary_workers = ['http://b:1']\n",
-    )
     with pytest.raises(SettingsError, match=r"edge\.pool"):
-        load_settings(config, environ={})
+        load_text(tmp_path, "[edge.pool]\nworkers = ['http://a:1']\nprimary_workers = ['http://b:1']\n")
 
 
 def test_worker_urls_need_a_scheme(tmp_path):
-    config = write(tmp_path / "s.toml", "[edge.pool]\nworkers = ['127.0.0.1:1']\n")
     with pytest.raises(SettingsError, match=r"edge\.pool\.workers"):
-        load_settings(config, environ={})
+        load_text(tmp_path, "[edge.pool]\nworkers = ['127.0.0.1:1']\n")

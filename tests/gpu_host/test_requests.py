@@ -1,0 +1,126 @@
+"""Request bodies through the GPU host app: multipart and JSON, the contract's validation
+order (1001 before 1003 before the child), request ids, and envelopes for errors outside the
+handlers. A real spawned fake child answers whatever gets through."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from gpu_host.app import create_app
+from gpu_host.auth import TokenGuard
+from shared.contract import Code
+from tests.gpu_host.conftest import LIMITS, MEASURE, TOKEN, auth, fake_model, image_file, post_image, serving
+
+
+async def test_multipart_and_json_bodies_reach_the_child_alike() -> None:
+    image = b"\x89PNG fake image bytes \x00\xff"
+    encoded = base64.b64encode(image).decode()
+    model = fake_model()
+    async with serving(model) as client:
+        await model.wait_ready()
+        multipart = await post_image(client, image, "/api/v1/hair/grow", plans='["standard"]')
+        plain = await client.post("/api/v1/hair/grow", headers=auth(), json={"image_base64": encoded, "plans": ["standard"]})
+        data_url = await client.post(
+            "/api/v1/hair/mark",
+            headers=auth(),
+            json={"image_base64": "data:image/png;base64," + encoded[:8] + "\n" + encoded[8:], "drop_mm": 5},
+        )
+    for response in (multipart, plain):
+        body = await response.get_json()
+        assert body["code"] == 0, body
+        assert body["data"]["image_bytes"] == len(image)
+        assert body["data"]["options"]["plans"] == ["standard"]
+    marked = (await data_url.get_json())["data"]
+    assert (marked["endpoint"], marked["image_bytes"], marked["options"]["drop_mm"]) == ("mark", len(image), 5.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code", "fragment"),
+    [
+        ({"json": {"gender": "male"}}, 1001, "缺少图片"),
+        ({"form": {"gender": "male"}, "files": {}}, 1001, "缺少图片"),
+        ({"files": image_file(b"")}, 1001, "缺少图片"),
+        ({"form": {"image": "not a file"}, "files": {"other": image_file(b"x")["image"]}}, 1001, "以文件方式上传"),
+        ({"json": {"image_base64": "not base64 at all!"}}, 1001, "image_base64 不是有效的 base64"),
+        ({"json": {"image_base64": 42}}, 1001, "image_base64"),
+        ({"json": ["a list"]}, 1001, "JSON 对象"),
+        ({"data": b"{not json", "headers": {"Content-Type": "application/json"}}, 1001, "JSON"),
+        ({"data": b"raw", "headers": {"Content-Type": "image/jpeg"}}, 1001, "Content-Type"),
+        ({"files": image_file(b"ok"), "form": {"gender": "robot"}}, 1001, "gender"),
+        # fields before bytes: a bad field wins over an oversize image
+        ({"files": image_file(b"x" * (LIMITS.max_image_bytes + 1)), "form": {"gender": "robot"}}, 1001, "gender"),
+        ({"files": image_file(b"x" * (LIMITS.max_image_bytes + 1))}, 1003, "图片过大"),
+        ({"json": {"image_base64": base64.b64encode(b"x" * (LIMITS.max_image_bytes + 1)).decode()}}, 1003, "图片过大"),
+        # the size comes from the base64 length, before decoding: oversize garbage is 1003, not 1001
+        ({"json": {"image_base64": "!" * (LIMITS.max_image_bytes * 2)}}, 1003, "图片过大"),
+    ],
+)
+async def test_bad_requests_get_the_right_code_before_the_child_is_asked(
+    kwargs: dict, code: int, fragment: str
+) -> None:
+    model = fake_model()
+    async with serving(model) as client:
+        await model.wait_ready()
+        headers = {**auth(), **kwargs.pop("headers", {})}
+        response = await client.post(MEASURE, headers=headers, **kwargs)
+        body = await response.get_json()
+    assert (response.status_code, body["code"], body["data"]) == (200, code, None)
+    assert fragment in body["message"]
+
+
+async def test_body_over_the_limit_is_1003() -> None:
+    model = fake_model()
+    async with serving(model) as client:
+        oversize = b"x" * (8 * LIMITS.max_image_bytes + 2 * 1024 * 1024)
+        response = await client.post(MEASURE, headers={**auth(), "Content-Type": "application/json"}, data=oversize)
+        body = await response.get_json()
+    assert (response.status_code, body["code"], body["data"]) == (200, 1003, None)
+    assert "请求体过大" in body["message"]
+
+
+async def test_request_id_is_echoed_when_valid_and_generated_otherwise() -> None:
+    model = fake_model()
+    async with serving(model) as client:
+        await model.wait_ready()
+        given = await client.post(MEASURE, headers=auth(**{"X-Request-ID": "req.42-a_b"}), json={})
+        bad = await client.post(MEASURE, headers=auth(**{"X-Request-ID": "no spaces allowed"}), json={})
+        ok = await client.post(
+            MEASURE,
+            headers=auth(**{"X-Request-ID": "req-43"}),
+            json={"image_base64": base64.b64encode(b"ok").decode()},
+        )
+    assert (await given.get_json())["request_id"] == "req.42-a_b" == given.headers["X-Request-ID"]
+    generated = (await bad.get_json())["request_id"]
+    assert generated != "no spaces allowed" and generated == bad.headers["X-Request-ID"]
+    assert (await ok.get_json())["data"]["request_id"] == "req-43"  # the child got it too
+
+
+async def test_unknown_api_path_and_wrong_method_are_envelopes() -> None:
+    model = fake_model()
+    async with serving(model) as client:
+        unknown = await client.post("/api/v1/hair/nope", headers=auth(), json={})
+        wrong_method = await client.get(MEASURE, headers=auth())
+        elsewhere = await client.get("/nope", headers=auth())
+    # contract answers are HTTP 200 (the gateway counts any other status as a broken host)
+    assert (unknown.status_code, (await unknown.get_json())["code"]) == (200, Code.INVALID_PARAMETER)
+    assert "/api/v1/hair/nope" in (await unknown.get_json())["message"]
+    assert (wrong_method.status_code, (await wrong_method.get_json())["code"]) == (200, Code.INVALID_PARAMETER)
+    assert "POST" in (await wrong_method.get_json())["message"]
+    assert (elsewhere.status_code, await elsewhere.get_json()) == (404, {"status": "not_found"})
+
+
+async def test_a_failure_outside_the_handlers_is_a_1007_envelope_without_a_traceback() -> None:
+    class BrokenGuard(TokenGuard):
+        def is_accepted(self, presented: str | None) -> bool:
+            raise RuntimeError("a bug in a hook")
+
+    app = create_app(fake_model(), BrokenGuard((TOKEN,)), LIMITS)
+    async with app.test_app() as test_app:
+        response = await test_app.test_client().post(MEASURE, headers=auth(**{"X-Request-ID": "r-500"}), json={})
+        text = await response.get_data(as_text=True)
+    body = await response.get_json()
+    assert response.status_code == 500
+    assert (body["code"], body["request_id"], body["data"]) == (1007, "r-500", None)
+    assert "Traceback" not in text and "a bug in a hook" not in text
