@@ -3,8 +3,8 @@
 Routing `/api/` through Quart's full request machinery costs ~0.3 ms a request, a fifth
 of the latency budget, and the API needs none of it: read the body (bounded), hand it
 to `ApiService`, send the envelope, log one line. `/health`, `/gateway-health` and
-`/monitor` read only memory; answered here they stay fast while the pool is saturated
-(through Quart they cost ~1 ms of CPU each). The front also owns the body limit:
+`/monitor` read only memory and need none of it either: answered here, a `/monitor`
+costs the gateway ~0.65 ms of CPU instead of ~1.0 ms. The front also owns the body limit:
 an over-limit body is answered with 1003 before it is read, and the rest is discarded
 afterwards so a client that writes its whole body before reading still gets the answer.
 """
@@ -42,7 +42,7 @@ class _ClientGone(Exception):
 
 
 class EdgeASGI:
-    """The gateway's ASGI callable: `/api/` itself, the rest delegated to `fallback`."""
+    """The gateway's ASGI callable: `/api/` and the status pages itself, the rest delegated to `fallback`."""
 
     def __init__(
         self,
@@ -59,14 +59,13 @@ class EdgeASGI:
         self._status_pages = status_pages
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            path = scope["path"]
-            if path.startswith(API_PREFIX):
-                return await self._handle_api(scope, receive, send)
-            page = self._status_pages.get(path)
-            if page is not None:
-                return await _send_status_page(scope["method"], page, send)
-        await self.fallback(scope, receive, send)
+        path = scope.get("path", "")  # a lifespan scope has none
+        if scope["type"] == "http" and path.startswith(API_PREFIX):
+            await self._handle_api(scope, receive, send)
+        elif scope["type"] == "http" and path in self._status_pages:
+            await _send_status_page(scope["method"], self._status_pages[path], send)
+        else:
+            await self.fallback(scope, receive, send)
 
     async def _handle_api(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()

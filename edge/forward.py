@@ -18,7 +18,6 @@ from typing import Any
 import httpcore
 import trio
 
-from edge.coalesce import CoalescingBackend
 from edge.prober import HealthAnswer
 from shared.contract import HEADER_FORWARDED_FOR, HEADER_REQUEST_ID, HEADER_TOKEN, is_envelope
 
@@ -93,7 +92,6 @@ class Upstream:
             # connection the worker is closing right now would fail a request and eject a
             # healthy worker.
             keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS,
-            network_backend=CoalescingBackend(),
         )
 
     async def aclose(self) -> None:
