@@ -21,7 +21,14 @@ import trio
 
 from edge.api import ApiAnswer, ApiRequest, ApiService, encode
 from edge.request_log import RequestLog, RequestRecord
-from shared.contract import API_PREFIX, DEFAULT_MESSAGES, HEADER_RETRY_AFTER, Code, request_id_from_header
+from shared.contract import (
+    API_PREFIX,
+    DEFAULT_MESSAGES,
+    HEADER_RETRY_AFTER,
+    MSG_BODY_TOO_LARGE,
+    Code,
+    request_id_from_header,
+)
 
 log = logging.getLogger("edge.api")
 
@@ -124,7 +131,7 @@ class EdgeASGI:
                 return b"".join(chunks)
 
     def _too_large(self, request_id: str) -> ApiAnswer:
-        message = f"请求体过大：上限 {self._max_body_bytes} 字节"
+        message = MSG_BODY_TOO_LARGE.format(limit_bytes=self._max_body_bytes)
         return self.api.gateway_failure(request_id, Code.TOO_LARGE, message)
 
     async def _send_answer(self, send: Send, answer: ApiAnswer, request_id: str, drain: Receive | None = None) -> None:

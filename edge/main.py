@@ -127,7 +127,12 @@ def hypercorn_config(settings: Settings) -> Config:
 
 
 async def wait_for_stop_signal() -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    # SIGHUP is received too, so that `systemctl reload` cannot kill the gateway (its default
+    # action) and drop in-flight requests: settings reload is not built yet, say so instead.
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for received in signals:
+            if received == signal.SIGHUP:
+                log.warning("收到 SIGHUP：网关暂不支持热加载配置，已忽略；修改配置后请重启网关")
+                continue
             log.info("收到信号 %s，开始优雅退出", signal.Signals(received).name)
             return

@@ -156,6 +156,21 @@ async def test_request_log_has_api_requests_only_and_no_secret(cluster: Cluster)
 
 
 @pytest.mark.slow
+async def test_sighup_is_survived_while_reload_is_not_built(cluster: Cluster) -> None:
+    cluster.start_fakes(1)
+    gateway = cluster.start_gateway()
+    async with cluster.client() as client:
+        gateway.reload()
+
+        async def warning_logged() -> bool:
+            return "SIGHUP" in gateway.log_text()
+
+        await wait_until(warning_logged, 5, "the gateway to log that it ignored SIGHUP")
+        assert (await measure(client)).json()["code"] == Code.OK
+    assert gateway.process.poll() is None
+
+
+@pytest.mark.slow
 @NOT_BUILT_YET
 async def test_sighup_swaps_workers_without_failing_a_request(cluster: Cluster) -> None:
     old, new = cluster.start_fakes(2)
