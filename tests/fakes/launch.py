@@ -25,6 +25,8 @@ from typing import Any
 import httpx
 import tomlkit
 
+from gpu_host.dev import hairgate_argv
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 POOL_READY = re.compile(r"Worker 池初始化完成 \| 总数=(\d+) \| 在线=(\d+) \| 主worker=(\d+)")
 _SECRET_ENV = ("HAIRGATE_SHARED_PASSWORD", "HAIRGATE_ACCEPT_PASSWORDS")
@@ -173,11 +175,6 @@ def write_gateway_settings(
     return path
 
 
-def hairgate_command() -> list[str]:
-    script = Path(sys.executable).with_name("hairgate")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "shared.cli"]
-
-
 class GatewayProcess:
     """The real gateway, `hairgate edge`, with its log in a file."""
 
@@ -190,7 +187,7 @@ class GatewayProcess:
     def start(
         cls, config: Path, secrets: Path, port: int, log_path: Path, timeout_s: float = 30
     ) -> GatewayProcess:
-        command = hairgate_command() + ["edge", "--config", str(config), "--secrets", str(secrets)]
+        command = hairgate_argv() + ["edge", "--config", str(config), "--secrets", str(secrets)]
         command += ["--bind", f"127.0.0.1:{port}"]
         with open(log_path, "ab") as log:
             process = subprocess.Popen(

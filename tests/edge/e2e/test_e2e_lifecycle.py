@@ -10,9 +10,10 @@ import httpx
 import pytest
 import trio
 
+from gpu_host.dev import hairgate_argv
 from shared.contract import Code
 from tests.edge.e2e.harness import MEASURE, NOT_BUILT_YET, Cluster, measure, wait_until
-from tests.fakes.launch import REPO_ROOT, child_env, free_port, hairgate_command
+from tests.fakes.launch import REPO_ROOT, child_env, free_port
 
 REQUEST_LOG_FIELDS = {
     "ts", "request_id", "method", "path", "client_ip", "worker", "attempts", "queue_ms", "duration_ms",
@@ -21,7 +22,7 @@ REQUEST_LOG_FIELDS = {
 
 
 def _run_edge(config: Path, secrets: Path) -> subprocess.CompletedProcess:
-    command = hairgate_command() + ["edge", "--config", str(config), "--secrets", str(secrets)]
+    command = hairgate_argv() + ["edge", "--config", str(config), "--secrets", str(secrets)]
     command += ["--bind", f"127.0.0.1:{free_port()}"]
     return subprocess.run(command, cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True, timeout=30)
 
