@@ -123,11 +123,12 @@ class ApiService:
             request_id=request.request_id,
             forwarded_for=request.forwarded_for,
         )
+        timeout_seconds = self._timeout_for(request.path)
         tried: set[int] = set()
         while True:
             progress.attempts += 1
             try:
-                return await self._attempt(forward, tried, progress)
+                return await self._attempt(forward, timeout_seconds, tried, progress)
             except WorkerFailure as failure:
                 log.warning(
                     "转发失败 | request_id=%s | worker=%s | 第%d次 | 原因=%s",
@@ -139,14 +140,16 @@ class ApiService:
                 log.error("标注图写入失败 | request_id=%s | 错误=%s", request.request_id, error)
                 return self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, DEFAULT_MESSAGES[Code.SYSTEM_ERROR])
 
-    async def _attempt(self, forward: ForwardRequest, tried: set[int], progress: _Progress) -> ApiAnswer:
+    async def _attempt(
+        self, forward: ForwardRequest, timeout_seconds: float, tried: set[int], progress: _Progress
+    ) -> ApiAnswer:
         waiting_since = trio.current_time()
         async with self._dispatcher.worker(frozenset(tried)) as lease:
             progress.queue_seconds += trio.current_time() - waiting_since
             progress.worker = lease.index
             tried.add(lease.index)
             try:
-                answer = await self._upstream.forward(lease.url, forward, self._timeout_for(forward))
+                answer = await self._upstream.forward(lease.url, forward, timeout_seconds)
             except WorkerFailure as failure:
                 self._dispatcher.eject(lease.index, str(failure))
                 raise
@@ -162,8 +165,7 @@ class ApiService:
             return answer.raw  # passed through byte for byte
         return encode(await self._images.rewrite(answer.envelope))
 
-    def _timeout_for(self, forward: ForwardRequest) -> float:
-        path = forward.target.partition("?")[0]
+    def _timeout_for(self, path: str) -> float:
         slow = path in self._policy.slow_paths
         return self._slow_request_timeout_seconds if slow else self._request_timeout_seconds
 

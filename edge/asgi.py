@@ -24,6 +24,8 @@ from edge.request_log import RequestLog, RequestRecord
 from shared.contract import (
     API_PREFIX,
     DEFAULT_MESSAGES,
+    HEADER_FORWARDED_FOR,
+    HEADER_REQUEST_ID,
     HEADER_RETRY_AFTER,
     MSG_BODY_TOO_LARGE,
     Code,
@@ -42,6 +44,10 @@ StatusPage = Callable[[], tuple[int, dict[str, Any]]]  # (HTTP status, JSON docu
 CLIENT_CLOSED = 499  # request-log status of a client that left before its answer (nginx's)
 _DRAIN_LIMIT_BYTES = 64 * 1024 * 1024
 _DRAIN_LIMIT_SECONDS = 10.0
+# ASGI header names are lower-case bytes; encoded once here, not per request.
+_REQUEST_ID = HEADER_REQUEST_ID.lower().encode()
+_FORWARDED_FOR = HEADER_FORWARDED_FOR.lower().encode()
+_RETRY_AFTER = HEADER_RETRY_AFTER.lower().encode()
 
 
 class _ClientGone(Exception):
@@ -77,7 +83,7 @@ class EdgeASGI:
     async def _handle_api(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         headers = _headers(scope)
-        request_id = request_id_from_header(headers.get(b"x-request-id", b"").decode("latin-1") or None)
+        request_id = request_id_from_header(headers.get(_REQUEST_ID, b"").decode("latin-1") or None)
         client_ip = scope["client"][0] if scope.get("client") else ""
         bytes_in, status, answer = 0, CLIENT_CLOSED, None
         try:
@@ -94,7 +100,7 @@ class EdgeASGI:
                     body=body,
                     content_type=_text(headers.get(b"content-type")),
                     request_id=request_id,
-                    forwarded_for=_forwarded_for(headers.get(b"x-forwarded-for"), client_ip),
+                    forwarded_for=_forwarded_for(headers.get(_FORWARDED_FOR), client_ip),
                 )
                 answer = await self._answer(request)
                 await self._send_answer(send, answer, request_id)
@@ -138,10 +144,10 @@ class EdgeASGI:
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(answer.body)).encode()),
-            (b"x-request-id", request_id.encode()),
+            (_REQUEST_ID, request_id.encode()),
         ]
         if answer.retry_after is not None:
-            headers.append((HEADER_RETRY_AFTER.lower().encode(), str(answer.retry_after).encode()))
+            headers.append((_RETRY_AFTER, str(answer.retry_after).encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": answer.body, "more_body": drain is not None})
         if drain is not None:
@@ -205,7 +211,7 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
     # except X-Forwarded-For whose hops are joined as proxies do.
     headers: dict[bytes, bytes] = {}
     for name, value in scope["headers"]:
-        if name == b"x-forwarded-for" and name in headers:
+        if name == _FORWARDED_FOR and name in headers:
             value = headers[name] + b", " + value
         headers[name] = value
     return headers

@@ -39,7 +39,6 @@ class WorkerFailure(Exception):
     def __init__(self, kind: FailureKind, detail: str) -> None:
         super().__init__(f"{kind.value}: {detail}")
         self.kind = kind
-        self.detail = detail
 
 
 @dataclass(frozen=True)

@@ -38,14 +38,13 @@ def health() -> dict[str, str]:
 
 def gateway_health(stats: PoolStatistics) -> dict[str, Any]:
     """`GET /gateway-health`: always 200, with the pool counts for a human."""
-    counts = _counts(stats)
     return {
         **health(),
-        "workers_total": counts["workers_total"],
-        "workers_healthy": counts["workers_healthy"],
+        "workers_total": stats.workers_total,
+        "workers_healthy": stats.workers_healthy,
         "workers_busy": stats.workers_busy,
-        "workers_primary_total": counts["workers_primary_total"],
-        "workers_primary_healthy": counts["workers_primary_healthy"],
+        "workers_primary_total": stats.workers_primary_total,
+        "workers_primary_healthy": stats.workers_primary_healthy,
     }
 
 

@@ -78,7 +78,8 @@ class RequestLog:
     def _append(self, data: bytes) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if self._size() + len(data) > self._max_bytes and self._size() > 0:
+            size = self._size()
+            if size > 0 and size + len(data) > self._max_bytes:
                 self._rotate()
             with open(self.path, "ab") as handle:
                 handle.write(data)
