@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 
 from .head_crop import HeadCrop
-from .head_samples import SKIN_DELTA_E, head_colours, to_lab, top_of_head_mask
+from .head_samples import SKIN_DELTA_E, head_colours, top_of_head_mask
 from .types import Face, HairSegmentation
 
 BALD_SKIN_FRACTION = 0.40
@@ -46,10 +46,10 @@ class HairEvidence:
     notes: tuple[str, ...]
 
 
-def assess_hair(rgb: np.ndarray, face: Face, segmentation: HairSegmentation, crop: HeadCrop) -> HairEvidence:
-    work_face = crop.face_in_work(face)
-    person = crop.mask_in_work(segmentation.person) >= 0.5
-    colours = head_colours(to_lab(crop.cut(rgb)), person, work_face)
+def assess_hair(lab: np.ndarray, person: np.ndarray, work_face: Face, segmentation: HairSegmentation,
+                crop: HeadCrop) -> HairEvidence:
+    """`lab`, `person` and `work_face` are in the working frame of `crop`."""
+    colours = head_colours(lab, person, work_face)
     if colours.top_median is None:
         return HairEvidence("no_hairline", None, 0.0, None, False, (NOTE_NO_OUTLINE,))
     top_delta_e = float(np.linalg.norm(colours.top_median - colours.skin_median))

@@ -51,18 +51,19 @@ class Trace:
 def trace_hairline(rgb: np.ndarray, face: Face, segmentation: HairSegmentation, calibration: Calibration) -> Hairline:
     """The hairline and its status (contract.md endpoint 1); never raises for "not found"."""
     crop = HeadCrop.around(face)
-    evidence = assess_hair(rgb, face, segmentation, crop)
+    work_face = crop.face_in_work(face)
+    person = crop.mask_in_work(segmentation.person) >= 0.5
+    lab = to_lab(crop.cut(rgb))
+    evidence = assess_hair(lab, person, work_face, segmentation, crop)
     if evidence.verdict != "hair":
         return Hairline(status=evidence.verdict, notes=evidence.notes)
-    work_face = crop.face_in_work(face)
     hair = crop.mask_in_work(segmentation.hair)
-    person = crop.mask_in_work(segmentation.person) >= 0.5
     trace = trace_edges(hair, person, work_face)
     window = trace.near(0.0, MIDLINE_HALF_WINDOW)
     found = window[~np.isnan(window)]
     if len(found) < MIN_MIDLINE_COVERAGE * max(1, len(window)):
         return Hairline(status="no_hairline", notes=(*evidence.notes, NOTE_NOT_FOUND))
-    return judge(trace, work_face, hair, to_lab(crop.cut(rgb)), crop, calibration, evidence)
+    return judge(trace, work_face, hair, lab, crop, calibration, evidence)
 
 
 def trace_edges(hair: np.ndarray, person: np.ndarray, face: Face) -> Trace:
