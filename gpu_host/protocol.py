@@ -1,6 +1,6 @@
 """The pipe protocol between the web process and the model child: every message, in one place.
 
-Messages are small frozen dataclasses tagged by `kind`, pickled by `multiprocessing.Pipe`.
+Messages are small frozen dataclasses, told apart by type and pickled by `multiprocessing.Pipe`.
 Only plain data crosses the pipe: image bytes in, JSON-ready dicts out (images inside them
 as base64 PNG strings), and errors as a contract code + message, never a pickled exception
 (an exception class the parent cannot import, or one that holds a model, would break it).
@@ -45,7 +45,6 @@ class Ready:
 
     device: str
     segmenter: str
-    kind: Literal["ready"] = "ready"
 
 
 @dataclass(frozen=True)
@@ -53,12 +52,11 @@ class LoadFailed:
     """The models cannot be loaded (e.g. weights file missing); the child exits after this."""
 
     message: str
-    kind: Literal["load_failed"] = "load_failed"
 
 
 @dataclass(frozen=True)
 class Pong:
-    kind: Literal["pong"] = "pong"
+    """The answer to `Ping`: the child is alive and idle."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,6 @@ class Result:
 
     request_id: str
     data: dict[str, Any]
-    kind: Literal["result"] = "result"
 
 
 @dataclass(frozen=True)
@@ -77,7 +74,6 @@ class Failure:
     request_id: str
     code: int
     message: str
-    kind: Literal["failure"] = "failure"
 
 
 # -- parent -> child ----------------------------------------------------------------------
@@ -85,7 +81,7 @@ class Failure:
 
 @dataclass(frozen=True)
 class Ping:
-    kind: Literal["ping"] = "ping"
+    """Are you alive? Sent once after `Ready`, before the child counts as ready."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +92,6 @@ class Infer:
     endpoint: str
     image: bytes
     options: dict[str, Any]
-    kind: Literal["infer"] = "infer"
 
 
 ChildMessage = Union[Ready, LoadFailed, Pong, Result, Failure]

@@ -17,7 +17,6 @@ Usage: .venv/bin/python scripts/bench_gpu_host.py [--runs N] [--kills K] [--firs
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import re
@@ -40,18 +39,10 @@ sys.path.insert(0, str(REPO_ROOT))
 from gpu_host.dev import prepare  # noqa: E402
 from shared.contract import HEADER_TOKEN  # noqa: E402
 from shared.settings import AnalysisSettings  # noqa: E402
+from tests.gpu_host.processes import astronaut_png, model_child_pid  # noqa: E402
 
 MEASURE = "/api/v1/hair/measure"
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*model process (started|ready) \| pid=(\d+)")
-
-
-def astronaut_png() -> bytes:
-    from PIL import Image
-    from skimage import data
-
-    buffer = io.BytesIO()
-    Image.fromarray(data.astronaut()).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -146,19 +137,11 @@ def load_seconds(log_text: str) -> list[float]:
     return loads
 
 
-def model_child(host_pid: int) -> int:
-    for task in Path(f"/proc/{host_pid}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                return int(pid)
-    raise SystemExit("bench: no model child found")
-
-
 def recoveries(host_url: str, host_pid: int, token: str, kills: int) -> list[float]:
     results = []
     with httpx.Client(base_url=host_url, headers={HEADER_TOKEN: token}, timeout=5) as client:
         for _ in range(kills):
-            os.kill(model_child(host_pid), signal.SIGKILL)
+            os.kill(model_child_pid(host_pid), signal.SIGKILL)
             killed_at = time.monotonic()
             wait_until(lambda: client.get("/health").status_code == 503, "503 after the kill", 10, 0.005)
             wait_until(lambda: client.get("/health").status_code == 200, "ready after the kill")

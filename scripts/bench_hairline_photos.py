@@ -13,17 +13,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 from skimage import data
 
-from analysis.calibration import calibrate
-from analysis.hairline import trace_hairline
-from analysis.landmarks import FaceMeshDetector
-from analysis.segmentation import FallbackSegmenter
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.analysis.images
+
+from analysis.calibration import calibrate  # noqa: E402
+from analysis.hairline import trace_hairline  # noqa: E402
+from analysis.landmarks import FaceMeshDetector  # noqa: E402
+from analysis.segmentation import FallbackSegmenter  # noqa: E402
+from tests.analysis.images import load_photo  # noqa: E402
 
 DEFAULT_PHOTOS = Path(__file__).resolve().parents[1] / ".." / "shared" / "photos"
 
@@ -35,8 +38,7 @@ def cases(photos: Path) -> list[tuple[str, np.ndarray, dict]]:
         print(f"no labelled photos at {photos.resolve()}: astronaut only")
         return found
     for label in json.loads(labels.read_text()):
-        with Image.open(photos / label["file"]) as image:
-            found.append((label["file"], np.asarray(image.convert("RGB")), label))
+        found.append((label["file"], load_photo(photos, label["file"]), label))
     return found
 
 
