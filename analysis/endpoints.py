@@ -6,14 +6,14 @@ Checks run in the order of gpu_host.md: decode (1003/1002/1004) -> face count
 before (1001); only what needs the decoded image (mark points inside it) is checked here.
 
 Returned dicts are plain JSON values: images are base64 PNG strings under keys ending in
-`_base64` (the gateway turns them into `_url`s), generated images are None until ComfyUI
-is wired in, coordinates are rounded to 0.1 px.
+`_base64` (the gateway turns them into `_url`s), grown images come from the built-in
+preview (`analysis.preview`, `generator: "preview"`), coordinates are rounded to 0.1 px.
 
 The inpainting masks that generation needs are internal: only when the caller sets
 `options[INPAINT_MASK_OPTION]` (never set by `parse_options`, so never by a client) does
 each grow result, and the mark data, carry `inpaint_mask_png` (base64 PNG; the name does
-not end in `_base64`, so the gateway would never publish it). Nothing sets that option yet:
-it is for the ComfyUI step, which is not wired in.
+not end in `_base64`, so the gateway would never publish it) instead of a preview: the host
+sets it when ComfyUI is configured, and ComfyUI draws the grown image from that mask.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from shared.contract import Code, ContractError
+from shared.contract import GENERATOR_PREVIEW, Code, ContractError
 from shared.settings import AnalysisSettings
 
-from . import designs, render
+from . import designs, preview, render
 from .calibration import calibrate
 from .hairline import trace_hairline
 from .image_input import decode_image
@@ -123,13 +123,26 @@ def _inpaint_mask(found: Analysis, design: designs.Design) -> str:
     return render.png_base64(mask)
 
 
+def _grown(rgb: np.ndarray, found: Analysis, design: designs.Design, options: dict[str, Any]) -> dict[str, Any]:
+    """The grown picture's fields: nothing without hair to grow from; ComfyUI configured, its
+    inpainting mask (the host fills the picture in); otherwise the built-in preview."""
+    if not designs.has_hairline(found.hairline):
+        return {"grown_image_base64": None, "generator": None}
+    if options.get(INPAINT_MASK_OPTION):
+        return {"grown_image_base64": None, "generator": None, INPAINT_MASK_KEY: _inpaint_mask(found, design)}
+    grown = preview.grow_preview(rgb, found.face, found.hairline, found.segmentation.hair, design, found.calibration)
+    if grown is None:
+        return {"grown_image_base64": None, "generator": None}
+    return {"grown_image_base64": render.png_base64(grown), "generator": GENERATOR_PREVIEW}
+
+
 def _plan_caption(design: designs.Design) -> str:
     drop = "n/a" if design.drop_mm is None else f"{design.drop_mm:.1f} mm"
     return f"plan {design.name}: drop {drop}"
 
 
 def grow(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: AnalysisSettings) -> dict[str, Any]:
-    """Endpoint 2: one drawn plan per requested plan; `grown_image_base64` None (no ComfyUI)."""
+    """Endpoint 2: one drawn plan per requested plan, each with its grown picture."""
     found = analyse(rgb, models, limits)
     plans = designs.plan_designs(options["plans"], found.face, found.hairline, found.calibration,
                                  options.get("gender", "unknown"))
@@ -141,10 +154,8 @@ def grow(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: Analy
             "plan": plan.name,
             "hairline_drop_mm": None if plan.drop_mm is None else _round(plan.drop_mm),
             "image_base64": picture,
-            "grown_image_base64": None,
         }
-        if options.get(INPAINT_MASK_OPTION):
-            result[INPAINT_MASK_KEY] = _inpaint_mask(found, plan)
+        result.update(_grown(rgb, found, plan, options))
         results.append(result)
     return {"results": results}
 
@@ -178,10 +189,8 @@ def mark(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: Analy
         caption = f"hairline lowered {options['drop_mm']:.1f} mm"
     data: dict[str, Any] = {
         "marked_image_base64": render.png_base64(render.draw_design(rgb, found.hairline, design, caption)),
-        "grown_image_base64": None,
     }
-    if options.get(INPAINT_MASK_OPTION):
-        data[INPAINT_MASK_KEY] = _inpaint_mask(found, design)
+    data.update(_grown(rgb, found, design, options))
     return data
 
 

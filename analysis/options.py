@@ -41,6 +41,8 @@ def _json_text(name: str, value: str) -> Any:
         return json.loads(value)
     except ValueError:
         raise _invalid(f"参数 {name} 不是有效的 JSON：{value[:40]!r}") from None
+    except RecursionError:  # the decoder's own depth limit: "[[[[…" is abuse, not a value
+        raise _invalid(f"参数 {name} 的 JSON 嵌套过深") from None
 
 
 def _finite_number(name: str, value: Any) -> float:

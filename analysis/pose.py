@@ -3,11 +3,16 @@
 The landmarks are fitted to MediaPipe's canonical face model by weighted Procrustes
 (Umeyama's similarity transform, with scale), using the 33 landmark weights MediaPipe's own
 geometry pipeline uses; the rotation gives yaw, pitch and roll. Numpy only: ~1 ms per face.
+
+Pitch is measured from "looking at the camera", not from the canonical model's own zero:
+frontal photos read the model's pitch +3…+8° (docs/analysis_science.md § Pose), so that
+offset is removed and the 1008 limit means what it says.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -20,6 +25,12 @@ from .types import Face, Pose
 
 _DATA = Path(__file__).parent / "data"
 CANONICAL_VERTEX_COUNT = 468
+# The canonical model's pitch of a face looking at the camera: the median over the nine
+# frontal real photos at hand (astronaut, Grace Hopper and 7 labelled photos; tom_cruise's
+# visibly bowed head left out) was +5.7° as taken and +5.9° mirrored, range −0.9…+7.8°; a
+# fit of x and y only (the mesh's depth ignored) also reads positive (median +7.1°), so it
+# is the model's frame, not the mesh's depth estimate. Rounded: the photos' spread is ±4°.
+FRONTAL_PITCH_DEGREES = 6.0
 
 
 @cache
@@ -79,6 +90,12 @@ def rotation_to_pose(rotation: np.ndarray) -> Pose:
 
 def estimate_pose(face: Face) -> Pose:
     """Yaw, pitch and roll of the face relative to the camera (0, 0, 0 = frontal)."""
+    model_pose = canonical_pose(face)
+    return replace(model_pose, pitch_degrees=model_pose.pitch_degrees - FRONTAL_PITCH_DEGREES)
+
+
+def canonical_pose(face: Face) -> Pose:
+    """The rotation from the canonical face model's frame, as angles (pitch not corrected)."""
     ids, weights = procrustes_weights()
     # Pixels have y down and MediaPipe's z grows away from the camera; the model has y up
     # and z towards the camera.

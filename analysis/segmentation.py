@@ -17,6 +17,7 @@ import numpy as np
 
 from .head_crop import HeadCrop
 from .head_samples import HeadColours, brow_curve, brow_strip_mask, face_oval_mask, head_colours, to_lab
+from .native_logs import quiet_native_logs
 from .types import Face, HairSegmentation, LandmarkId
 
 GRABCUT_ITERATIONS = 1
@@ -34,6 +35,7 @@ class FallbackSegmenter:
     name: Literal["fallback"] = "fallback"
 
     def __init__(self) -> None:
+        quiet_native_logs()  # before mediapipe loads its native libraries
         import mediapipe as mp  # heavy: only the model process builds a segmenter
 
         self._selfie = mp.solutions.selfie_segmentation.SelfieSegmentation(model_selection=0)

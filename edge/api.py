@@ -1,8 +1,10 @@
 """One `/api/` request from buffered body to final envelope: slot, lease, forward, retry, rewrite.
 
 This is the gateway's request policy with no HTTP server in it: `ApiService.handle()`
-takes an `ApiRequest` and always returns an `ApiAnswer` holding an envelope, so every
-failure the client sees is an envelope (never a bare disconnect or a 5xx page).
+takes a `ForwardRequest` and returns an `ApiAnswer` holding an envelope, so every failure
+the client sees is an envelope (never a bare disconnect or a 5xx page). The one answer
+without an envelope is for a client that left while its request was still queued: it
+gets nothing, and no worker ever sees its job.
 """
 
 from __future__ import annotations
@@ -15,15 +17,24 @@ from typing import Any
 
 import trio
 
-from edge.dispatch import Busy, Dispatcher, Unavailable
-from edge.forward import FailureKind, ForwardRequest, RetryPolicy, Upstream, WorkerAnswer, WorkerFailure
-from edge.rewrite import BadImage, ImageStore, has_images
+from edge.dispatch import Busy, ClientLeft, ClientWatch, Dispatcher, Unavailable
+from edge.forward import (
+    FailureKind,
+    ForwardRequest,
+    RetryPolicy,
+    Upstream,
+    WorkerAnswer,
+    WorkerFailure,
+    WorkerRefusal,
+)
+from edge.rewrite import BadImage, DecodedImages, ImageStore, ImageWriteError, has_images
 from shared.contract import (
     DEFAULT_MESSAGES,
     GPU_ENDPOINT_PATHS,
     MSG_BACKEND_BUSY,
     MSG_BACKEND_UNAVAILABLE,
     MSG_ENDPOINT_NOT_AVAILABLE,
+    MSG_REFUSED_BY_HOST,
     MSG_UNKNOWN_ENDPOINT,
     Code,
     envelope,
@@ -36,19 +47,6 @@ GATEWAY_ENDPOINT_PATHS = frozenset({"/api/v1/face/features", "/api/v1/face/speci
 BUSY_RETRY_AFTER_SECONDS = 2
 
 
-@dataclass(frozen=True)
-class ApiRequest:
-    """A client's `/api/` request, body already buffered (retries replay it)."""
-
-    method: str
-    path: str
-    query: str
-    body: bytes
-    content_type: str | None
-    request_id: str
-    forwarded_for: str
-
-
 @dataclass
 class ApiAnswer:
     """The envelope to send (JSON bytes) and what the request log needs to know."""
@@ -59,6 +57,7 @@ class ApiAnswer:
     worker: int | None = None
     attempts: int = 0
     queue_seconds: float = 0.0
+    client_left: bool = False  # nobody to answer: the client disconnected
 
 
 def encode(document: Any) -> bytes:
@@ -95,7 +94,7 @@ class ApiService:
             retry_after = math.ceil(self._probe_interval_seconds) if nothing_online else BUSY_RETRY_AFTER_SECONDS
         return ApiAnswer(encode(envelope(code, request_id, None, message)), int(code), retry_after)
 
-    async def handle(self, request: ApiRequest) -> ApiAnswer:
+    async def handle(self, request: ForwardRequest, watch: ClientWatch | None = None) -> ApiAnswer:
         if request.path in GATEWAY_ENDPOINT_PATHS:
             message = MSG_ENDPOINT_NOT_AVAILABLE.format(path=request.path)
             return self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, message)
@@ -104,31 +103,27 @@ class ApiService:
             return self.gateway_failure(request.request_id, Code.INVALID_PARAMETER, message)
         progress = _Progress(trio.current_time())
         try:
-            async with self._dispatcher.slot():
+            async with self._dispatcher.slot(watch):
                 progress.queue_seconds = trio.current_time() - progress.started
-                answer = await self._forward_with_retries(request, progress)
+                answer = await self._forward_with_retries(request, progress, watch)
         except Busy:
             answer = self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_BUSY)
         except Unavailable:
             answer = self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_UNAVAILABLE)
+        except ClientLeft:
+            answer = ApiAnswer(b"", None, client_left=True)
         answer.worker, answer.attempts, answer.queue_seconds = progress.worker, progress.attempts, progress.queue_seconds
         return answer
 
-    async def _forward_with_retries(self, request: ApiRequest, progress: _Progress) -> ApiAnswer:
-        forward = ForwardRequest(
-            method=request.method,
-            target=request.path + (f"?{request.query}" if request.query else ""),
-            body=request.body,
-            content_type=request.content_type,
-            request_id=request.request_id,
-            forwarded_for=request.forwarded_for,
-        )
+    async def _forward_with_retries(
+        self, request: ForwardRequest, progress: _Progress, watch: ClientWatch | None
+    ) -> ApiAnswer:
         timeout_seconds = self._timeout_for(request.path)
         tried: set[int] = set()
         while True:
             progress.attempts += 1
             try:
-                return await self._attempt(forward, timeout_seconds, tried, progress)
+                answer, images = await self._attempt(request, timeout_seconds, tried, progress, watch)
             except WorkerFailure as failure:
                 log.warning(
                     "转发失败 | request_id=%s | worker=%s | 第%d次 | 原因=%s",
@@ -136,34 +131,52 @@ class ApiService:
                 )
                 if not self._policy.allows_retry(failure, request.path, progress.attempts):
                     return self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_UNAVAILABLE)
-            except OSError as error:  # our own disk, not the worker: no retry, no ejection
-                log.error("标注图写入失败 | request_id=%s | 错误=%s", request.request_id, error)
-                return self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, DEFAULT_MESSAGES[Code.SYSTEM_ERROR])
+                continue
+            except WorkerRefusal as refusal:
+                log.warning("后端拒绝请求 | request_id=%s | worker=%s | %s", request.request_id, progress.worker, refusal)
+                code = Code.TOO_LARGE if refusal.status == 413 else Code.INVALID_PARAMETER
+                return self.gateway_failure(request.request_id, code, MSG_REFUSED_BY_HOST.format(status=refusal.status))
+            if watch is not None and watch.left:
+                return ApiAnswer(b"", answer.envelope["code"], client_left=True)  # no files for nobody
+            return await self._finish(request, answer, images)
 
     async def _attempt(
-        self, forward: ForwardRequest, timeout_seconds: float, tried: set[int], progress: _Progress
-    ) -> ApiAnswer:
+        self,
+        request: ForwardRequest,
+        timeout_seconds: float,
+        tried: set[int],
+        progress: _Progress,
+        watch: ClientWatch | None,
+    ) -> tuple[WorkerAnswer, DecodedImages | None]:
+        """One forward; the answer is judged while the lease is held, so a worker that sent
+        garbage is ejected before anyone else can be handed it."""
         waiting_since = trio.current_time()
-        async with self._dispatcher.worker(frozenset(tried)) as lease:
+        async with self._dispatcher.worker(frozenset(tried), watch) as lease:
             progress.queue_seconds += trio.current_time() - waiting_since
             progress.worker = lease.index
             tried.add(lease.index)
             try:
-                answer = await self._upstream.forward(lease.url, forward, timeout_seconds)
+                answer = await self._upstream.forward(lease.url, request, timeout_seconds)
+                images = await self._images.decode(answer.envelope) if has_images(answer.raw) else None
             except WorkerFailure as failure:
                 self._dispatcher.eject(lease.index, str(failure))
                 raise
-        # The worker is free again before the (possibly slow) file writes.
-        try:
-            return ApiAnswer(await self._rewrite(answer), answer.envelope["code"])
-        except BadImage as error:
-            self._dispatcher.eject(lease.index, f"unusable_body: {error}")
-            raise WorkerFailure(FailureKind.UNUSABLE_BODY, str(error)) from None
+            except BadImage as error:
+                self._dispatcher.eject(lease.index, f"unusable_body: {error}")
+                raise WorkerFailure(FailureKind.UNUSABLE_BODY, str(error)) from None
+        return answer, images
 
-    async def _rewrite(self, answer: WorkerAnswer) -> bytes:
-        if not has_images(answer.raw):
-            return answer.raw  # passed through byte for byte
-        return encode(await self._images.rewrite(answer.envelope))
+    async def _finish(self, request: ForwardRequest, answer: WorkerAnswer, images: DecodedImages | None) -> ApiAnswer:
+        """The client-facing envelope; the worker is already free while the files are written."""
+        code = answer.envelope["code"]
+        if images is None:
+            return ApiAnswer(answer.raw, code)  # passed through byte for byte
+        try:
+            rewritten = await self._images.write(answer.envelope, images)
+        except ImageWriteError as error:  # the gateway's own disk: no retry, no ejection
+            log.error("标注图写入失败（网关本地存储） | request_id=%s | 错误=%s", request.request_id, error)
+            return self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, DEFAULT_MESSAGES[Code.SYSTEM_ERROR])
+        return ApiAnswer(encode(rewritten), code)
 
     def _timeout_for(self, path: str) -> float:
         slow = path in self._policy.slow_paths
@@ -176,4 +189,3 @@ class _Progress:
     queue_seconds: float = 0.0
     attempts: int = 0
     worker: int | None = None
-

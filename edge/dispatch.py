@@ -8,16 +8,19 @@ report to it (`record_probe`, `eject`), and it logs the pool's transitions. A re
             ...                                    # forward to w.url
 
 Queue-wait timeouts (work never started) raise `Busy`; no online worker, on arrival or
-while waiting, raises `Unavailable` at once. Upstream timeouts are the forwarder's business.
-Both context managers give back what they took on every exit path, cancellation included.
+while waiting, raises `Unavailable` at once; a client that leaves while its request waits
+(`ClientWatch.mark_left`) ends those waits with `ClientLeft`, but never a forward already
+under way (the worker's state must stay true). Upstream timeouts are the forwarder's
+business. Both context managers give back what they took on every exit path,
+cancellation included.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import trio
@@ -37,6 +40,41 @@ class Busy(DispatchError):
 
 class Unavailable(DispatchError):
     """No online worker could take the request."""
+
+
+class ClientLeft(DispatchError):
+    """The client disconnected while its request was still waiting in the queue."""
+
+
+class ClientWatch:
+    """Lets a request's client end the request's queue waits, and only those.
+
+    Hypercorn does not cancel an application whose client disconnects, so the ASGI
+    layer reports the departure here; every wait entered through `cancellable_wait()`
+    then ends with `ClientLeft` and gives back its place.
+    """
+
+    def __init__(self) -> None:
+        self.left = False
+        self._waits: set[trio.CancelScope] = set()
+
+    def mark_left(self) -> None:
+        self.left = True
+        for scope in self._waits:
+            scope.cancel()
+
+    @contextmanager
+    def cancellable_wait(self) -> Iterator[None]:
+        if self.left:
+            raise ClientLeft
+        with trio.CancelScope() as scope:
+            self._waits.add(scope)
+            try:
+                yield
+            finally:
+                self._waits.discard(scope)
+        if scope.cancelled_caught:
+            raise ClientLeft
 
 
 @dataclass(frozen=True)
@@ -83,7 +121,7 @@ class Dispatcher:
     # --- slots --------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
+    async def slot(self, watch: ClientWatch | None = None) -> AsyncIterator[None]:
         # The borrower is a token object, not the current task, so the slot's owner is
         # this block whatever task machinery runs it.
         token = object()
@@ -92,7 +130,8 @@ class Dispatcher:
         try:
             self._slots.acquire_on_behalf_of_nowait(token)
         except trio.WouldBlock:
-            await self._wait_for_slot(token)
+            with watch.cancellable_wait() if watch else nullcontext():
+                await self._wait_for_slot(token)
         try:
             yield
         finally:
@@ -114,11 +153,13 @@ class Dispatcher:
     # --- workers ------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def worker(self, exclude: frozenset[int] = frozenset()) -> AsyncIterator[WorkerLease]:
+    async def worker(
+        self, exclude: frozenset[int] = frozenset(), watch: ClientWatch | None = None
+    ) -> AsyncIterator[WorkerLease]:
         """Lease an idle eligible worker not in `exclude` (those already tried)."""
         index = self._take_now(exclude)
         if index is None:
-            index = await self._wait_for_worker(exclude)
+            index = await self._wait_for_worker(exclude, watch)
         try:
             yield WorkerLease(index, self.pool.workers[index].url)
         finally:
@@ -136,12 +177,12 @@ class Dispatcher:
         self.pool.lease(worker.index)
         return worker.index
 
-    async def _wait_for_worker(self, exclude: frozenset[int]) -> int:
+    async def _wait_for_worker(self, exclude: frozenset[int], watch: ClientWatch | None) -> int:
         waiter = _Waiter(exclude)
         self._waiters.append(waiter)
         self._hand_over()
         try:
-            with trio.move_on_after(self._queue_wait_seconds):
+            with watch.cancellable_wait() if watch else nullcontext(), trio.move_on_after(self._queue_wait_seconds):
                 await waiter.event.wait()
         except BaseException:
             self._abandon(waiter)
@@ -198,6 +239,7 @@ class Dispatcher:
         event = self.pool.eject(index, trio.current_time(), reason)
         _log_event(event)
         self._fail_hopeless_waiters()
+        self._hand_over()  # ejecting the last primary makes the idle backups eligible
 
     def statistics(self) -> DispatchStatistics:
         return DispatchStatistics(

@@ -1,10 +1,15 @@
 """Forwarding one request to one worker, and the policy for retrying on another.
 
 One shared keep-alive `httpcore` connection pool carries every forward and every probe
-(httpcore directly: it saves ~0.2 ms a request over httpx, and the gateway needs none of
-httpx's conveniences). Failures are split the way a retry policy needs them, as in
-httpx's exception tree: "never got an answer" (connect, closed, timeout) versus "got a
-bad answer" (HTTP >= 500, 401, any other non-200, or a body that is not an envelope).
+(httpcore directly: the gateway needs none of httpx's conveniences, and skipping them is
+measurably cheaper; see docs/drill_and_bench.md). Outcomes are split the way a retry
+policy needs them, as in httpx's exception tree:
+
+    WorkerFailure       the worker is broken: eject it, maybe retry elsewhere
+      never answered    connect, closed, timeout
+      bad answer        HTTP >= 500, 401, or a body that is not an envelope
+    WorkerRefusal       the worker refused *this request* (another 4xx, e.g. 431 for a
+                        header block too large): the client's problem, nobody is ejected
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ from typing import Any
 import httpcore
 import trio
 
-from edge.prober import HealthAnswer
 from shared.contract import HEADER_FORWARDED_FOR, HEADER_REQUEST_ID, HEADER_TOKEN, is_envelope
 
-
 KEEPALIVE_EXPIRY_SECONDS = 4.0
+# Answers larger than this are parsed in a worker thread: a 12 MB answer holds the event
+# loop for ~13 ms, every other request's latency included.
+PARSE_IN_THREAD_BYTES = 256 * 1024
 
 
 class FailureKind(Enum):
@@ -41,16 +47,42 @@ class WorkerFailure(Exception):
         self.kind = kind
 
 
+class WorkerRefusal(Exception):
+    """The worker answered a 4xx other than 401: it refused this request, it is not broken."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
 @dataclass(frozen=True)
 class ForwardRequest:
-    """What the gateway sends on: the client's request, minus everything not whitelisted."""
+    """A client's `/api/` request, body buffered (retries replay it), as the gateway sends it on.
+
+    Only these fields travel: everything else the client sent is dropped (hop-by-hop
+    headers, a client's own X-Internal-Token, cookies, …).
+    """
 
     method: str
-    target: str  # path plus "?query" when there is one
+    path: str
+    query: str
     body: bytes
     content_type: str | None
     request_id: str
     forwarded_for: str
+
+    @property
+    def target(self) -> str:
+        """The path plus "?query" when there is one, as the client sent them."""
+        return f"{self.path}?{self.query}" if self.query else self.path
+
+
+@dataclass(frozen=True)
+class HealthAnswer:
+    """What a probe got back: an HTTP status and the raw body."""
+
+    status: int
+    body: bytes
 
 
 @dataclass(frozen=True)
@@ -106,14 +138,14 @@ class Upstream:
             headers.append((b"Content-Type", request.content_type.encode("latin-1")))
         url = base_url.encode() + request.target.encode("latin-1")  # the client's bytes, as sent
         status, raw = await self._send(request.method, url, headers, request.body, timeout_seconds)
+        if 400 <= status < 500 and status != 401:
+            raise WorkerRefusal(status)
         if status != 200:
             raise WorkerFailure(FailureKind.BAD_STATUS, f"HTTP {status}")
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            raise WorkerFailure(FailureKind.UNUSABLE_BODY, "answer is not JSON") from None
-        if not is_envelope(body):
-            raise WorkerFailure(FailureKind.UNUSABLE_BODY, "answer is not an envelope")
+        if len(raw) > PARSE_IN_THREAD_BYTES:
+            body = await trio.to_thread.run_sync(_parse_envelope, raw)
+        else:
+            body = _parse_envelope(raw)
         return WorkerAnswer(raw, body)
 
     async def probe(self, url: str, timeout_seconds: float) -> HealthAnswer:
@@ -139,9 +171,20 @@ class Upstream:
                 raise WorkerFailure(FailureKind.CONNECT, f"connect timeout: {error}") from None
             except httpcore.TimeoutException as error:
                 raise WorkerFailure(FailureKind.TIMEOUT, f"{type(error).__name__}: {error}") from None
-            except httpcore.ConnectError as error:
-                raise WorkerFailure(FailureKind.CONNECT, str(error) or "connect error") from None
+            except (httpcore.ConnectError, httpcore.UnsupportedProtocol, httpcore.LocalProtocolError) as error:
+                # the request never left: refused, unreachable, TLS, or a URL we cannot send to
+                raise WorkerFailure(FailureKind.CONNECT, f"{type(error).__name__}: {error}") from None
             except (httpcore.NetworkError, httpcore.RemoteProtocolError) as error:
                 raise WorkerFailure(FailureKind.CLOSED, f"{type(error).__name__}: {error}") from None
             return response.status, response.content
         raise WorkerFailure(FailureKind.TIMEOUT, f"no complete answer in {timeout_seconds:g}s")
+
+
+def _parse_envelope(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise WorkerFailure(FailureKind.UNUSABLE_BODY, "answer is not JSON") from None
+    if not is_envelope(body):
+        raise WorkerFailure(FailureKind.UNUSABLE_BODY, "answer is not an envelope")
+    return body

@@ -62,12 +62,19 @@ def monitor(stats: PoolStatistics) -> tuple[int, dict[str, Any]]:
 def parse_fault_request(raw: bytes) -> bool:
     """The drill switch from a `POST /monitor/fault` body; strict: only a JSON boolean."""
     try:
-        body = json.loads(raw)
-    except ValueError:
+        body = json.loads(raw, object_pairs_hook=_refuse_duplicate_keys)
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
         raise FaultRequestError("malformed JSON") from None
     if not isinstance(body, dict) or set(body) != {"enabled"} or not isinstance(body["enabled"], bool):
         raise FaultRequestError("body is not exactly {\"enabled\": <bool>}")
     return body["enabled"]
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    # {"enabled": false, "enabled": true} must not mean whichever came last
+    if len({key for key, _ in pairs}) != len(pairs):
+        raise FaultRequestError("duplicate key")
+    return dict(pairs)
 
 
 def fault_answer(enabled: bool) -> dict[str, Any]:

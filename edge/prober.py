@@ -12,23 +12,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import trio
 
 from edge.dispatch import Dispatcher
+from edge.forward import HealthAnswer
 from edge.pool import ProbeResult
 
 log = logging.getLogger("edge.pool")
-
-
-@dataclass(frozen=True)
-class HealthAnswer:
-    """What a probe got back: an HTTP status and the raw body."""
-
-    status: int
-    body: bytes
-
 
 # (url, timeout_seconds) -> the answer; raises on transport errors and timeouts.
 ProbeFunction = Callable[[str, float], Awaitable[HealthAnswer]]

@@ -39,6 +39,7 @@ class RequestRecord:
     bytes_in: int
     bytes_out: int
     idempotent_replay: bool = False
+    rate_limited: bool = False
 
 
 class RequestLog:
@@ -81,8 +82,7 @@ class RequestLog:
             size = self._size()
             if size > 0 and size + len(data) > self._max_bytes:
                 self._rotate()
-            with open(self.path, "ab") as handle:
-                handle.write(data)
+            _append_whole(self.path, data)
         except OSError as error:  # a full disk loses log lines, never requests
             log.error("请求日志写入失败 | 文件=%s | 错误=%s", self.path, error)
 
@@ -98,3 +98,23 @@ class RequestLog:
             if older.exists():
                 os.replace(older, self.path.with_name(f"{self.path.name}.{number + 1}"))
         os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+
+
+def _append_whole(path: Path, data: bytes) -> None:
+    """Append `data` entirely or not at all: a line cut by a full disk is taken back.
+
+    Otherwise the next batch would be appended onto the torn line and both records lost
+    to every reader of the file. This process is the file's only writer.
+    """
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.fstat(descriptor).st_size
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(descriptor, data[written:])
+        except OSError:
+            os.ftruncate(descriptor, start)
+            raise
+    finally:
+        os.close(descriptor)

@@ -4,8 +4,10 @@ Workers never write files or build URLs (contract.md § Images in responses). Fo
 ending in `_base64`, at any depth in objects and arrays, the gateway decodes the value,
 checks that it is a PNG, writes `<static_dir>/annotations/<uuid4>.png` atomically (temp
 file + rename) and replaces the key by its `_url` twin. `null` stays `null` and writes
-nothing. All-or-nothing per response: one bad image raises `BadImage` and every file
-already written for that response is removed.
+nothing. Two steps, so that a worker that sent a bad image is judged while its lease is
+still held and the (slower) file writes happen after the worker is free again:
+`decode()` checks every image (`BadImage`: a worker failure), `write()` stores them
+all or none (`ImageWriteError`: the gateway's own file system, never the worker's fault).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import binascii
 import os
 import uuid
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,17 @@ _BASE64_KEY_MARK = (BASE64_SUFFIX + '"').encode()
 
 class BadImage(Exception):
     """The worker sent an image that is not valid base64 of a PNG: a worker failure."""
+
+
+class ImageWriteError(Exception):
+    """Writing the annotation files failed on the gateway's own file system (full disk, …)."""
+
+
+@dataclass(frozen=True)
+class DecodedImages:
+    """The PNG bytes of an answer's image fields in document order; None where the field is null."""
+
+    pngs: list[bytes | None]
 
 
 def has_images(raw: bytes) -> bool:
@@ -68,35 +82,41 @@ class ImageStore:
         self._url_prefix = f"{public_base_url.rstrip('/')}/static/{ANNOTATIONS}/"
         self._limiter = limiter
 
-    async def rewrite(self, body: Any) -> Any:
-        """A copy of `body` with every `*_base64` replaced; raises BadImage or OSError."""
+    async def decode(self, body: Any) -> DecodedImages:
+        """Every image of `body`, checked; raises BadImage (in a thread: base64 of megabytes)."""
         values: list[Any] = []
         _collect(body, values)
         if not values:
+            return DecodedImages([])
+        return await trio.to_thread.run_sync(_decode_all, values, limiter=self._limiter)
+
+    async def write(self, body: Any, images: DecodedImages) -> Any:
+        """A copy of `body` with every `*_base64` replaced by its URL; raises ImageWriteError."""
+        if not images.pngs:
             return body
-        names = await trio.to_thread.run_sync(self._write_all, values, limiter=self._limiter)
+        names = await trio.to_thread.run_sync(self._write_all, images.pngs, limiter=self._limiter)
         urls = iter(None if name is None else self._url_prefix + name for name in names)
         return _replace(body, urls)
 
-    def _write_all(self, values: list[Any]) -> list[str | None]:
-        """Runs in a worker thread: decode, verify and write every image, or none."""
+    def _write_all(self, pngs: list[bytes | None]) -> list[str | None]:
+        """Runs in a worker thread: write every image, or none."""
         written: list[Path] = []
         names: list[str | None] = []
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            for value in values:
-                if value is None:
+            for png in pngs:
+                if png is None:
                     names.append(None)
                     continue
-                if not isinstance(value, str):
-                    raise BadImage(f"image field holds {type(value).__name__}, not a string")
                 name = f"{uuid.uuid4()}.png"
-                self._write_atomically(self.directory / name, decode_png(value))
+                self._write_atomically(self.directory / name, png)
                 written.append(self.directory / name)
                 names.append(name)
-        except BaseException:
+        except BaseException as error:
             for path in written:
                 path.unlink(missing_ok=True)
+            if isinstance(error, OSError):
+                raise ImageWriteError(f"{type(error).__name__}: {error}") from error
             raise
         return names
 
@@ -110,6 +130,15 @@ class ImageStore:
         except BaseException:
             temporary.unlink(missing_ok=True)
             raise
+
+
+def _decode_all(values: list[Any]) -> DecodedImages:
+    pngs: list[bytes | None] = []
+    for value in values:
+        if value is not None and not isinstance(value, str):
+            raise BadImage(f"image field holds {type(value).__name__}, not a string")
+        pngs.append(None if value is None else decode_png(value))
+    return DecodedImages(pngs)
 
 
 def _collect(node: Any, values: list[Any]) -> None:

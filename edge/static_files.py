@@ -1,8 +1,9 @@
 """Serving annotation PNGs: `/static/annotations/<uuid>.png` and nothing else.
 
 The name is matched against a UUID pattern before it touches the file system, so `..`,
-encoded dots, absolute paths, backslashes and sub-folders never reach a path join; the
-file is opened with O_NOFOLLOW so a planted symlink is not followed either.
+encoded dots, absolute paths, backslashes and sub-folders never reach a path join. The
+file is opened with O_NOFOLLOW (a planted symlink is not followed) and O_NONBLOCK (a
+planted FIFO cannot hold a file thread), must be a regular file, and is always closed.
 """
 
 from __future__ import annotations
@@ -29,13 +30,21 @@ def annotation_path(static_dir: str | Path, subpath: str) -> Path | None:
 
 def _read_regular_file(path: Path) -> bytes | None:
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:  # missing, a symlink (ELOOP), unreadable: all just "not found"
         return None
-    with os.fdopen(descriptor, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):  # a directory, FIFO, device … planted there
             return None
-        return handle.read()
+        chunks = []
+        while chunk := os.read(descriptor, max(status.st_size, 65536)):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(descriptor)
 
 
 async def read_annotation(static_dir: str | Path, subpath: str, limiter: trio.CapacityLimiter) -> bytes | None:

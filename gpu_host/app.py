@@ -1,8 +1,9 @@
 """The GPU host's Quart app (app factory): auth, `/health`, the business endpoints.
 
 Handlers reach the model process and the token guard through the factory's arguments,
-never module globals. The model supervisor runs in the app's nursery from `before_serving`
-to `after_serving`, so the port opens at once and `/health` says `loading` meanwhile.
+never module globals. The app does not start the model supervisor: the host's one nursery
+(`gpu_host.main.serve`) does, beside Hypercorn, so the port opens at once and `/health`
+says `loading` meanwhile.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from werkzeug.exceptions import HTTPException
 
 from analysis.options import parse_options
 from gpu_host.auth import TokenGuard
-from gpu_host.model_process import ModelProcess, ModelState, ModelUnavailable
+from gpu_host.model_process import ModelProcess, ModelUnavailable
+from gpu_host.supervisor import Phase
 from gpu_host.uploads import image_bytes, max_body_bytes, read_upload, require_image
 from shared.contract import (
     API_PREFIX,
@@ -42,19 +44,11 @@ log = logging.getLogger("gpu_host.app")
 
 
 def create_app(model: ModelProcess, guard: TokenGuard, limits: AnalysisSettings) -> QuartTrio:
-    """The app; serving it (Hypercorn or `app.test_app()`) starts and stops `model`."""
+    """The app; `model.run` must be running in a nursery of the caller's while it serves."""
     app = QuartTrio(__name__)
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes(limits.max_image_bytes)
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
     app.json.sort_keys = False  # type: ignore[attr-defined]
-
-    @app.before_serving
-    async def start_model() -> None:
-        await app.nursery.start(model.run)
-
-    @app.after_serving
-    async def stop_model() -> None:
-        model.stop()
 
     @app.before_request
     async def require_token() -> Any:
@@ -103,10 +97,10 @@ def _http_error_as_contract(error: HTTPException, failed: Request) -> tuple[Code
 
 def _health_response(model: ModelProcess) -> Any:
     stats = model.statistics()
-    if stats.state is ModelState.READY:
+    if stats.state is Phase.READY:
         body = {"status": "ok", "device": stats.device, "segmenter": stats.segmenter, "busy": stats.busy}
         return jsonify(body), 200
-    body = {"status": stats.state.value}
+    body = {"status": "error" if stats.state is Phase.FAILED else "loading"}
     if stats.message:
         body["message"] = stats.message
     return jsonify(body), 503
@@ -128,9 +122,7 @@ async def _business(endpoint: str, model: ModelProcess, limits: AnalysisSettings
     except Exception:
         log.exception("internal error | request_id=%s endpoint=%s", request_id, endpoint)
         body = envelope(Code.SYSTEM_ERROR, request_id)
-    # Encoded in a thread: an answer with several full-size PNGs can be tens of MB of JSON,
-    # and /health must keep answering meanwhile.
-    payload = await trio.to_thread.run_sync(_encode_json, body)
+    body, payload = await _encoded(body, endpoint)
     log.info(
         "request | request_id=%s endpoint=%s code=%d ms=%.0f bytes_out=%d",
         request_id,
@@ -141,6 +133,19 @@ async def _business(endpoint: str, model: ModelProcess, limits: AnalysisSettings
     )
     response = Response(payload, status=status, content_type="application/json")
     return _with_request_id(response, request_id)
+
+
+async def _encoded(body: dict, endpoint: str) -> tuple[dict, bytes]:
+    """The body as JSON, or a 1007 in its place when it cannot be encoded (an analysis bug:
+    an answer about this request, HTTP 200, so the gateway ejects no host for it)."""
+    try:
+        # In a thread: an answer with several full-size PNGs can be tens of MB of JSON, and
+        # /health must keep answering meanwhile.
+        return body, await trio.to_thread.run_sync(_encode_json, body)
+    except Exception:
+        log.exception("internal error: answer not JSON-encodable | request_id=%s endpoint=%s", body["request_id"], endpoint)
+        replacement = envelope(Code.SYSTEM_ERROR, body["request_id"])
+        return replacement, _encode_json(replacement)
 
 
 def _encode_json(body: dict) -> bytes:

@@ -1,8 +1,13 @@
 """`hairgate gpu-host`: the whole serving lifecycle of one GPU host, in one place.
 
-settings -> token guard -> model process -> app -> Hypercorn (trio worker) with a shutdown
-trigger. SIGTERM/SIGINT: graceful stop, exit 0. SIGHUP: re-read the settings and swap the
-accepted tokens (token rotation without a model reload); bad settings keep the old ones.
+settings -> token guard -> the listening socket (bound before anything starts, so a bind
+error is reported as itself) -> one nursery that owns the signal handler, the model
+supervisor and Hypercorn (trio worker) with a shutdown trigger.
+
+SIGTERM/SIGINT: graceful stop, exit 0. Idle kept-alive connections close at once; requests
+in flight get `inference_timeout_seconds` + `GRACE_MARGIN_SECONDS` to finish; then the
+model child is killed. SIGHUP: re-read the settings and swap the accepted tokens (token
+rotation without a model reload); bad settings keep the old ones.
 """
 
 from __future__ import annotations
@@ -16,18 +21,23 @@ from functools import partial
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.config import Sockets
+from hypercorn.trio.run import worker_serve
+from hypercorn.utils import wrap_app
 
+from gpu_host import child
 from gpu_host.app import create_app
 from gpu_host.auth import TokenGuard
+from gpu_host.connections import close_idle_connections_on_shutdown
 from gpu_host.model_process import ModelProcess
-from gpu_host.protocol import ChildConfig
+from gpu_host.protocol import ChildConfig, ChildEntry
 from shared.logs import configure_logging
-from shared.settings import Settings, SettingsError, load_settings
+from shared.settings import GpuHostSettings, Settings, SettingsError, load_settings
 
 log = logging.getLogger("gpu_host.main")
 
-GRACEFUL_TIMEOUT_SECONDS = 5.0
+# Beyond the inference itself: reading the upload, encoding and sending the answer.
+GRACE_MARGIN_SECONDS = 10.0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,20 +50,14 @@ def run(args: argparse.Namespace) -> int:
     except (SettingsError, ValueError) as error:
         print(f"hairgate gpu-host: {error}", file=sys.stderr)
         return 2
-    bind_errors: list[BaseException] = []
+    config = hypercorn_config(settings.gpu_host, bind)
     try:
-        trio.run(serve, settings, bind, guard, reload)
-    except* OSError as group:  # the port is taken, or the address is not ours
-        bind_errors = _leaves(group)
-    for error in bind_errors:
+        sockets = listen(config)
+    except OSError as error:  # e.g. the port is taken, the address is not ours, no permission
         print(f"hairgate gpu-host: cannot serve on {bind}: {error}", file=sys.stderr)
-    return 1 if bind_errors else 0
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
+        return 1
+    trio.run(serve, settings, config, sockets, guard, reload)
+    return 0
 
 
 def check_bind(bind: str) -> str:
@@ -72,33 +76,56 @@ def child_config(settings: Settings) -> ChildConfig:
     )
 
 
-async def serve(
-    settings: Settings,
-    bind: str,
-    guard: TokenGuard,
-    reload: Callable[[], Settings],
-) -> None:
-    model = ModelProcess(
-        child_config(settings), inference_timeout_seconds=settings.gpu_host.inference_timeout_seconds
-    )
-    app = create_app(model, guard, settings.analysis)
+def hypercorn_config(host: GpuHostSettings, bind: str) -> HypercornConfig:
     config = HypercornConfig()
     config.bind = [bind]
-    config.graceful_timeout = GRACEFUL_TIMEOUT_SECONDS
+    # A SIGTERM must not cut an inference short: the longest one may run to its timeout.
+    config.graceful_timeout = host.inference_timeout_seconds + GRACE_MARGIN_SECONDS
     config.accesslog = None  # one line per request comes from the app, with its request_id
     config.errorlog = logging.getLogger("hypercorn.error")
+    return config
+
+
+def listen(config: HypercornConfig) -> Sockets:
+    """The listening sockets, bound now: OSError (with the system's own words) if they cannot be."""
+    sockets = config.create_sockets()
+    for sock in sockets.insecure_sockets + sockets.secure_sockets:
+        sock.listen(config.backlog)
+    return sockets
+
+
+async def serve(
+    settings: Settings,
+    config: HypercornConfig,
+    sockets: Sockets,
+    guard: TokenGuard,
+    reload: Callable[[], Settings],
+    *,
+    entry: ChildEntry = child.serve,
+) -> None:
+    """The host's one nursery: signals, the model supervisor, Hypercorn; returns once stopped."""
+    model = ModelProcess(
+        child_config(settings),
+        inference_timeout_seconds=settings.gpu_host.inference_timeout_seconds,
+        model_load_timeout_seconds=settings.gpu_host.model_load_timeout_seconds,
+        entry=entry,
+    )
+    app = create_app(model, guard, settings.analysis)
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         await nursery.start(_handle_signals, shutdown, guard, reload)
         log.info(
             "GPU host starting | bind=%s device=%s bisenet_weights=%s tokens=%d",
-            bind,
+            ",".join(config.bind),
             settings.gpu_host.device,
             settings.gpu_host.bisenet_weights or "(fallback segmenter)",
             len(settings.auth.accept_passwords),
         )
-        await hypercorn_serve(app, config, shutdown_trigger=shutdown.wait)
-        nursery.cancel_scope.cancel()
+        await nursery.start(model.run)
+        # Returns after the graceful stop: requests in flight have finished (or hit the grace).
+        asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
+        await worker_serve(asgi, config, sockets=sockets, shutdown_trigger=shutdown.wait)
+        nursery.cancel_scope.cancel()  # the supervisor kills and reaps the child on its way out
     log.info("GPU host stopped")
 
 

@@ -1,21 +1,25 @@
-"""The web side of the model child: start it, watch it, talk to it, replace it when it fails.
+"""The I/O around the model supervisor: spawn the child, talk to it, reap it, keep time.
 
-`ModelProcess` owns exactly one child at a time (spawn start method, one duplex Pipe).
+`gpu_host.supervisor.Supervisor` decides (pure); `ModelProcess` carries out its actions and
+feeds it events. `run()` is the one task that spawns, loads and reaps children; it is owned
+by the host's nursery (`gpu_host.main.serve`) and stops when that nursery is cancelled.
 Invariants:
 - at most one inference is in flight (a `trio.Lock`); `/health` never takes that lock;
-- the event loop never blocks on the pipe: waits are `wait_readable` on its descriptor,
-  transfers run in a worker thread;
-- a child that dies, or that exceeds `inference_timeout_seconds`, is SIGKILLed and replaced;
-  the request that saw it gets 1007 and the state is `loading` until the new child is ready.
+- ready means one thing, `ready()`: the supervisor says READY and the child has not exited
+  since; `/health` and `infer` both use it, so a dead child is 503 on both;
+- the event loop never blocks: pipe waits are `wait_readable` on its descriptor, transfers
+  and reaping (`Process.join`) run in a worker thread;
+- a child that dies, exceeds `inference_timeout_seconds`, or does not load within
+  `model_load_timeout_seconds`, is SIGKILLed and replaced; the request that saw it gets 1007.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import multiprocessing
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -35,15 +39,10 @@ from gpu_host.protocol import (
     Ready,
     Result,
 )
+from gpu_host.supervisor import Action, Backoff, Phase, Supervisor
 from shared.contract import MSG_INFERENCE_TIMED_OUT, MSG_MODEL_PROCESS_DIED, Code, ContractError
 
 log = logging.getLogger("gpu_host.model")
-
-
-class ModelState(enum.Enum):
-    LOADING = "loading"  # a child is starting (first start or after a failure)
-    READY = "ready"  # the child said Ready and answered a Ping
-    FAILED = "error"  # the models cannot be loaded; needs an operator
 
 
 class ModelUnavailable(Exception):
@@ -54,7 +53,7 @@ class ModelUnavailable(Exception):
 class ModelStatistics:
     """A snapshot for `/health` and the logs."""
 
-    state: ModelState
+    state: Phase
     message: str | None  # why it is not ready, when it is not
     device: str | None
     segmenter: str | None
@@ -71,118 +70,161 @@ class ModelProcess:
         config: ChildConfig,
         *,
         inference_timeout_seconds: float,
+        model_load_timeout_seconds: float,
         entry: ChildEntry = child.serve,
-        restart_delay_seconds: float = 1.0,
-        max_restart_delay_seconds: float = 30.0,
+        backoff: Backoff = Backoff(),
+        context: BaseContext = multiprocessing.get_context("spawn"),
     ) -> None:
         self._config = config
         self._timeout = inference_timeout_seconds
         self._entry = entry
-        self._restart_delay = restart_delay_seconds
-        self._max_restart_delay = max_restart_delay_seconds
-        self._context = multiprocessing.get_context("spawn")
+        self._context = context
+        self._machine = Supervisor(model_load_timeout_seconds, backoff)
         self._lock = trio.Lock()
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
-        self._state = ModelState.LOADING
-        self._message: str | None = None
-        self._ready: Ready | None = None
         self._transition = trio.Event()
-        self._failure_reason: str | None = None
-        self._restarts = 0
-        self._scope: trio.CancelScope | None = None
 
     # -- public surface ------------------------------------------------------------------
 
+    def ready(self) -> bool:
+        """The one definition of ready (the exit of a child may not have been handled yet)."""
+        return self._machine.ready and self._process is not None and self._process.is_alive()
+
     def statistics(self) -> ModelStatistics:
-        state, message = self._state, self._message
-        if state is ModelState.READY and not self._child_alive():
-            state, message = ModelState.LOADING, "model process exited; restarting"  # run() will notice
-        ready = self._ready if state is ModelState.READY else None
+        machine = self._machine
+        phase, message = machine.phase, machine.message
+        if phase is Phase.READY and not self.ready():
+            phase, message = Phase.LOADING, "model process exited; restarting"  # run() is on it
+        ready = phase is Phase.READY
         return ModelStatistics(
-            state=state,
+            state=phase,
             message=message,
-            device=ready.device if ready else None,
-            segmenter=ready.segmenter if ready else None,
+            device=machine.device if ready else None,
+            segmenter=machine.segmenter if ready else None,
             busy=self._lock.locked(),
-            pid=self._pid(),
-            restarts=self._restarts,
+            pid=self._process.pid if self._process else None,
+            restarts=machine.restarts,
         )
 
     async def wait_transition(self) -> None:
-        """Return at the next state change (a spawn, ready, a failure: each restart counts)."""
+        """Return at the next supervisor event (a spawn, ready, a failure: each restart counts)."""
         await self._transition.wait()
 
     async def wait_ready(self) -> None:
         """Return once a child is ready (immediately if one is)."""
-        while self._state is not ModelState.READY:
+        while not self.ready():
             await self.wait_transition()
 
     async def infer(self, request_id: str, endpoint: str, image: bytes, options: dict[str, Any]) -> dict:
         """Run one endpoint in the child; its `data` dict, or ContractError / ModelUnavailable."""
         async with self._lock:
-            if self._state is not ModelState.READY or self._conn is None:
-                raise ModelUnavailable(self._message or self._state.value)
+            if not self.ready() or self._conn is None:
+                raise ModelUnavailable(self.statistics().message or self._machine.phase.value)
             conn = self._conn
             try:
                 with trio.fail_after(self._timeout):
                     await _send(conn, Infer(request_id, endpoint, image, options))
                     reply = await _receive(conn)
             except trio.TooSlowError:
-                self._fail(f"inference timed out after {self._timeout:g}s (request_id={request_id})")
+                self._inference_failed(f"inference timed out after {self._timeout:g}s (request_id={request_id})")
                 raise ContractError(Code.SYSTEM_ERROR, MSG_INFERENCE_TIMED_OUT.format(seconds=self._timeout)) from None
             except (EOFError, OSError, trio.ClosedResourceError):
-                self._fail(f"model process died during an inference (request_id={request_id})")
+                self._inference_failed(f"model process died during an inference (request_id={request_id})")
                 raise ContractError(Code.SYSTEM_ERROR, MSG_MODEL_PROCESS_DIED) from None
             except trio.Cancelled:
                 # The caller went away (client disconnect, shutdown) with a reply still owed:
                 # the next request would read it. A fresh child is the simple consistent state.
-                self._fail(f"inference abandoned by its caller (request_id={request_id})")
+                self._inference_failed(f"inference abandoned by its caller (request_id={request_id})")
                 raise
         if isinstance(reply, Result) and reply.request_id == request_id:
             return reply.data
         if isinstance(reply, Failure) and reply.request_id == request_id:
             raise ContractError(Code(reply.code), reply.message)
-        self._fail(f"protocol violation: got {type(reply).__name__} for request_id={request_id}")
+        self._inference_failed(f"protocol violation: got {type(reply).__name__} for request_id={request_id}")
         raise ContractError(Code.SYSTEM_ERROR, MSG_MODEL_PROCESS_DIED)
 
-    def stop(self) -> None:
-        """Stop supervising; `run` kills the child on its way out (server shutdown)."""
-        if self._scope is not None:
-            self._scope.cancel()  # not a direct kill: `run` may be waiting on the pipe's descriptor
-        else:
-            self._kill_child()
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Keep one child alive; `started()` as soon as the first child is spawned (not loaded)."""
-        with trio.CancelScope() as self._scope:
-            try:
-                self._spawn()
-                task_status.started()
-                failed_loads = 0
-                while True:
-                    if await self._load():
-                        failed_loads = 0
-                        await self._wait_child_exit()
-                        async with self._lock:  # an inference still on the dead child's pipe ends first
-                            self._note_exit()
-                    elif self._state is ModelState.FAILED:
-                        await trio.sleep_forever()  # a LoadFailed is not retried: it needs an operator
-                    else:
-                        # A child that dies while loading will likely die again: back off
-                        # (a crash loop must not flood the log). A child that served and then
-                        # died is replaced at once: recovery time = load time.
-                        failed_loads += 1
-                        await trio.sleep(min(self._restart_delay * 2 ** (failed_loads - 1), self._max_restart_delay))
-                    self._spawn()
-            finally:
-                self._kill_child()
+        """Keep one child alive until cancelled; `started()` once the first child is spawned
+        (not loaded: the port opens at once and `/health` says `loading` meanwhile)."""
+        try:
+            await self._carry_out(self._machine.start(trio.current_time()))
+            task_status.started()
+            while True:
+                before = self._machine.phase
+                actions = await self._next_event()
+                self._log_if_lost(before)
+                await self._carry_out(actions)
+        finally:
+            with trio.CancelScope(shield=True):  # a SIGKILLed child is reaped at once
+                await self._kill()
 
-    # -- lifecycle -----------------------------------------------------------------------
+    # -- the supervisor's events ---------------------------------------------------------
+
+    async def _next_event(self) -> list[Action]:
+        """Wait for what the current phase waits for; the supervisor's answer to it."""
+        phase = self._machine.phase
+        if phase is Phase.LOADING:
+            return await self._load()
+        if phase in (Phase.READY, Phase.REPLACING):
+            assert self._process is not None
+            await trio.lowlevel.wait_readable(self._process.sentinel)
+            await self._reap()
+            async with self._lock:  # an inference still reading the dead child's pipe ends first
+                return self._machine.exited(self._exit_text(), trio.current_time())
+        if phase is Phase.WAITING:
+            await trio.sleep_until(self._machine.deadline)
+            return self._machine.tick(trio.current_time())
+        await trio.sleep_forever()  # FAILED: a LoadFailed needs an operator
+
+    async def _load(self) -> list[Action]:
+        """Wait for Ready + Pong until the load deadline."""
+        assert self._conn is not None
+        with trio.move_on_at(self._machine.deadline):
+            try:
+                first = await _receive(self._conn)
+                if isinstance(first, LoadFailed):
+                    return self._machine.refused(first.message)
+                if not isinstance(first, Ready):
+                    raise EOFError(f"expected Ready, got {type(first).__name__}")
+                await _send(self._conn, Ping())
+                if not isinstance(await _receive(self._conn), Pong):
+                    raise EOFError("expected Pong")
+            except (EOFError, OSError, trio.ClosedResourceError) as error:
+                await self._kill()  # reaps it first, so the reason can name its exit code
+                return self._machine.exited(f"{error or type(error).__name__}; {self._exit_text()}", trio.current_time())
+            log.info("model process ready | pid=%s device=%s segmenter=%s", self._pid(), first.device, first.segmenter)
+            return self._machine.loaded(first.device, first.segmenter, trio.current_time())
+        return self._machine.tick(trio.current_time())  # the load deadline passed
+
+    def _inference_failed(self, reason: str) -> None:
+        """Not ready from now on; SIGKILL at once (no reaping here): `run` sees the exit."""
+        before = self._machine.phase
+        self._machine.inference_failed(reason)
+        self._log_if_lost(before)
+        if self._process is not None and self._process.exitcode is None:
+            self._process.kill()
+        self._notify()
+
+    # -- the supervisor's actions --------------------------------------------------------
+
+    def _log_if_lost(self, before: Phase) -> None:
+        """One error line per child lost (a ready one, or one that failed to start)."""
+        after = self._machine.phase
+        if after is not before and before in (Phase.READY, Phase.LOADING) and after is not Phase.READY:
+            log.error("model process not ready: %s", self._machine.message)
+
+    async def _carry_out(self, actions: list[Action]) -> None:
+        for action in actions:
+            if action is Action.KILL:
+                await self._kill()
+            else:
+                self._spawn()
+        self._notify()
 
     def _spawn(self) -> None:
-        # Spawned from the main thread on purpose: the child's parent-death signal fires when
-        # the spawning *thread* exits, and a worker thread may exit at any time.
+        # Spawned from the main thread on purpose (every trio task runs there): the child's
+        # parent-death signal fires when the spawning *thread* exits.
         parent_conn, child_conn = self._context.Pipe(duplex=True)
         process = self._context.Process(
             target=self._entry, args=(child_conn, self._config), name="hairgate-model", daemon=True
@@ -190,75 +232,26 @@ class ModelProcess:
         process.start()
         child_conn.close()  # else the parent's copy keeps the pipe open and a dead child gives no EOF
         self._process, self._conn = process, parent_conn
-        self._set_state(ModelState.LOADING, self._message)
         log.info("model process started | pid=%s", process.pid)
 
-    async def _load(self) -> bool:
-        """Wait for Ready + Pong; False when this child will not become ready."""
-        assert self._conn is not None
-        try:
-            first = await _receive(self._conn)
-            if isinstance(first, LoadFailed):
-                log.error("model load failed: %s", first.message)
-                self._kill_child()
-                self._set_state(ModelState.FAILED, first.message)
-                return False
-            if not isinstance(first, Ready):
-                raise EOFError(f"expected Ready, got {type(first).__name__}")
-            with trio.fail_after(self._timeout):
-                await _send(self._conn, Ping())
-                if not isinstance(await _receive(self._conn), Pong):
-                    raise EOFError("expected Pong")
-        except (EOFError, OSError, trio.ClosedResourceError, trio.TooSlowError) as error:
-            self._kill_child()  # reaps it first, so the reason can name its exit code
-            reason = f"model process failed while loading ({error or type(error).__name__}; {self._exit_text()})"
-            log.error("%s; restarting", reason)
-            self._restarts += 1
-            self._set_state(ModelState.LOADING, reason)
-            return False
-        self._ready = first
-        self._failure_reason = None
-        self._set_state(ModelState.READY, None)
-        log.info("model process ready | pid=%s device=%s segmenter=%s", self._pid(), first.device, first.segmenter)
-        return True
-
-    async def _wait_child_exit(self) -> None:
-        assert self._process is not None
-        await trio.lowlevel.wait_readable(self._process.sentinel)
-
-    def _note_exit(self) -> None:
-        self._kill_child()  # reaps it; a no-op kill when it is already gone
-        reason = self._failure_reason or f"model process exited unexpectedly ({self._exit_text()})"
-        self._failure_reason = None
-        self._restarts += 1
-        log.error("%s; restarting", reason)
-        self._set_state(ModelState.LOADING, reason)
-
-    def _fail(self, reason: str) -> None:
-        """An inference saw the child fail: mark not ready at once and kill it; `run` restarts it."""
-        self._failure_reason = reason
-        self._set_state(ModelState.LOADING, reason)
-        if self._process is not None and self._process.is_alive():
-            self._process.kill()
-
-    def _kill_child(self) -> None:
+    async def _kill(self) -> None:
         """SIGKILL and reap the child (if any) and close our end of its pipe; idempotent."""
-        if self._process is not None:
-            if self._process.is_alive():
-                self._process.kill()
-            self._process.join(timeout=5)
+        if self._process is not None and self._process.exitcode is None:
+            self._process.kill()
+        await self._reap()
         if self._conn is not None:
             trio.lowlevel.notify_closing(self._conn.fileno())  # wakes a waiter; its fd number is reused next
             self._conn.close()
             self._conn = None
 
-    def _set_state(self, state: ModelState, message: str | None) -> None:
-        self._state, self._message = state, message
+    async def _reap(self) -> None:
+        # In a thread: a SIGKILLed child can take long to exit (a GPU driver tearing down).
+        if self._process is not None:
+            await trio.to_thread.run_sync(self._process.join)
+
+    def _notify(self) -> None:
         self._transition.set()
         self._transition = trio.Event()
-
-    def _child_alive(self) -> bool:
-        return self._process is not None and self._process.is_alive()
 
     def _pid(self) -> int | None:
         return self._process.pid if self._process else None

@@ -86,6 +86,8 @@ def _parse_json(body: bytes) -> Upload:
         document = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise ContractError(Code.INVALID_PARAMETER, "请求体不是有效的 JSON") from None
+    except RecursionError:  # the decoder's own depth limit
+        raise ContractError(Code.INVALID_PARAMETER, "请求体的 JSON 嵌套过深") from None
     if not isinstance(document, dict):
         raise ContractError(Code.INVALID_PARAMETER, "请求体必须是 JSON 对象")
     encoded = document.pop(IMAGE_BASE64_FIELD, None)

@@ -36,13 +36,9 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.fakes
 
-from tests.fakes.launch import (  # noqa: E402
-    FakeWorkerProcess,
-    GatewayProcess,
-    free_port,
-    write_gateway_settings,
-    write_secrets,
-)
+from cluster.files import write_secrets  # noqa: E402
+from cluster.launcher import Process, free_port, start_gateway as start_edge  # noqa: E402
+from tests.fakes.launch import FakeWorkerProcess, write_gateway_settings  # noqa: E402
 
 PATH = "/api/v1/hair/measure"
 BODY = {"image_base64": "AAAA", "gender": "unknown"}
@@ -71,7 +67,7 @@ async def timed_post(client: httpx.AsyncClient, url: str, headers: dict[str, str
     return elapsed
 
 
-async def added_latency(gateway: GatewayProcess, fake: FakeWorkerProcess, requests: int) -> dict[str, dict[str, float]]:
+async def added_latency(gateway: Process, fake: FakeWorkerProcess, requests: int) -> dict[str, dict[str, float]]:
     direct_headers = {"X-Internal-Token": fake.token}
     direct: list[float] = []
     through: list[float] = []
@@ -119,7 +115,7 @@ async def poll_monitor(url: str, samples: list[float], stop: trio.Event) -> None
 
 
 async def pool_throughput(
-    gateway: GatewayProcess, fakes: list[FakeWorkerProcess], clients: int, requests: int, service_ms: float
+    gateway: Process, fakes: list[FakeWorkerProcess], clients: int, requests: int, service_ms: float
 ) -> dict[str, float]:
     token_headers = {"X-Internal-Token": fakes[0].token}
     per_job = []
@@ -154,19 +150,19 @@ async def pool_throughput(
     }
 
 
-def start_gateway(directory: Path, token: str, fakes: list[FakeWorkerProcess]) -> GatewayProcess:
+def start_gateway(directory: Path, token: str, fakes: list[FakeWorkerProcess]) -> Process:
     port = free_port()
     edge = {
         "health_check": {"interval_seconds": 2},
         "dispatch": {"queue_wait_seconds": 30, "max_queue_wait_seconds": 30},
     }
     config = write_gateway_settings(directory, port, [f.url for f in fakes], edge=edge)
-    return GatewayProcess.start(config, write_secrets(directory, token), port, directory / "gateway.log")
+    return start_edge(config, write_secrets(directory / "secrets.toml", token), port, directory / "gateway.log")
 
 
 async def run_benchmarks(args: argparse.Namespace, directory: Path) -> int:
     token = secrets.token_hex(16)
-    started: list[FakeWorkerProcess | GatewayProcess] = []
+    started: list[FakeWorkerProcess | Process] = []
     try:
         solo = FakeWorkerProcess.start(token)
         started.append(solo)

@@ -2,7 +2,7 @@
 """Benchmark of the GPU host's serving layer (not of the analysis itself).
 
 Starts one real `hairgate gpu-host` and one real `hairgate edge` in front of it (files from
-`gpu_host.dev.prepare`, under a temporary directory), then measures on the 512×512 astronaut:
+`cluster.dev.prepare`, under a temporary directory), then measures on the 512×512 astronaut:
 
 1. endpoint 1 (measure): median latency in-process (`run_endpoint`), through the host
    directly, and through gateway + host; the cost of web layer + pipe as a ratio of the
@@ -22,7 +22,6 @@ import os
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,10 +35,10 @@ import httpx
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from gpu_host.dev import prepare  # noqa: E402
+from cluster.dev import prepare  # noqa: E402
 from shared.contract import HEADER_TOKEN  # noqa: E402
 from shared.settings import AnalysisSettings  # noqa: E402
-from tests.gpu_host.processes import astronaut_png, model_child_pid  # noqa: E402
+from tests.gpu_host.processes import astronaut_png, model_child_pid, start  # noqa: E402
 
 MEASURE = "/api/v1/hair/measure"
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*model process (started|ready) \| pid=(\d+)")
@@ -159,15 +158,9 @@ def main() -> int:
     photo = astronaut_png()
     workdir = Path(tempfile.mkdtemp(prefix="bench_gpu_host_"))
     cluster = prepare(REPO_ROOT / "settings.toml", 1, args.first_port, args.first_port + 1, workdir)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HAIRGATE_")}
-    logs = {service.name: workdir / f"{service.name}.log" for service in cluster.services}
-    processes = [
-        subprocess.Popen(s.argv, cwd=workdir, env=env, stdout=open(logs[s.name], "wb"), stderr=subprocess.STDOUT)
-        for s in cluster.services
-    ]
     host, gateway = cluster.hosts[0], cluster.gateway
-    host_url = host.health_url.rsplit("/", 1)[0]
-    try:
+    host_url = host.url
+    with start(host, workdir) as host_process, start(gateway, workdir):
         with httpx.Client(headers={HEADER_TOKEN: cluster.token}, timeout=120) as client:
             wait_until(lambda: client.get(host.health_url).status_code == 200, "host ready", step_s=0.1)
             wait_until(lambda: client.get(gateway.health_url).json().get("workers_healthy") == 1, "gateway", step_s=0.1)
@@ -181,13 +174,8 @@ def main() -> int:
         print("measuring /health during inference ...", file=sys.stderr)
         health = health_during_inference(host_url, cluster.token, photo, args.runs)
         print("measuring recovery after SIGKILL ...", file=sys.stderr)
-        recovered = recoveries(host_url, processes[0].pid, cluster.token, args.kills)
-        loads = load_seconds(logs[host.name].read_text(errors="replace"))
-    finally:
-        for process in processes:
-            process.send_signal(signal.SIGTERM)
-        for process in processes:
-            process.wait(timeout=30)
+        recovered = recoveries(host_url, host_process.pid, cluster.token, args.kills)
+        loads = load_seconds(host_process.log_text())
 
     report = {
         "runs": args.runs,

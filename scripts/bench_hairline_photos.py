@@ -4,8 +4,10 @@
     .venv/bin/python scripts/bench_hairline_photos.py [--runs 3] [--photos ../shared/photos]
 
 For each photo in labels.json (plus the astronaut, whose fringe edge is at row 81.6): the
-expected and traced trichion row, the status, the ± band in px, and the median time of
-segmentation and of tracing. A timing on a shared machine is noisy: compare medians.
+expected and traced trichion row, the error in px and mm, the status, the ± band in mm,
+and the median time of segmentation and of tracing; then the share of labelled hairline
+photos answered `ok` and the mean and max trichion error in mm (labels.json photos only).
+A timing on a shared machine is noisy: compare medians.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ def main() -> None:
     parser.add_argument("--photos", type=Path, default=DEFAULT_PHOTOS)
     args = parser.parse_args()
     detector, segmenter = FaceMeshDetector(), FallbackSegmenter()
-    print(f"{'photo':18} {'kind':11} {'expected':>9} {'got':>7} {'err px':>6} {'status':11} {'±px':>5} {'seg ms':>6} {'trace ms':>8}")
+    print(f"{'photo':18} {'kind':11} {'expected':>9} {'got':>7} {'err px':>6} {'err mm':>6} {'status':11} "
+          f"{'±mm':>5} {'seg ms':>6} {'trace ms':>8}")
+    statuses, errors_mm = [], []
     for name, rgb, label in cases(args.photos):
         face = detector.detect(rgb)
         calibration = calibrate(face)
@@ -62,13 +66,20 @@ def main() -> None:
             trace_ms.append(1000 * (time.perf_counter() - middle))
         expected = label.get("trichion_row")
         got = None if hairline.trichion is None else hairline.trichion[1]
-        error = "" if expected is None or got is None else f"{abs(got - expected):.1f}"
-        band = "" if hairline.uncertainty_mm is None else f"{hairline.uncertainty_mm / calibration.mm_per_px:.1f}"
+        error_px = None if expected is None or got is None else abs(got - expected)
+        if name != "astronaut" and label["kind"] == "hairline":
+            statuses.append(hairline.status)
+            errors_mm += [] if error_px is None else [error_px * calibration.mm_per_px]
         print(
             f"{name:18} {label['kind']:11} {expected if expected is not None else '-':>9} "
-            f"{'-' if got is None else f'{got:.1f}':>7} {error:>6} {hairline.status:11} {band:>5} "
+            f"{'-' if got is None else f'{got:.1f}':>7} {'' if error_px is None else f'{error_px:.1f}':>6} "
+            f"{'' if error_px is None else f'{error_px * calibration.mm_per_px:.1f}':>6} {hairline.status:11} "
+            f"{'' if hairline.uncertainty_mm is None else f'{hairline.uncertainty_mm:.1f}':>5} "
             f"{statistics.median(segment_ms):6.0f} {statistics.median(trace_ms):8.0f}"
         )
+    if statuses:
+        print(f"\nlabelled hairline photos: {statuses.count('ok')}/{len(statuses)} ok; trichion error "
+              f"mean {statistics.mean(errors_mm):.1f} mm, max {max(errors_mm):.1f} mm")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ _COMMANDS = {
     "edge": "edge.main",
     "gpu-host": "gpu_host.main",
     "analyze": "analysis.command",
-    "dev": "gpu_host.dev",
+    "dev": "cluster.dev",
 }
 
 ENDPOINTS = ("measure", "grow", "mark", "hairline", "mask", "special-points")

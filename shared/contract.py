@@ -52,6 +52,19 @@ MSG_IMAGE_TOO_LARGE = "图片过大：{size_mb:.1f} MB，最多允许 {limit_mb:
 # Gateway answers for /api/ requests it cannot route.
 MSG_ENDPOINT_NOT_AVAILABLE = "该接口暂未在本网关开放：{path}"
 MSG_UNKNOWN_ENDPOINT = "接口不存在：{method} {path}（业务接口均为 POST）"
+# Requests the gateway refuses before reading or forwarding them (1001).
+MSG_HEADERS_TOO_LARGE = "请求头过大：上限 {limit_bytes} 字节（含查询字符串）"
+MSG_BODY_TOO_SLOW = "请求体接收超时：{seconds:g} 秒内未收完，请检查网络后重试"
+# A GPU host refused the request itself (a 4xx other than 401): about the request, not the host.
+MSG_REFUSED_BY_HOST = "后端拒绝了该请求（HTTP {status}），请检查请求头与参数"
+# Admission at the gateway (gateway.md § Rate limiting, § Idempotency).
+MSG_RATE_LIMITED = "请求过于频繁，请稍后重试"  # 1007, with Retry-After
+MSG_IDEMPOTENCY_KEY_REUSED = "Idempotency-Key 已用于不同的请求"  # 1001
+MSG_IDEMPOTENCY_KEY_INVALID = "Idempotency-Key 无效：须为 1–128 个可打印 ASCII 字符"  # 1001
+
+# Endpoint 4 (the gateway's vision LLM), 1007 with Retry-After.
+MSG_FEATURES_NOT_CONFIGURED = "面部特征分析未配置"
+MSG_FEATURES_UNAVAILABLE = "面部特征分析暂不可用，请稍后重试"
 
 HEADER_TOKEN = "X-Internal-Token"
 HEADER_REQUEST_ID = "X-Request-ID"
@@ -63,6 +76,10 @@ HEADER_IDEMPOTENCY_REPLAYED = "Idempotency-Replayed"
 API_PREFIX = "/api/"
 BASE64_SUFFIX = "_base64"
 URL_SUFFIX = "_url"
+
+# Who drew a `grown_image_*` (contract.md endpoints 2 and 3); None when nobody did.
+GENERATOR_COMFYUI = "comfyui"
+GENERATOR_PREVIEW = "preview"
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 

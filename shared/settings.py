@@ -8,6 +8,7 @@ from the secrets file or the environment, never from the committed settings.toml
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from pathlib import Path
@@ -95,13 +96,67 @@ class IdempotencySettings(_Section):
     enabled: bool = True
     path: str = "var/idempotency.sqlite3"
     ttl_hours: float = Field(24, gt=0)
+    max_entries: int = Field(100_000, ge=1)
+
+
+class SharedStateSettings(_Section):
+    """Empty `redis_url`: each gateway keeps its own state (SQLite, memory)."""
+
+    redis_url: str = ""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        # Never echo the URL: it may carry a password.
+        if value and not value.startswith(("redis://", "rediss://")):
+            raise ValueError("must start with redis:// or rediss://")
+        return value
+
+
+class RateLimitSettings(_Section):
+    enabled: bool = True
+    requests_per_minute: float = Field(30, gt=0)
+    burst: int = Field(10, ge=1)
+    key_header: str = ""
+    trusted_proxies: tuple[str, ...] = ("127.0.0.1", "::1")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or network") from None
+        return value
+
+
+class CpuSettings(_Section):
+    """The gateway's own CPU work (endpoint 99, the image checks of endpoint 4)."""
+
+    workers: int = Field(1, ge=1, le=64)  # processes, each with its own face-mesh detector
 
 
 class FeaturesSettings(_Section):
+    """Endpoint 4's vision LLM; empty `base_url`: not configured."""
+
     base_url: str = ""
     model: str = ""
     timeout_seconds: PositiveSeconds = 30
     api_key: str = ""
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_base_url(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _model_named(self) -> FeaturesSettings:
+        if self.base_url and not self.model:
+            raise ValueError("model must be named when base_url is set")
+        return self
 
 
 class EdgeSettings(_Section):
@@ -111,13 +166,22 @@ class EdgeSettings(_Section):
     request_log: str = "var/request_log.jsonl"
     request_log_max_bytes: int = Field(100 * 1024 * 1024, ge=1024)
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1)
+    # A GPU host reads at most 64 KiB of request head; the gateway adds its own headers,
+    # so a client's head is capped well below that (else one request ejects every host).
+    max_header_bytes: int = Field(16 * 1024, ge=1024, le=32 * 1024)
+    body_idle_timeout_seconds: PositiveSeconds = 10  # longest gap between two body chunks
+    body_timeout_seconds: PositiveSeconds = 60  # the whole body, however it trickles
+    metrics_bind: str = "127.0.0.1:9464"  # empty: no metrics listener
     certfile: str = ""
     keyfile: str = ""
+    shared_state: SharedStateSettings = SharedStateSettings()
+    rate_limit: RateLimitSettings = RateLimitSettings()
     pool: PoolSettings = PoolSettings()
     health_check: HealthCheckSettings = HealthCheckSettings()
     dispatch: DispatchSettings = DispatchSettings()
     static_cleanup: StaticCleanupSettings = StaticCleanupSettings()
     idempotency: IdempotencySettings = IdempotencySettings()
+    cpu: CpuSettings = CpuSettings()
     features: FeaturesSettings = FeaturesSettings()
 
     @field_validator("public_base_url")
@@ -130,7 +194,8 @@ class GpuHostSettings(_Section):
     bind: str = "0.0.0.0:28187"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bisenet_weights: str = ""
-    inference_timeout_seconds: PositiveSeconds = 60
+    inference_timeout_seconds: PositiveSeconds = 50  # below edge.dispatch.request_timeout_seconds
+    model_load_timeout_seconds: PositiveSeconds = 300  # then the child is killed and started again
     comfyui_url: str = ""
     comfyui_workflow: str = ""
     comfyui_timeout_seconds: PositiveSeconds = 120
@@ -158,6 +223,34 @@ class Settings(_Section):
     edge: EdgeSettings = EdgeSettings()
     gpu_host: GpuHostSettings = GpuHostSettings()
     analysis: AnalysisSettings = AnalysisSettings()
+
+    @model_validator(mode="after")
+    def _host_answers_before_the_gateway_gives_up(self) -> Settings:
+        # If the gateway's timeout fires first it ejects the host and retries on a second
+        # one, which times out the same way: one slow photo takes two hosts offline. The
+        # host's own clean 1007 must arrive first.
+        dispatch, host = self.edge.dispatch, self.gpu_host
+        needed = host.inference_timeout_seconds + timeout_margin_seconds(dispatch.request_timeout_seconds)
+        if needed > dispatch.request_timeout_seconds:
+            raise ValueError(
+                f"gpu_host.inference_timeout_seconds ({host.inference_timeout_seconds:g}) must be at least "
+                f"{timeout_margin_seconds(dispatch.request_timeout_seconds):g} s below "
+                f"edge.dispatch.request_timeout_seconds ({dispatch.request_timeout_seconds:g})"
+            )
+        if host.comfyui_url:
+            generation = host.inference_timeout_seconds + host.comfyui_timeout_seconds
+            if generation + timeout_margin_seconds(dispatch.slow_request_timeout_seconds) > dispatch.slow_request_timeout_seconds:
+                raise ValueError(
+                    f"gpu_host.inference_timeout_seconds + gpu_host.comfyui_timeout_seconds ({generation:g}) must be "
+                    f"at least {timeout_margin_seconds(dispatch.slow_request_timeout_seconds):g} s below "
+                    f"edge.dispatch.slow_request_timeout_seconds ({dispatch.slow_request_timeout_seconds:g})"
+                )
+        return self
+
+
+def timeout_margin_seconds(gateway_timeout_seconds: float) -> float:
+    """How much sooner than the gateway a GPU host must give up: reading, encoding, the network."""
+    return max(1.0, 0.05 * gateway_timeout_seconds)
 
 
 # Keys that may only come from the secrets file or the environment.
@@ -203,7 +296,9 @@ def _environment_secrets(environ: dict[str, str]) -> dict[str, Any]:
 
 def _describe(error: ValidationError) -> str:
     first = error.errors()[0]
-    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    key = ".".join(str(part) for part in first["loc"])
+    if not key:  # a check across sections: its message names the keys
+        return f"invalid settings: {first['msg'].removeprefix('Value error, ')}"
     if first["type"] == "extra_forbidden":
         return f"unknown settings key: {key}"
     # Never echo the value itself: it may be a secret.

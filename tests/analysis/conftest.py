@@ -35,7 +35,7 @@ def _read_only(rgb: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="session")
 def astronaut() -> np.ndarray:
-    """Eileen Collins, 512×512 RGB: frontal, yaw ≈ −1°, pitch ≈ +8°, roll ≈ −3°, iris ≈ 8 px."""
+    """Eileen Collins, 512×512 RGB: frontal, yaw ≈ −1°, pitch ≈ +2°, roll ≈ −3°, iris ≈ 8 px."""
     return _read_only(data.astronaut())
 
 

@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from analysis import command
+from analysis.native_logs import CHATTER_WARNINGS
 from shared.cli import build_parser
 from shared.contract import is_envelope
 
@@ -62,6 +63,9 @@ def test_measure_prints_data_with_urls_of_written_pngs(astronaut_file: Path, tmp
     assert annotated.parent == out.resolve()
     with Image.open(annotated) as image:
         assert image.format == "PNG" and image.size == (512, 512)
+    # MediaPipe's native start-up chatter (TFLite INFO, absl banner, per-graph warnings) is filtered
+    for chatter in ("TensorFlow Lite", "absl::InitializeLog", *CHATTER_WARNINGS):
+        assert chatter not in result.stderr, result.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -143,8 +143,8 @@ def test_grow_draws_the_requested_plans(models: Models, astronaut_png: bytes) ->
     data = call("grow", astronaut_png, models, plans="aggressive,conservative", gender="male")
     assert [result["plan"] for result in data["results"]] == ["aggressive", "conservative"]
     for result in data["results"]:
-        assert set(result) == {"plan", "hairline_drop_mm", "image_base64", "grown_image_base64"}
-        assert result["grown_image_base64"] is None
+        assert set(result) == {"plan", "hairline_drop_mm", "image_base64", "grown_image_base64", "generator"}
+        assert result["generator"] == ("preview" if result["grown_image_base64"] else None)  # no ComfyUI here
         assert result["hairline_drop_mm"] is None or result["hairline_drop_mm"] >= 0
         assert png(result["image_base64"]).shape == (512, 512, 3)
 
@@ -153,13 +153,14 @@ def test_grow_returns_inpainting_masks_only_when_the_host_asks(models: Models, g
     options = {**parse_options("grow", {"plans": ["standard"]}), INPAINT_MASK_OPTION: True}
     data = run_endpoint("grow", encode(grace_hopper, "PNG"), options, models, LIMITS)
     mask = png(data["results"][0][INPAINT_MASK_KEY])
+    assert data["results"][0]["grown_image_base64"] is None  # ComfyUI draws it, not the preview
     assert mask.shape == grace_hopper.shape[:2] and set(np.unique(mask)) <= {0, 255}
     assert not INPAINT_MASK_KEY.endswith("_base64")  # the gateway never publishes it
 
 
 def test_mark_with_points(models: Models, astronaut_png: bytes, astronaut: np.ndarray) -> None:
     data = call("mark", astronaut_png, models, hairline_points=[[180, 75], [226, 66], [270, 77]])
-    assert set(data) == {"marked_image_base64", "grown_image_base64"} and data["grown_image_base64"] is None
+    assert set(data) == {"marked_image_base64", "grown_image_base64", "generator"}
     marked = cv2.cvtColor(png(data["marked_image_base64"]), cv2.COLOR_BGR2RGB)
     assert marked.shape == astronaut.shape
     assert np.any(marked[66, 220:232] != astronaut[66, 220:232])  # the polyline is drawn where asked
@@ -219,4 +220,5 @@ def test_bald_head_mark_by_drop_is_1001_and_grow_has_no_drop(models: Models, pho
     options = {**parse_options("grow", {"plans": "standard", "gender": "male"}), INPAINT_MASK_OPTION: True}
     result = run_endpoint("grow", photo, options, models, LIMITS)["results"][0]
     assert result["hairline_drop_mm"] is None  # no hairline: no honest drop
-    assert (png(result[INPAINT_MASK_KEY]) == 255).any()  # but a design, and a region to grow, from the face
+    assert result["grown_image_base64"] is None and result["generator"] is None  # no hair to grow from
+    assert INPAINT_MASK_KEY not in result  # so nothing for ComfyUI to draw

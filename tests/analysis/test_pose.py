@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from analysis.landmarks import LANDMARK_COUNT
-from analysis.pose import canonical_face_model, check_pose, estimate_pose, procrustes_weights, weighted_similarity
+from analysis.pose import (
+    FRONTAL_PITCH_DEGREES,
+    canonical_face_model,
+    canonical_pose,
+    check_pose,
+    estimate_pose,
+    procrustes_weights,
+    weighted_similarity,
+)
 from analysis.types import Face, Pose
 from shared.contract import Code, ContractError
 from shared.settings import AnalysisSettings
@@ -53,8 +61,14 @@ def test_model_data_loads():
     [(0, 0, 0), (12, 0, 0), (-25, 0, 0), (0, 18, 0), (0, -15, 0), (0, 0, 30), (0, 0, -40), (10, -12, 7), (-20, 15, -25)],
 )
 def test_synthetic_rotations_are_recovered(yaw, pitch, roll):
-    recovered = angles(estimate_pose(photographed(yaw, pitch, roll, noise_px=0.5)))
+    recovered = angles(canonical_pose(photographed(yaw, pitch, roll, noise_px=0.5)))
     np.testing.assert_allclose(recovered, [yaw, pitch, roll], atol=1.0)
+
+
+def test_pitch_counts_from_looking_at_the_camera():
+    # A face turned from the canonical pose by exactly the frontal offset looks at the camera.
+    assert estimate_pose(photographed(0, FRONTAL_PITCH_DEGREES, 0)).pitch_degrees == pytest.approx(0.0, abs=1e-6)
+    assert estimate_pose(photographed(0, 0, 0)).pitch_degrees == pytest.approx(-FRONTAL_PITCH_DEGREES, abs=1e-6)
 
 
 def test_similarity_recovers_scale_rotation_translation():
@@ -69,7 +83,7 @@ def test_similarity_recovers_scale_rotation_translation():
 
 def test_astronaut_is_near_frontal(detector, astronaut, limits):
     pose = estimate_pose(detector.detect(astronaut))
-    np.testing.assert_allclose(angles(pose), [-1.0, 8.0, -3.0], atol=3.0)
+    np.testing.assert_allclose(angles(pose), [-1.0, 8.0 - FRONTAL_PITCH_DEGREES, -3.0], atol=3.0)
     check_pose(pose, limits)
 
 
@@ -80,7 +94,7 @@ def test_grace_hopper_is_near_frontal(detector, grace_hopper, limits):
 
 
 def test_mirror_flips_yaw_and_roll_keeps_pitch(detector, astronaut):
-    # A 3° face read as −1/8/−3 mirrors to about +1/8/+3; pitch must not change sign.
+    # A 3° face read as −1/2/−3 mirrors to about +1/2/+3; pitch must not change sign.
     direct = angles(estimate_pose(detector.detect(astronaut)))
     flipped = angles(estimate_pose(detector.detect(mirrored(astronaut))))
     np.testing.assert_allclose(flipped, direct * [-1, 1, -1], atol=3.0)
@@ -134,3 +148,6 @@ def test_labelled_photos_are_frontal_enough(detector, photos_dir, photo_labels, 
         check_pose(pose, limits)
         pitches[label["file"]] = pose.pitch_degrees
     assert pitches["tom_cruise.jpg"] > 10  # visibly bowed head: the sign of pitch
+    # the frontal ones now read about 0 (the canonical model's offset removed)
+    frontal = [pitch for name, pitch in pitches.items() if name != "tom_cruise.jpg"]
+    assert abs(float(np.median(frontal))) < 3.0, pitches  # people hold their heads ±4° apart

@@ -1,12 +1,13 @@
-"""Fixtures for the gateway's in-process unit tests: settings, a gateway graph, its Quart app."""
+"""Fixtures for the gateway's in-process unit tests: settings, a gateway graph, a client of its router."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
-from edge.app import Gateway, build_gateway, create_quart_app
+from edge.app import Gateway, build_gateway, create_app
 from edge.pool import ProbeResult
 from shared.settings import Settings
 
@@ -22,7 +23,9 @@ def make_settings(tmp_path: Path, **edge: object) -> Settings:
         "pool": {"workers": WORKERS, "primary_workers": WORKERS[:2]},
         **edge,
     }
-    return Settings.model_validate({"auth": {"shared_password": TOKEN}, "edge": section})
+    # The hosts' inference timeout must sit below the gateway's request timeout (checked).
+    host = {"inference_timeout_seconds": 0.5}
+    return Settings.model_validate({"auth": {"shared_password": TOKEN}, "edge": section, "gpu_host": host})
 
 
 def bring_online(gateway: Gateway, *indexes: int) -> None:
@@ -36,5 +39,6 @@ def gateway(tmp_path: Path) -> Gateway:
 
 
 @pytest.fixture
-def client(gateway: Gateway):
-    return create_quart_app(gateway).test_client()
+def client(gateway: Gateway) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=create_app(gateway))
+    return httpx.AsyncClient(transport=transport, base_url="http://gateway.test")

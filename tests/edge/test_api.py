@@ -19,7 +19,7 @@ import trio.testing
 from PIL import Image
 
 from edge.app import Gateway, build_gateway, create_app
-from edge.forward import FailureKind, ForwardRequest, WorkerAnswer, WorkerFailure
+from edge.forward import FailureKind, ForwardRequest, WorkerAnswer, WorkerFailure, WorkerRefusal
 from shared.contract import MSG_BACKEND_BUSY, MSG_BACKEND_UNAVAILABLE, Code, envelope
 from tests.edge.conftest import WORKERS, bring_online, make_settings
 
@@ -33,19 +33,21 @@ def png_base64() -> str:
 
 
 class FakeUpstream:
-    """Workers by URL: "ok", "ok_image", "bad_image", "http500", "closed", "hang" or "slow"."""
+    """Workers by URL: "ok", "ok_image", "bad_image", "http500", "closed", "refuse431", "hang" or "slow"."""
 
     def __init__(self) -> None:
         self.behaviour = dict.fromkeys(WORKERS, "ok")
         self.forwards: list[tuple[str, ForwardRequest]] = []
         self.active: set[str] = set()
         self.overlaps = 0
+        self.delay = dict.fromkeys(WORKERS, 0.0)  # seconds before any behaviour
 
     async def forward(self, url: str, request: ForwardRequest, timeout: float) -> WorkerAnswer:
         self.forwards.append((url, request))
         self.overlaps += url in self.active
         self.active.add(url)
         try:
+            await trio.sleep(self.delay[url])
             return await self._answer(self.behaviour[url], request, timeout)
         finally:
             self.active.discard(url)
@@ -61,6 +63,8 @@ class FakeUpstream:
             raise WorkerFailure(FailureKind.BAD_STATUS, "HTTP 500")
         elif behaviour == "closed":
             raise WorkerFailure(FailureKind.CLOSED, "connection reset")
+        elif behaviour == "refuse431":
+            raise WorkerRefusal(431)
         elif behaviour == "ok_image":
             data["mask_image_base64"] = png_base64()
         elif behaviour == "bad_image":
@@ -120,7 +124,7 @@ async def test_success_passes_through_with_request_id(client, upstream: FakeUpst
     assert entry["worker"] in (0, 1) and entry["bytes_out"] == len(response.content)
     assert set(entry) == {
         "ts", "request_id", "method", "path", "client_ip", "worker", "attempts", "queue_ms",
-        "duration_ms", "http_status", "code", "bytes_in", "bytes_out", "idempotent_replay",
+        "duration_ms", "http_status", "code", "bytes_in", "bytes_out", "idempotent_replay", "rate_limited",
     }
     assert "AAAA" not in gateway.request_log.path.read_text()
 
@@ -244,3 +248,33 @@ async def test_only_api_requests_are_logged(client, gateway) -> None:
         await client.get(path)
     await client.post(MEASURE, content=b"{}")
     assert [entry["path"] for entry in await logged(gateway)] == [MEASURE]
+
+
+async def test_a_worker_refusing_the_request_is_not_ejected_nor_retried(client, upstream, gateway) -> None:
+    # e.g. a host answering 431 to a header block the gateway let through: the client's fault
+    upstream.behaviour = dict.fromkeys(WORKERS, "refuse431")
+    body = (await client.post(MEASURE, content=b"{}")).json()
+    assert body["code"] == Code.INVALID_PARAMETER and "431" in body["message"]
+    assert len(upstream.forwards) == 1
+    assert all(worker.online for worker in gateway.pool.workers)
+
+
+async def test_a_bad_image_ejects_its_worker_before_anyone_else_is_handed_it(
+    autojump_clock, client, upstream, gateway
+) -> None:
+    upstream.behaviour[WORKERS[0]] = "bad_image"
+    upstream.delay.update({WORKERS[0]: 1.0, WORKERS[1]: 2.0})
+    answers: dict[str, dict] = {}
+
+    async def post(name: str) -> None:
+        answers[name] = (await client.post(MEASURE, content=b"{}")).json()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(post, "first")  # to worker 0, which answers a broken image
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(post, "second")  # to worker 1
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(post, "waiting")  # queued until a worker is free
+    sent_to_bad = [url for url, _ in upstream.forwards].count(WORKERS[0])
+    assert sent_to_bad == 1, "the broken worker was handed to the waiting request"
+    assert {name: answer["code"] for name, answer in answers.items()} == {"first": 0, "second": 0, "waiting": 0}

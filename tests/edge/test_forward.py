@@ -11,7 +11,7 @@ import pytest
 import trio
 from hypercorn.config import Config
 
-from edge.forward import FailureKind, ForwardRequest, RetryPolicy, Upstream, WorkerFailure
+from edge.forward import FailureKind, ForwardRequest, RetryPolicy, Upstream, WorkerFailure, WorkerRefusal
 from shared.contract import envelope
 
 TOKEN = "forward-test-token"
@@ -69,7 +69,8 @@ async def upstream():
 
 
 def request(target: str = "/echo", body: bytes = b'{"image_base64": "AAAA"}') -> ForwardRequest:
-    return ForwardRequest("POST", target, body, "application/json", "req-42", "198.51.100.1, 127.0.0.1")
+    path, _, query = target.partition("?")
+    return ForwardRequest("POST", path, query, body, "application/json", "req-42", "198.51.100.1, 127.0.0.1")
 
 
 async def test_forward_sends_exactly_the_whitelisted_headers(upstream: Upstream, worker_url: str) -> None:
@@ -90,7 +91,6 @@ async def test_forward_sends_exactly_the_whitelisted_headers(upstream: Upstream,
         ("/status?500", FailureKind.BAD_STATUS),
         ("/status?503", FailureKind.BAD_STATUS),
         ("/status?401", FailureKind.BAD_STATUS),
-        ("/status?404", FailureKind.BAD_STATUS),
         ("/not-json", FailureKind.UNUSABLE_BODY),
         ("/not-envelope", FailureKind.UNUSABLE_BODY),
     ],
@@ -99,6 +99,14 @@ async def test_bad_answers(upstream: Upstream, worker_url: str, target: str, kin
     with pytest.raises(WorkerFailure) as caught:
         await upstream.forward(worker_url, request(target), 5)
     assert caught.value.kind is kind
+
+
+@pytest.mark.parametrize("status", [400, 404, 413, 431])
+async def test_a_4xx_other_than_401_is_a_refusal_not_a_failure(upstream: Upstream, worker_url: str, status: int) -> None:
+    # e.g. 431: the client's header block did not fit the host; the host itself is fine
+    with pytest.raises(WorkerRefusal) as caught:
+        await upstream.forward(worker_url, request(f"/status?{status}"), 5)
+    assert caught.value.status == status
 
 
 async def test_timeout_bounds_the_whole_exchange(upstream: Upstream, worker_url: str) -> None:

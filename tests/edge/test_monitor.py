@@ -13,12 +13,6 @@ from tests.edge.conftest import TOKEN, bring_online
 COUNTS = ("workers_total", "workers_healthy", "workers_primary_total", "workers_primary_healthy")
 
 
-@pytest.fixture
-def client(gateway: Gateway) -> httpx.AsyncClient:
-    transport = httpx.ASGITransport(app=create_app(gateway))
-    return httpx.AsyncClient(transport=transport, base_url="http://gateway.test")
-
-
 async def test_health_is_always_ok(client) -> None:
     response = await client.get("/health")
     assert (response.status_code, response.json()) == (200, {"status": "ok", "service": "gateway"})
@@ -113,11 +107,23 @@ async def test_token_is_checked_before_the_body(client) -> None:
     assert (await post_fault(client, b"{not json", token="wrong")).status_code == 401
 
 
+async def test_token_is_checked_before_the_body_size(client) -> None:
+    # a large body without a token is refused for the token, without reading the body
+    assert (await post_fault(client, b"x" * (1024 * 1024), token=None)).status_code == 401
+
+
+async def test_a_large_body_with_the_token_is_413(client) -> None:
+    assert (await post_fault(client, b"x" * (1024 * 1024))).status_code == 413
+
+
 @pytest.mark.parametrize(
     "body",
     [
         {"enabled": "true"}, {"enabled": 1}, {"enabled": None}, {}, {"enabled": True, "extra": 1},
         [True], True, b"{not json", b"", b'{"enabled": tru}',
+        b'{"enabled": false, "enabled": true}',  # duplicate keys: not "whichever came last"
+        b"[" * 20_000 + b"]" * 20_000,  # deeper than the JSON parser goes
+        b'{"enabled": true, "x": ' + b"[" * 20_000 + b"]" * 20_000 + b"}",
     ],
 )
 async def test_fault_body_must_be_exactly_a_boolean_enabled(client, gateway: Gateway, body) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,3 +50,26 @@ async def test_rotates_by_size(tmp_path: Path) -> None:
     assert files == ["requests.jsonl", "requests.jsonl.1", "requests.jsonl.2", "requests.jsonl.3"]
     assert all(p.stat().st_size <= 1024 for p in tmp_path.iterdir())
     assert lines(log.path)[-1]["request_id"] == "b11"
+
+
+async def test_a_full_disk_never_leaves_a_torn_line(tmp_path: Path, monkeypatch) -> None:
+    request_log = RequestLog(tmp_path / "log.jsonl", max_bytes=1 << 20)
+    request_log.record(RECORD)
+    await request_log.flush()
+    real_write = os.write
+
+    def disk_fills_mid_batch(descriptor: int, data: bytes) -> int:
+        if len(data) > 100:  # half the batch lands, then the disk is full
+            real_write(descriptor, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(descriptor, data)
+
+    monkeypatch.setattr(os, "write", disk_fills_mid_batch)
+    for index in range(5):
+        request_log.record(replace(RECORD, request_id=f"lost-{index}"))
+    await request_log.flush()
+    monkeypatch.setattr(os, "write", real_write)
+    request_log.record(replace(RECORD, request_id="after"))
+    await request_log.flush()
+    # every line parses: the torn batch was taken back, the next record starts a line
+    assert [entry["request_id"] for entry in lines(request_log.path)] == ["r", "after"]

@@ -12,7 +12,7 @@ import pytest
 import trio
 from PIL import Image
 
-from edge.rewrite import BadImage, ImageStore, has_images
+from edge.rewrite import BadImage, ImageStore, ImageWriteError, has_images
 
 BASE_URL = "https://hair.example.com"
 URL = re.compile(re.escape(BASE_URL) + r"/static/annotations/([0-9a-f-]{36}\.png)")
@@ -27,6 +27,10 @@ def png_base64(color: str = "red") -> str:
 @pytest.fixture
 def store(tmp_path: Path) -> ImageStore:
     return ImageStore(tmp_path / "static", BASE_URL, trio.CapacityLimiter(2))
+
+
+async def rewrite(store: ImageStore, body):
+    return await store.write(body, await store.decode(body))
 
 
 def annotations(store: ImageStore) -> list[Path]:
@@ -46,7 +50,7 @@ async def test_rewrites_every_base64_key_at_any_depth(store: ImageStore) -> None
             "note_base64_is_not_a_suffix": "kept",
         },
     }
-    rewritten = await store.rewrite(body)
+    rewritten = await rewrite(store, body)
     data = rewritten["data"]
     urls = [
         data["annotated_image_url"],
@@ -77,15 +81,15 @@ async def test_rewrites_every_base64_key_at_any_depth(store: ImageStore) -> None
 async def test_a_bad_image_fails_the_whole_response_and_leaves_nothing(store: ImageStore, bad) -> None:
     body = {"data": {"a_base64": png_base64(), "items": [{"b_base64": png_base64()}, {"c_base64": bad}]}}
     with pytest.raises(BadImage):
-        await store.rewrite(body)
+        await store.decode(body)
     assert annotations(store) == []
     assert list(store.directory.parent.rglob("*")) in ([], [store.directory])
 
 
 async def test_null_writes_nothing_and_body_without_images_is_untouched(store: ImageStore) -> None:
-    assert await store.rewrite({"data": {"grown_image_base64": None}}) == {"data": {"grown_image_url": None}}
+    assert await rewrite(store, {"data": {"grown_image_base64": None}}) == {"data": {"grown_image_url": None}}
     body = {"data": {"x": [1, 2]}}
-    assert await store.rewrite(body) is body
+    assert await rewrite(store, body) is body
     assert annotations(store) == []
 
 
@@ -98,5 +102,5 @@ async def test_disk_error_propagates_and_cleans_up(tmp_path: Path) -> None:
     blocker = tmp_path / "static"
     blocker.write_text("a file where the folder should be")
     store = ImageStore(blocker, BASE_URL, trio.CapacityLimiter(1))
-    with pytest.raises(OSError):
-        await store.rewrite({"a_base64": png_base64()})
+    with pytest.raises(ImageWriteError):
+        await rewrite(store, {"a_base64": png_base64()})

@@ -30,6 +30,7 @@ class InProcessWorker:
         self.job_started = trio.Event()
         self.job_may_finish = trio.Event()
         self.job_may_finish.set()
+        self.jobs = 0
         self.url = ""
 
     async def app(self, scope, receive, send) -> None:
@@ -44,6 +45,7 @@ class InProcessWorker:
             await self.health_open.wait()
             payload = b'{"status": "ok"}'
         else:
+            self.jobs += 1
             self.job_started.set()
             await self.job_may_finish.wait()
             payload = json.dumps(envelope(0, "w", {"done": True})).encode()
@@ -146,24 +148,108 @@ async def test_stop_drains_in_flight_requests_then_returns(tmp_path: Path, worke
     assert [json.loads(line)["code"] for line in log_lines] == [0], "the log is flushed on the way out"
 
 
-async def test_refused_fault_request_keeps_the_connection_usable(tmp_path: Path, worker: InProcessWorker) -> None:
+async def test_refused_fault_request_closes_the_connection_at_once(tmp_path: Path, worker: InProcessWorker) -> None:
+    # The token is checked before the body is read; the unread body would leave the
+    # keep-alive connection unusable, so it is closed right after the 401, not left hanging.
     worker.health_open.set()
     stop = trio.Event()
-    body = b'{"enabled": true}'
-    head = f"POST /monitor/fault HTTP/1.1\r\nHost: gw\r\nX-Internal-Token: no\r\nContent-Length: {len(body)}\r\n\r\n"
+    head = "POST /monitor/fault HTTP/1.1\r\nHost: gw\r\nX-Internal-Token: no\r\nContent-Length: 17\r\n\r\n"
     async with trio.open_nursery() as nursery:
         await nursery.start(serve, settings_for(tmp_path, worker), stop.wait)
         stream = await trio.open_tcp_stream("127.0.0.1", GATEWAY_PORT)
         await stream.send_all(head.encode())
-        # Not synchronisation: the body must arrive late, as it does from clients that send
-        # headers and body separately. A handler that answers without reading the body
-        # left this keep-alive connection hanging.
-        await trio.sleep(0.2)
-        await stream.send_all(body + b"GET /monitor HTTP/1.1\r\nHost: gw\r\n\r\n")
         received = b""
         with trio.fail_after(5):
-            while received.count(b"HTTP/1.1 ") < 2 or not received.rstrip().endswith(b"}"):
-                received += await stream.receive_some(65536)
+            while chunk := await stream.receive_some(65536):  # until the gateway closes
+                received += chunk
         await stream.aclose()
-        assert received.startswith(b"HTTP/1.1 401") and b"HTTP/1.1 200" in received
+        assert received.startswith(b"HTTP/1.1 401") and b"connection: close" in received.lower()
+        stop.set()
+
+
+async def receive_until_closed(stream: trio.SocketStream) -> bytes:
+    received = b""
+    with trio.fail_after(5):
+        while chunk := await stream.receive_some(65536):
+            received += chunk
+    return received
+
+
+async def test_a_client_that_leaves_while_queued_never_reaches_a_worker(tmp_path: Path, worker: InProcessWorker) -> None:
+    # Hypercorn does not cancel an app whose client left: before the fix this job ran
+    # on the worker once it was free, for nobody
+    worker.health_open.set()
+    worker.job_may_finish = trio.Event()
+    stop = trio.Event()
+    request = f"POST {MEASURE} HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n\r\n{{}}".encode()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve, settings_for(tmp_path, worker), stop.wait)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{GATEWAY_PORT}") as client:
+            nursery.start_soon(partial(client.post, MEASURE, content=b"{}"))  # holds the only worker
+            await worker.job_started.wait()
+            leaver = await trio.open_tcp_stream("127.0.0.1", GATEWAY_PORT)
+            await leaver.send_all(request)
+            await trio.testing.wait_all_tasks_blocked()  # queued behind the first
+            await leaver.aclose()
+            await trio.testing.wait_all_tasks_blocked()  # the gateway saw the disconnect
+            worker.job_may_finish.set()
+            assert (await client.get("/monitor")).status_code == 200
+            await trio.testing.wait_all_tasks_blocked()
+        assert worker.jobs == 1
+        stop.set()
+    logged = [json.loads(line) for line in (tmp_path / "request_log.jsonl").read_text().splitlines()]
+    assert sorted(entry["http_status"] for entry in logged) == [200, 499]
+
+
+async def test_a_trickling_body_is_cut_off(tmp_path: Path, worker: InProcessWorker) -> None:
+    worker.health_open.set()
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        settings = settings_for(tmp_path, worker, body_idle_timeout_seconds=0.3, body_timeout_seconds=1)
+        await nursery.start(serve, settings, stop.wait)
+        stream = await trio.open_tcp_stream("127.0.0.1", GATEWAY_PORT)
+        await stream.send_all(f"POST {MEASURE} HTTP/1.1\r\nHost: gw\r\nContent-Length: 1000\r\n\r\n{{".encode())
+        received = await receive_until_closed(stream)  # the gateway answers, then closes
+        await stream.aclose()
+        assert received.startswith(b"HTTP/1.1 200")
+        assert json.loads(received.partition(b"\r\n\r\n")[2])["code"] == 1001
+        assert worker.jobs == 0
+        stop.set()
+
+
+async def test_an_oversized_header_block_is_refused_and_every_worker_stays_online(
+    tmp_path: Path, worker: InProcessWorker
+) -> None:
+    worker.health_open.set()
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve, settings_for(tmp_path, worker), stop.wait)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{GATEWAY_PORT}") as client:
+            huge = {"X-Forwarded-For": ", ".join(["198.51.100.1"] * 4000)}  # ~56 KB
+            answer = await client.post(MEASURE, content=b"{}", headers=huge)
+            assert answer.json()["code"] == 1001
+            assert (await client.get("/monitor")).status_code == 200
+            assert (await client.post(MEASURE, content=b"{}")).json()["code"] == 0
+        assert worker.jobs == 1
+        stop.set()
+
+
+@pytest.mark.parametrize(
+    ("path", "version", "connection"),
+    [("/static/annotations/nope.png", "1.1", "close"), ("/nowhere", "1.1", "close"),
+     ("/monitor", "1.0", None), ("/nowhere", "1.0", None)],
+)
+async def test_connection_close_and_http_1_0_are_honoured(
+    tmp_path: Path, worker: InProcessWorker, path: str, version: str, connection: str | None
+) -> None:
+    worker.health_open.set()
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve, settings_for(tmp_path, worker), stop.wait)
+        stream = await trio.open_tcp_stream("127.0.0.1", GATEWAY_PORT)
+        extra = f"Connection: {connection}\r\n" if connection else ""
+        await stream.send_all(f"GET {path} HTTP/{version}\r\nHost: gw\r\n{extra}\r\n".encode())
+        received = await receive_until_closed(stream)
+        await stream.aclose()
+        assert received.startswith(b"HTTP/1.1 ")
         stop.set()

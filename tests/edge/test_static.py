@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import trio
 
 from edge.app import Gateway
 from edge.static_files import annotation_path
@@ -28,8 +29,8 @@ def annotation(gateway: Gateway) -> str:
 async def test_serves_an_annotation(client, annotation: str) -> None:
     response = await client.get(f"/static/annotations/{annotation}")
     assert response.status_code == 200
-    assert response.mimetype == "image/png"
-    assert await response.get_data() == PNG
+    assert response.headers["content-type"] == "image/png"
+    assert response.content == PNG
 
 
 @pytest.mark.parametrize(
@@ -50,7 +51,7 @@ async def test_serves_an_annotation(client, annotation: str) -> None:
 async def test_everything_else_is_404(client, annotation: str, path: str) -> None:
     response = await client.get(path)
     assert response.status_code == 404
-    assert b"token" not in await response.get_data()
+    assert b"token" not in response.content
 
 
 async def test_a_symlink_named_like_an_annotation_is_not_followed(client, gateway: Gateway, annotation: str) -> None:
@@ -75,3 +76,29 @@ def test_annotation_path_only_accepts_uuid_names(tmp_path: Path, subpath: str, a
     assert (path is not None) is allowed
     if path is not None:
         assert path.parent == tmp_path / "annotations"
+
+
+async def test_a_directory_named_like_an_annotation_is_404_and_leaks_no_descriptor(
+    client, gateway: Gateway, annotation: str
+) -> None:
+    name = f"{uuid.uuid4()}.png"
+    (Path(gateway.settings.edge.static_dir) / "annotations" / name).mkdir()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        assert (await client.get(f"/static/annotations/{name}")).status_code == 404
+    assert len(os.listdir("/proc/self/fd")) <= before
+
+
+async def test_a_fifo_named_like_an_annotation_does_not_block(client, gateway: Gateway, annotation: str) -> None:
+    name = f"{uuid.uuid4()}.png"
+    os.mkfifo(Path(gateway.settings.edge.static_dir) / "annotations" / name)
+    with trio.fail_after(5):  # without O_NONBLOCK the open waits for a writer forever
+        for _ in range(8):  # more than the file threads: none may stay stuck
+            assert (await client.get(f"/static/annotations/{name}")).status_code == 404
+        assert (await client.get(f"/static/annotations/{annotation}")).status_code == 200
+
+
+async def test_head_and_other_methods(client, annotation: str) -> None:
+    assert (await client.head(f"/static/annotations/{annotation}")).status_code == 200
+    response = await client.post(f"/static/annotations/{annotation}", content=b"x")
+    assert response.status_code == 405 and response.headers["allow"] == "GET, HEAD"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from multiprocessing.context import BaseContext
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from gpu_host.app import create_app
 from gpu_host.auth import TokenGuard
 from gpu_host.model_process import ModelProcess
 from gpu_host.protocol import ChildConfig
+from gpu_host.supervisor import Backoff
 from shared.settings import AnalysisSettings
 from tests.gpu_host import fake_child
 
@@ -30,21 +33,29 @@ def fake_config(**extra: Any) -> ChildConfig:
     return ChildConfig(bisenet_weights="", device="cpu", limits=LIMITS, extra=extra)
 
 
-def fake_model(timeout: float = 30.0, **extra: Any) -> ModelProcess:
+def fake_model(
+    timeout: float = 30.0, load_timeout: float = 60.0, context: BaseContext | None = None, **extra: Any
+) -> ModelProcess:
     return ModelProcess(
         fake_config(**extra),
         inference_timeout_seconds=timeout,
+        model_load_timeout_seconds=load_timeout,
         entry=fake_child.serve,
-        restart_delay_seconds=0.05,
+        backoff=Backoff(first_seconds=0.05),
+        context=context or multiprocessing.get_context("spawn"),
     )
 
 
 @asynccontextmanager
 async def serving(model: ModelProcess, limits: AnalysisSettings = LIMITS) -> AsyncIterator[Any]:
-    """The app with its lifespan running (the model supervisor started); yields a test client."""
+    """The app with its lifespan running and the model supervisor beside it, as `main.serve`
+    runs them; yields a test client."""
     app = create_app(model, TokenGuard((TOKEN, OLD_TOKEN)), limits)
-    async with app.test_app() as test_app:
-        yield test_app.test_client()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(model.run)
+        async with app.test_app() as test_app:
+            yield test_app.test_client()
+        nursery.cancel_scope.cancel()
 
 
 def auth(**headers: str) -> dict[str, str]:

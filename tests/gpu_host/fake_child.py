@@ -7,6 +7,7 @@ only the per-request work is scripted, by the image bytes the test uploads:
     b"hang"                never answers (inference timeout)
     b"raise"               an unexpected exception inside the analysis
     b"fail:<code>"         a contract failure with that code
+    b"unencodable"         a Result whose data cannot be JSON-encoded (a bug in the analysis)
     b"block:<in>:<out>"    write the pid to FIFO <in>, then wait for a line on FIFO <out>
     anything else          a Result describing what arrived
 
@@ -54,6 +55,8 @@ def _handle(message: Infer) -> dict[str, Any]:
         threading.Event().wait()
     if command == b"raise":
         raise RuntimeError("boom: a bug in the analysis")
+    if command == b"unencodable":
+        return {"landmarks": {1, 2, 3}}  # crosses the pipe (pickle), but is not JSON
     if command.startswith(b"fail:"):
         raise ContractError(Code(int(command[5:])), "scripted failure")
     if command.startswith(b"block:"):

@@ -187,3 +187,19 @@ async def test_child_failures_pass_through_as_envelopes() -> None:
         "data": None,
     }
     assert (bug.status_code, (await bug.get_json())["code"]) == (200, 1007)
+
+
+async def test_a_result_that_cannot_be_json_encoded_is_a_1007_answer_that_ejects_nobody(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = fake_model()
+    async with serving(model) as client:
+        await model.wait_ready()
+        response = await post_image(client, b"unencodable")
+        following = await post_image(client, b"ok")
+    body = await response.get_json()
+    # HTTP 200: an answer about this request, not a broken host (the gateway ejects on 5xx)
+    assert (response.status_code, body["code"], body["data"]) == (200, 1007, None)
+    assert body["request_id"] == response.headers["X-Request-ID"]
+    assert "internal error" in caplog.text and body["request_id"] in caplog.text
+    assert (await following.get_json())["code"] == 0

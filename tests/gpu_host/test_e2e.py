@@ -7,9 +7,7 @@ The others are `slow` (`make test-all`).
 from __future__ import annotations
 
 import io
-import select
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,16 +16,13 @@ import httpx
 import pytest
 from PIL import Image
 
-from gpu_host.dev import hairgate_argv
+from cluster.launcher import REPO_ROOT, Process, Service, free_ports, hairgate_argv
+from cluster.launcher import start as start_process
 from tests.gpu_host.processes import (
-    REPO_ROOT,
     STARTUP_DEADLINE_SECONDS,
-    ServiceProcess,
     astronaut_png,
-    child_env,
     child_pids,
     cluster_files,
-    free_ports,
     is_running,
     start,
     two_faces_png,
@@ -44,33 +39,15 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _read_until(process: subprocess.Popen, marker: bytes, deadline_s: float) -> list[bytes]:
-    lines: list[bytes] = []
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        readable, _, _ = select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        line = process.stdout.readline() if readable else b""
-        if not line:
-            break
-        lines.append(line)
-        if marker in line:
-            return lines
-    raise AssertionError(f"{marker!r} not printed in {deadline_s} s:\n" + b"".join(lines).decode(errors="replace"))
-
-
 def test_hairgate_dev_serves_a_photo_through_gateway_and_two_hosts_then_stops_everything(tmp_path: Path) -> None:
     gateway_port, first_host_port, _ = free_ports(3)
     command = hairgate_argv() + [
         "dev", "--workers", "2", "--config", str(REPO_ROOT / "settings.toml"),
         "--port", str(gateway_port), "--first-worker-port", str(first_host_port),
     ]  # fmt: skip
-    # unbuffered: `select` must see every byte not yet read (a buffered reader hides lines)
-    dev = subprocess.Popen(
-        command, cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0
-    )
+    dev = start_process(Service("dev", command, url=""), tmp_path / "dev.log", cwd=tmp_path)
     try:
-        output = _read_until(dev, b"curl -F image=@", STARTUP_DEADLINE_SECONDS)
-        curl = output[-1].decode().split()
+        curl = dev.wait_for_log(r"curl -F image=@.*", STARTUP_DEADLINE_SECONDS).group(0).split()
         photo, url = Path(tmp_path / curl[2].removeprefix("image=@")), curl[3]
         with httpx.Client(timeout=120) as client:
             answer = client.post(url, files={"image": ("photo.png", photo.read_bytes(), "image/png")})
@@ -79,9 +56,8 @@ def test_hairgate_dev_serves_a_photo_through_gateway_and_two_hosts_then_stops_ev
         processes = _descendants(dev.pid)
         secrets_mode = (tmp_path / "var/dev/secrets.toml").stat().st_mode & 0o777
     finally:
-        dev.send_signal(signal.SIGINT)
-        exit_code = dev.wait(timeout=60)
-        rest = dev.stdout.read().decode(errors="replace")
+        exit_code = dev.stop(signal.SIGINT, grace_s=60)
+        rest = dev.log_text()
     assert url == f"http://127.0.0.1:{gateway_port}/api/v1/hair/measure"
     assert body["code"] == 0, body
     assert annotated is not None and annotated.status_code == 200
@@ -99,8 +75,8 @@ def test_hairgate_dev_serves_a_photo_through_gateway_and_two_hosts_then_stops_ev
 class Cluster:
     def __init__(self, directory: Path) -> None:
         self.files = cluster_files(directory, hosts=2)
-        self.hosts: list[ServiceProcess] = [start(service, directory) for service in self.files.hosts]
-        self.gateway: ServiceProcess = start(self.files.gateway, directory)
+        self.hosts: list[Process] = [start(service, directory) for service in self.files.hosts]
+        self.gateway: Process = start(self.files.gateway, directory)
         for host in self.hosts:
             wait_for(host, self.files.token, lambda r: r.status_code == 200, "host ready")
         wait_for(self.gateway, self.files.token, lambda r: r.json().get("workers_healthy") == 2, "pool complete")

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import multiprocessing.context
 import os
+import select
 import signal
+import threading
+from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
 
-from gpu_host.model_process import ModelProcess, ModelState, ModelUnavailable
+from gpu_host.model_process import ModelProcess, ModelUnavailable
+from gpu_host.supervisor import Phase
 from shared.contract import Code, ContractError
 from tests.gpu_host.conftest import Fifos, fake_model
 
@@ -28,13 +33,13 @@ async def test_ready_child_answers_with_its_result_and_reports_device() -> None:
         model = await _started(nursery, fake_model())
         data = await model.infer("rid-1", "measure", b"hello", {"gender": "male"})
         stats = model.statistics()
-        model.stop()
+        nursery.cancel_scope.cancel()
     assert data["endpoint"] == "measure"
     assert data["image_bytes"] == 5
     assert data["options"] == {"gender": "male"}
     assert data["request_id"] == "rid-1"
     assert data["pid"] != os.getpid()
-    assert (stats.state, stats.device, stats.segmenter, stats.busy) == (ModelState.READY, "cpu", "fake", False)
+    assert (stats.state, stats.device, stats.segmenter, stats.busy) == (Phase.READY, "cpu", "fake", False)
 
 
 async def test_contract_failure_crosses_the_pipe_as_code_and_message() -> None:
@@ -47,7 +52,7 @@ async def test_contract_failure_crosses_the_pipe_as_code_and_message() -> None:
             await model.infer("rid", "measure", b"raise", {})
         pid = model.statistics().pid
         after = await model.infer("rid", "measure", b"ok", {})
-        model.stop()
+        nursery.cancel_scope.cancel()
     assert (caught.value.code, caught.value.message) == (Code.MULTIPLE_FACES, "scripted failure")
     assert bug.value.code is Code.SYSTEM_ERROR
     assert "boom" not in bug.value.message  # internals stay in the child's log
@@ -74,11 +79,11 @@ async def test_child_killed_mid_request_gives_1007_then_a_new_child_serves(fifos
         os.kill(victim, signal.SIGKILL)
         with trio.fail_after(WAIT):
             await answered.wait()
-            assert model.statistics().state is ModelState.LOADING
+            assert not model.ready()
             await model.wait_ready()
         data = await model.infer("next", "measure", b"ok", {})
         stats = model.statistics()
-        model.stop()
+        nursery.cancel_scope.cancel()
     assert [getattr(e, "code", None) for e in outcome] == [Code.SYSTEM_ERROR]
     assert data["pid"] != victim
     assert stats.restarts == 1
@@ -90,12 +95,12 @@ async def test_inference_over_the_timeout_is_killed_with_1007_and_recovers() -> 
         hung_pid = model.statistics().pid
         with pytest.raises(ContractError) as caught:
             await model.infer("slow", "measure", b"hang", {})
-        assert model.statistics().state is ModelState.LOADING  # not ready until the new child is
+        assert not model.ready()  # not ready until the new child is
         assert "timed out" in (model.statistics().message or "")
         with trio.fail_after(WAIT):
             await model.wait_ready()
         data = await model.infer("next", "measure", b"ok", {})
-        model.stop()
+        nursery.cancel_scope.cancel()
     assert caught.value.code is Code.SYSTEM_ERROR
     assert "超时" in caught.value.message
     assert data["pid"] != hung_pid
@@ -109,7 +114,7 @@ async def test_child_that_crashes_itself_is_replaced() -> None:
         with trio.fail_after(WAIT):
             await model.wait_ready()
         assert (await model.infer("y", "mask", b"ok", {}))["endpoint"] == "mask"
-        model.stop()
+        nursery.cancel_scope.cancel()
     assert caught.value.code is Code.SYSTEM_ERROR
 
 
@@ -118,13 +123,13 @@ async def test_load_failure_is_reported_and_not_retried() -> None:
         model = fake_model(load="fail")
         await nursery.start(model.run)
         with trio.fail_after(WAIT):
-            while model.statistics().state is ModelState.LOADING:
+            while model.statistics().state is not Phase.FAILED:
                 await model.wait_transition()
         stats = model.statistics()
         with pytest.raises(ModelUnavailable):
             await model.infer("x", "measure", b"ok", {})
-        model.stop()
-    assert stats.state is ModelState.FAILED
+        nursery.cancel_scope.cancel()
+    assert stats.state is Phase.FAILED
     assert "weights file not found" in (stats.message or "")
     assert stats.restarts == 0
 
@@ -137,8 +142,8 @@ async def test_child_dying_while_loading_is_restarted_and_stays_not_ready() -> N
             while model.statistics().restarts < 2:
                 await model.wait_transition()
         stats = model.statistics()
-        model.stop()
-    assert stats.state is ModelState.LOADING
+        nursery.cancel_scope.cancel()
+    assert stats.state is Phase.WAITING  # backing off before the next try
     assert "exit code 3" in (stats.message or "")
 
 
@@ -163,7 +168,7 @@ async def test_requests_are_serialised_one_at_a_time(fifos: Fifos) -> None:
         await fifos.release_child()
         with trio.fail_after(WAIT):
             await both_done.wait()
-        model.stop()
+        nursery.cancel_scope.cancel()
     assert finished == ["first", "second"]
 
 
@@ -182,6 +187,100 @@ async def test_a_caller_that_gives_up_mid_inference_leaves_no_stale_reply(fifos:
         with trio.fail_after(WAIT):
             await model.wait_ready()
         data = await model.infer("next", "measure", b"ok", {})
-        model.stop()
+        nursery.cancel_scope.cancel()
     assert caller.cancelled_caught
     assert data["request_id"] == "next"
+
+
+# -- one definition of ready (defect 5), a loop that never blocks (defect 6) ---------------
+
+
+def _wait_dead(pid: int) -> None:
+    """Block (no checkpoint: no other task runs meanwhile) until `pid` has exited."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        readable, _, _ = select.select([pidfd], [], [], WAIT)
+    finally:
+        os.close(pidfd)
+    assert readable, f"pid {pid} still running after {WAIT} s"
+
+
+async def test_a_child_that_died_idle_makes_infer_unavailable_not_a_1007() -> None:
+    async with trio.open_nursery() as nursery:
+        model = await _started(nursery, fake_model())
+        pid = model.statistics().pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        _wait_dead(pid)  # dead before the supervisor task has had a chance to notice
+        health_ready = model.statistics().state is Phase.READY
+        with pytest.raises(ModelUnavailable):  # 503, retried elsewhere; not a 1007 about the photo
+            await model.infer("after-death", "measure", b"ok", {})
+        nursery.cancel_scope.cancel()
+    assert not health_ready  # /health and infer agree
+
+
+class _SlowToReap(multiprocessing.context.SpawnProcess):
+    """A child whose reaping (join) is held until the test says so, as a child stuck in the
+    kernel after SIGKILL would be; records whether the test could run meanwhile."""
+
+    entered = threading.Event()
+    released = threading.Event()
+    released_in_time: list[bool] = []
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.exitcode is None or not self.released_in_time:
+            self.entered.set()
+            self.released_in_time.append(self.released.wait(WAIT))
+        super().join(timeout)
+
+
+class _SlowToReapContext(multiprocessing.context.SpawnContext):
+    Process = _SlowToReap
+
+
+async def test_reaping_a_dead_child_never_blocks_the_event_loop() -> None:
+    async with trio.open_nursery() as nursery:
+        model = await _started(nursery, fake_model(context=_SlowToReapContext()))
+        pid = model.statistics().pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        with trio.fail_after(WAIT):
+            await trio.to_thread.run_sync(_SlowToReap.entered.wait)
+        during = model.statistics()  # the loop runs while the reap is held
+        _SlowToReap.released.set()
+        with trio.fail_after(WAIT):
+            await model.wait_ready()
+        nursery.cancel_scope.cancel()
+    assert _SlowToReap.released_in_time[:1] == [True]
+    assert during.state is not Phase.READY
+
+
+async def test_a_load_over_its_deadline_is_killed_logged_and_retried(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)  # never opened for writing: the fake child hangs before Ready
+    async with trio.open_nursery() as nursery:
+        model = fake_model(load_timeout=0.5, load_gate=str(gate))
+        await nursery.start(model.run)
+        first_pid = model.statistics().pid
+        with trio.fail_after(WAIT):
+            while model.statistics().restarts < 1:
+                await model.wait_transition()
+        stats = model.statistics()
+        with trio.fail_after(WAIT):
+            while model.statistics().pid in (None, first_pid):
+                await model.wait_transition()
+        nursery.cancel_scope.cancel()
+    assert first_pid is not None and not _is_running(first_pid)
+    assert stats.state is Phase.WAITING
+    assert "model load timed out after 0.5s" in (stats.message or "")
+    assert "model load timed out" in caplog.text
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return "zombie" not in Path(f"/proc/{pid}/status").read_text()

@@ -124,3 +124,26 @@ async def test_a_failure_outside_the_handlers_is_a_1007_envelope_without_a_trace
     assert response.status_code == 500
     assert (body["code"], body["request_id"], body["data"]) == (1007, "r-500", None)
     assert "Traceback" not in text and "a bug in a hook" not in text
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("path", "kwargs", "fragment"),
+    [
+        ("/api/v1/hair/grow", {"files": image_file(b"ok"), "form": {"plans": DEEP}}, "plans"),
+        ("/api/v1/hair/mark", {"files": image_file(b"ok"), "form": {"hairline_points": DEEP}}, "hairline_points"),
+        ("/api/v1/hair/mark", {"json": {"image_base64": "b2s=", "hairline_points": DEEP}}, "hairline_points"),
+        (MEASURE, {"data": b'{"gender": ' + DEEP.encode() + b"}", "headers": {"Content-Type": "application/json"}}, "嵌套"),
+    ],
+)
+async def test_deeply_nested_json_is_1001_not_an_internal_error(path: str, kwargs: dict, fragment: str) -> None:
+    model = fake_model()
+    async with serving(model) as client:
+        await model.wait_ready()
+        headers = {**auth(), **kwargs.pop("headers", {})}
+        response = await client.post(path, headers=headers, **kwargs)
+        body = await response.get_json()
+    assert (response.status_code, body["code"], body["data"]) == (200, 1001, None)
+    assert fragment in body["message"] and "嵌套过深" in body["message"]

@@ -15,11 +15,11 @@ import httpx
 import pytest
 from PIL import Image
 
+from cluster.launcher import child_env
 from shared.contract import HEADER_TOKEN
 from tests.gpu_host.processes import (
     REPO_ROOT,
     astronaut_png,
-    child_env,
     model_child_pid,
     cluster_files,
     is_running,
@@ -58,7 +58,7 @@ def test_real_host_opens_at_once_loads_in_the_child_serves_and_stops_cleanly(tmp
     assert "mediapipe" not in web_maps and "torch" not in web_maps and "cv2" not in web_maps
     assert exit_code == 0
     assert not is_running(model_pid)
-    assert cluster.token not in host.log()
+    assert cluster.token not in host.log_text()
 
 
 def test_web_process_modules_never_include_torch_or_mediapipe() -> None:
@@ -148,8 +148,8 @@ def test_sighup_swaps_the_accepted_tokens_without_a_restart(tmp_path: Path) -> N
         host.stop()
     assert old.status_code == 401
     assert still_running
-    assert "accept_passwords reloaded | count=1" in host.log()
-    assert new_token not in host.log() and cluster.token not in host.log()
+    assert "accept_passwords reloaded | count=1" in host.log_text()
+    assert new_token not in host.log_text() and cluster.token not in host.log_text()
 
 
 def test_a_taken_port_exits_1_with_one_line_and_leaves_no_model_child(tmp_path: Path) -> None:

@@ -80,3 +80,36 @@ def test_primary_must_be_a_worker(tmp_path):
 def test_worker_urls_need_a_scheme(tmp_path):
     with pytest.raises(SettingsError, match=r"edge\.pool\.workers"):
         load_text(tmp_path, "[edge.pool]\nworkers = ['127.0.0.1:1']\n")
+
+
+@pytest.mark.parametrize(
+    ("host_seconds", "gateway_seconds", "ok"),
+    [(60, 60, False), (59.5, 60, False), (57, 60, True), (50, 60, True), (5, 5.5, False), (4, 5, True)],
+)
+def test_host_inference_timeout_must_sit_below_the_gateway_request_timeout(tmp_path, host_seconds, gateway_seconds, ok):
+    # equal timeouts: the gateway gives up first, ejects the host, retries a second one
+    text = (
+        f"[edge.dispatch]\nrequest_timeout_seconds = {gateway_seconds}\n"
+        f"[gpu_host]\ninference_timeout_seconds = {host_seconds}\n"
+    )
+    if ok:
+        load_text(tmp_path, text)
+    else:
+        with pytest.raises(SettingsError, match=r"gpu_host\.inference_timeout_seconds .* edge\.dispatch\.request_timeout_seconds"):
+            load_text(tmp_path, text)
+
+
+def test_generation_time_must_fit_the_slow_request_timeout(tmp_path):
+    text = (
+        '[edge.dispatch]\nslow_request_timeout_seconds = 100\n'
+        '[gpu_host]\ncomfyui_url = "http://127.0.0.1:8188"\ncomfyui_timeout_seconds = 60\n'
+    )
+    with pytest.raises(SettingsError, match=r"comfyui_timeout_seconds \(110\).*slow_request_timeout_seconds"):
+        load_text(tmp_path, text)
+
+
+def test_shipped_defaults_obey_the_timeout_rule():
+    from shared.settings import Settings
+
+    Settings()  # the model's defaults
+    load_settings(REPO_SETTINGS, environ={})

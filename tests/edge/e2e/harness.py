@@ -17,13 +17,9 @@ import httpx
 import pytest
 import trio
 
-from tests.fakes.launch import (
-    FakeWorkerProcess,
-    GatewayProcess,
-    free_port,
-    write_gateway_settings,
-    write_secrets,
-)
+from cluster.files import write_secrets
+from cluster.launcher import Process, free_port, start_gateway
+from tests.fakes.launch import FakeWorkerProcess, write_gateway_settings
 
 MEASURE = "/api/v1/hair/measure"
 # The keys of a 200 /monitor answer (seed 001 §4); a 503 adds `message`, a drill `simulated`.
@@ -38,9 +34,9 @@ class Cluster:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.token = secrets.token_hex(16)
-        self.secrets_path = write_secrets(directory, self.token)
+        self.secrets_path = write_secrets(directory / "secrets.toml", self.token)
         self.fakes: list[FakeWorkerProcess] = []
-        self.gateways: list[GatewayProcess] = []
+        self.gateways: list[Process] = []
         self.port = free_port()  # kept across restarts and reloads of the gateway
         self.static_dir = directory / "static"
         self.request_log = directory / "request_log.jsonl"
@@ -55,7 +51,7 @@ class Cluster:
         return started
 
     @property
-    def gateway(self) -> GatewayProcess | None:
+    def gateway(self) -> Process | None:
         return self.gateways[-1] if self.gateways else None
 
     def write_settings(
@@ -74,11 +70,11 @@ class Cluster:
         workers: list[FakeWorkerProcess | str] | None = None,
         primary: list[FakeWorkerProcess | str] | None = None,
         edge: dict[str, Any] | None = None,
-    ) -> GatewayProcess:
+    ) -> Process:
         """The gateway in front of `workers` (default: every fake started so far)."""
         config = self.write_settings(workers, primary, edge)
         log = self.directory / f"gateway-{len(self.gateways)}.log"
-        self.gateways.append(GatewayProcess.start(config, self.secrets_path, self.port, log))
+        self.gateways.append(start_gateway(config, self.secrets_path, self.port, log))
         return self.gateways[-1]
 
     def client(self, **kwargs: Any) -> httpx.AsyncClient:

@@ -10,10 +10,9 @@ import httpx
 import pytest
 import trio
 
-from gpu_host.dev import hairgate_argv
+from cluster.launcher import REPO_ROOT, child_env, free_port, hairgate_argv
 from shared.contract import Code
 from tests.edge.e2e.harness import MEASURE, NOT_BUILT_YET, Cluster, measure, wait_until
-from tests.fakes.launch import REPO_ROOT, child_env, free_port
 
 REQUEST_LOG_FIELDS = {
     "ts", "request_id", "method", "path", "client_ip", "worker", "attempts", "queue_ms", "duration_ms",

@@ -10,9 +10,9 @@ import time
 import httpx
 import pytest
 
+from cluster.launcher import REPO_ROOT, Service, free_port, start
 from shared.contract import Code
 from tests.edge.e2e.harness import MONITOR_KEYS, Cluster, measure, wait_until
-from tests.fakes.launch import REPO_ROOT, free_port
 
 DRILL_SCRIPT = REPO_ROOT / "scripts" / "drill_monitor.py"
 
@@ -130,19 +130,10 @@ def test_drill_script_turns_the_switch_off_when_interrupted(cluster: Cluster) ->
     gateway = cluster.start_gateway()
     command = [sys.executable, str(DRILL_SCRIPT), "--gateway", gateway.url, "--secrets", str(cluster.secrets_path)]
     command += ["--wait", "60"]
-    drill = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        lines = []
-        for line in drill.stdout:  # the step-4 line says the drill is on and waiting
-            lines.append(line)
-            if line.startswith("[4/5]"):
-                break
-        assert httpx.get(f"{gateway.url}/monitor").status_code == 503, "".join(lines)
-        drill.send_signal(signal.SIGINT)
-        assert drill.wait(timeout=15) == 130
-    finally:
-        if drill.poll() is None:
-            drill.kill()
+    with start(Service("drill", command, url=""), cluster.directory / "drill.log") as drill:
+        drill.wait_for_log(r"(?m)^\[4/5\]", 60)  # the step-4 line says the drill is on and waiting
+        assert httpx.get(f"{gateway.url}/monitor").status_code == 503, drill.log_text()
+        assert drill.stop(signal.SIGINT, grace_s=15) == 130
     assert httpx.get(f"{gateway.url}/monitor").status_code == 200, "the script must turn the drill off on exit"
 
 

@@ -1,0 +1,129 @@
+"""What runs inside the gateway's face worker processes (endpoint 99, endpoint 4's photo checks).
+
+Each job takes the client's buffered body and Content-Type and does everything CPU-bound
+off the gateway's event loop, in the GPU host's order and with its messages: the upload
+(1001/1003, `gpu_host.uploads`), decoding (1002/1003/1004, `analysis.image_input`), one
+frontal face (1005/1006/1008). Parsing a 2 MB multipart body alone costs ~18 ms, too much
+for the loop that answers `/monitor`.
+
+The analysis is imported inside the functions: the gateway's main process imports this
+module (to name the jobs) and must stay free of MediaPipe, OpenCV and SciPy. A refusal
+crosses the process boundary as a `Refusal` value, not as the `ContractError` itself,
+whose constructor pickling cannot replay.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+from quart_trio.wrappers.request import TrioRequest
+from werkzeug.datastructures import Headers
+
+from gpu_host.uploads import image_bytes, read_upload, require_image
+from shared.contract import Code, ContractError
+from shared.settings import AnalysisSettings
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from analysis.landmarks import FaceMeshDetector
+
+# What the vision LLM is shown (gateway.md § Endpoints 4 and 99): enough to judge skin and
+# hair, small enough to upload fast.
+FEATURES_PHOTO_LONG_SIDE_PX = 1024
+FEATURES_PHOTO_JPEG_QUALITY = 90
+
+_detector: FaceMeshDetector | None = None  # one per process: MediaPipe graphs are not thread-safe
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A ContractError on its way back from a worker process."""
+
+    code: int
+    message: str
+
+    def error(self) -> ContractError:
+        return ContractError(Code(self.code), self.message)
+
+
+def load_detector() -> None:
+    """Build this process's detector (the worker context's `init`: ~1 s, once per process)."""
+    global _detector
+    if _detector is None:
+        from analysis.landmarks import FaceMeshDetector
+
+        _detector = FaceMeshDetector()
+
+
+def special_points(body: bytes, content_type: str | None, limits: AnalysisSettings) -> dict[str, Any] | Refusal:
+    """Endpoint 99's `data`, or why not."""
+    from analysis.endpoints import special_points as points_of
+    from analysis.options import parse_options
+
+    try:
+        fields, rgb = _photo(body, content_type, limits)
+        parse_options("special-points", fields)
+        return points_of(rgb, _loaded_detector(), limits)
+    except ContractError as error:
+        return Refusal(int(error.code), error.message)
+
+
+def features_photo(body: bytes, content_type: str | None, limits: AnalysisSettings) -> bytes | Refusal:
+    """The photo endpoint 4 sends to the LLM (upright JPEG, long side ≤ 1024 px, no EXIF)
+    once it passed every check of the GPU host; or why not."""
+    from analysis.endpoints import frontal_face
+
+    try:
+        _, rgb = _photo(body, content_type, limits)
+        frontal_face(rgb, _loaded_detector(), limits)
+    except ContractError as error:
+        return Refusal(int(error.code), error.message)
+    return _jpeg(rgb, FEATURES_PHOTO_LONG_SIDE_PX)
+
+
+def _loaded_detector() -> FaceMeshDetector:
+    load_detector()
+    assert _detector is not None
+    return _detector
+
+
+def _photo(body: bytes, content_type: str | None, limits: AnalysisSettings) -> tuple[dict[str, Any], np.ndarray]:
+    """The non-image fields and the decoded photo; ContractError in the host's order."""
+    from analysis.image_input import decode_image
+
+    upload = trio.run(read_upload, _buffered_request(body, content_type))
+    require_image(upload)
+    return upload.fields, decode_image(image_bytes(upload, limits.max_image_bytes), limits)
+
+
+def _buffered_request(body: bytes, content_type: str | None) -> TrioRequest:
+    """The GPU host's request type around a body the gateway already read, so the upload
+    is parsed by the host's own code (`read_upload`) with the host's own messages."""
+    headers = Headers({"Content-Length": str(len(body))})
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    scope: dict[str, Any] = {"type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
+                             "path": "/", "raw_path": b"/", "query_string": b"", "root_path": "", "headers": []}
+    request = TrioRequest("POST", "http", "/", b"", headers, "", "1.1", scope,  # type: ignore[arg-type]
+                          send_push_promise=_no_push)
+    request.body.append(body)
+    request.body.set_complete()
+    return request
+
+
+async def _no_push(path: str, headers: Headers) -> None:
+    """A buffered request has no connection to push on."""
+
+
+def _jpeg(rgb: np.ndarray, long_side_px: int) -> bytes:
+    from PIL import Image
+
+    picture = Image.fromarray(rgb)
+    picture.thumbnail((long_side_px, long_side_px), Image.Resampling.LANCZOS)  # only ever shrinks
+    buffer = io.BytesIO()
+    picture.save(buffer, format="JPEG", quality=FEATURES_PHOTO_JPEG_QUALITY)
+    return buffer.getvalue()

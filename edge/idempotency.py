@@ -1,0 +1,269 @@
+"""`Idempotency-Key` (gateway.md § Idempotency): run a keyed request once, replay it after.
+
+The router calls `execute(key, fingerprint, run)` once per keyed `/api/` POST, after
+`validate_key` and `fingerprint`. `run()` produces the final client-facing response and
+says whether it may be stored (worker answers: yes; gateway-made 1007s: no).
+
+- A completed record with the same fingerprint is replayed; `run` is not called.
+- Same key while it runs — in this process (an in-memory flight) or on another gateway
+  sharing the store (a PENDING record, polled) — waits and answers the runner's result,
+  stored or not. A runner that disappears (cancelled: its marker is released; its process
+  died: its lease runs out, as it is renewed only by a live `run()` task) lets one waiter
+  take over, so nobody waits forever.
+- Same key, other fingerprint: `Result.MISMATCH`, no response (the router answers 1001).
+- The store failing raises `IdempotencyUnavailable` before anything runs (the router
+  answers 1007); logged once a minute. If it fails only after `run` answered, that answer
+  is returned unstored: the work was done once, under protection, and is not thrown away.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+import coredis
+import trio
+
+from edge.idempotency_stores import (
+    IdempotencyStore,
+    IdempotencyUnavailable,
+    Record,
+    RedisStore,
+    SqliteStore,
+    State,
+    StoredResponse,
+)
+from edge.shared_state import FailureLog
+from shared.contract import MSG_IDEMPOTENCY_KEY_INVALID, Code, ContractError
+from shared.settings import IdempotencySettings
+
+__all__ = [
+    "Idempotency",
+    "IdempotencyUnavailable",
+    "Outcome",
+    "Result",
+    "RunResult",
+    "StoredResponse",
+    "fingerprint",
+    "open_idempotency",
+    "validate_key",
+]
+
+log = logging.getLogger("edge.idempotency")
+
+MAX_KEY_LENGTH = 128
+LEASE_SECONDS = 15.0  # a runner renews every third of this; a dead one's key frees after it
+RELEASED_LINGER_SECONDS = 10.0  # how long waiters elsewhere can still pick up an unstored answer
+POLL_INTERVAL_SECONDS = 0.05  # waiting for a runner on another gateway
+PURGE_INTERVAL_SECONDS = 60.0
+_RELEASE_TIMEOUT_SECONDS = 2.0
+
+
+def validate_key(value: str) -> str:
+    """The key when it is 1–128 printable ASCII characters, else ContractError 1001."""
+    if 1 <= len(value) <= MAX_KEY_LENGTH and value.isascii() and value.isprintable():
+        return value
+    raise ContractError(Code.INVALID_PARAMETER, MSG_IDEMPOTENCY_KEY_INVALID)
+
+
+def fingerprint(method: str, path: str, body: bytes) -> str:
+    """SHA-256 of method + path + body (hex); the separators keep the parts from sliding."""
+    digest = hashlib.sha256(method.upper().encode())
+    digest.update(b"\0" + path.encode() + b"\0")
+    digest.update(body)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    response: StoredResponse
+    storable: bool  # False for gateway-made 1007s (no worker, busy, retries exhausted)
+
+
+class Result(Enum):
+    STORED = "stored"  # ran here, stored
+    UNSTORED = "unstored"  # ran here, not stored (not storable, or the store failed after the run)
+    REPLAYED = "replayed"  # a completed record answered
+    WAITED = "waited"  # another run of the same key answered
+    MISMATCH = "mismatch"  # the key belongs to another request
+
+
+@dataclass(frozen=True)
+class Outcome:
+    result: Result
+    response: StoredResponse | None  # None only for MISMATCH
+
+    @property
+    def replayed(self) -> bool:
+        """Answer with `Idempotency-Replayed: true` and log `idempotent_replay: true`."""
+        return self.result in (Result.REPLAYED, Result.WAITED)
+
+
+@dataclass
+class _Flight:
+    """This process's one task handling a key; others with the key wait for its outcome."""
+
+    fingerprint: str
+    running: bool = False  # it holds the key in the store and runs it
+    outcome: Outcome | None = None  # None when it ended without an answer
+    finished: trio.Event = field(default_factory=trio.Event)
+
+
+class Idempotency:
+    """The rules over one store; start `run()` in the serving nursery (lease renewal, purge)."""
+
+    def __init__(
+        self,
+        store: IdempotencyStore,
+        ttl_seconds: float,
+        max_entries: int,
+        *,
+        lease_seconds: float = LEASE_SECONDS,
+        poll_interval_seconds: float = POLL_INTERVAL_SECONDS,
+        purge_interval_seconds: float = PURGE_INTERVAL_SECONDS,
+    ) -> None:
+        self.store = store
+        self._ttl_seconds = ttl_seconds
+        self._max_entries = max_entries
+        self._lease_seconds = lease_seconds
+        self._poll_interval_seconds = poll_interval_seconds
+        self._purge_interval_seconds = purge_interval_seconds
+        self._owner = uuid.uuid4().hex  # this process, as a lease holder in a shared store
+        self._flights: dict[str, _Flight] = {}
+        self._failures = FailureLog(log, "幂等存储不可用，带 Idempotency-Key 的请求答 1007")
+
+    async def execute(self, key: str, fingerprint: str, run: Callable[[], Awaitable[RunResult]]) -> Outcome:
+        """Run `run` at most once for (key, fingerprint) across everyone sharing the store.
+
+        Raises IdempotencyUnavailable when the store fails before `run` was called.
+        """
+        while (flight := self._flights.get(key)) is not None:
+            if flight.running and flight.fingerprint != fingerprint:
+                return Outcome(Result.MISMATCH, None)
+            await flight.finished.wait()
+            if flight.outcome is not None and flight.fingerprint == fingerprint:
+                return _as_follower(flight.outcome)
+            # It ended without an answer, or with one for another fingerprint: look again.
+        flight = self._flights[key] = _Flight(fingerprint)
+        try:
+            flight.outcome = await self._lead(key, flight, run)
+            return flight.outcome
+        finally:
+            del self._flights[key]
+            flight.finished.set()
+
+    async def lookup(self, key: str, fingerprint: str) -> StoredResponse | None:
+        """The stored response for a replay, without claiming anything (e.g. for a rate-limited client)."""
+        record = await self._guarded(self.store.read(key))
+        if record is not None and record.state is State.DONE and record.fingerprint == fingerprint:
+            return record.response
+        return None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Renew the leases of what runs here; purge expired and excess records."""
+        task_status.started()
+        renew_every = self._lease_seconds / 3
+        next_purge = trio.current_time()
+        while True:
+            running = [key for key, flight in self._flights.items() if flight.running]
+            try:
+                await self._guarded(self.store.renew(running, self._owner, self._lease_seconds))
+                if trio.current_time() >= next_purge:
+                    next_purge = trio.current_time() + self._purge_interval_seconds
+                    await self._guarded(self.store.purge(self._max_entries))
+            except IdempotencyUnavailable:
+                pass  # logged; requests meanwhile get 1007
+            await trio.sleep(renew_every)
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+
+    # --- the steps -------------------------------------------------------------------------
+
+    async def _lead(self, key: str, flight: _Flight, run: Callable[[], Awaitable[RunResult]]) -> Outcome:
+        while True:
+            record = await self._guarded(self.store.claim(key, flight.fingerprint, self._owner, self._lease_seconds))
+            if record is None:
+                return await self._run_owned(key, flight, run)
+            if record.fingerprint != flight.fingerprint:
+                return Outcome(Result.MISMATCH, None)
+            if record.state is State.DONE:
+                return Outcome(Result.REPLAYED, record.response)
+            answered = await self._wait_elsewhere(key, flight.fingerprint)
+            if answered is not None:
+                return Outcome(Result.WAITED, answered)
+            # The runner elsewhere gave up or died: claim it ourselves.
+
+    async def _wait_elsewhere(self, key: str, fingerprint: str) -> StoredResponse | None:
+        """Poll until the runner elsewhere answers (its response) or vanishes (None)."""
+        while True:
+            await trio.sleep(self._poll_interval_seconds)
+            record = await self._guarded(self.store.read(key))
+            if record is None or record.fingerprint != fingerprint:
+                return None
+            if record.state is not State.PENDING:
+                return record.response
+
+    async def _run_owned(self, key: str, flight: _Flight, run: Callable[[], Awaitable[RunResult]]) -> Outcome:
+        flight.running = True
+        try:
+            produced = await run()
+        except BaseException:
+            # Cancelled or crashed without an answer: free the key at once for a waiter.
+            with trio.CancelScope(shield=True), trio.move_on_after(_RELEASE_TIMEOUT_SECONDS):
+                await self._settle(self.store.release(key, self._owner, flight.fingerprint, None, 0))
+            raise
+        if produced.storable:
+            stored = self.store.complete(
+                key, self._owner, flight.fingerprint, produced.response, self._ttl_seconds, self._max_entries
+            )
+            if await self._settle(stored):
+                return Outcome(Result.STORED, produced.response)
+        else:
+            released = self.store.release(key, self._owner, flight.fingerprint, produced.response, RELEASED_LINGER_SECONDS)
+            await self._settle(released)
+        return Outcome(Result.UNSTORED, produced.response)
+
+    async def _guarded(self, operation: Awaitable[Record | None] | Awaitable[None]):  # type: ignore[no-untyped-def]
+        try:
+            return await operation
+        except IdempotencyUnavailable as error:
+            self._failures.report(error)
+            raise
+
+    async def _settle(self, operation: Awaitable[None]) -> bool:
+        """After the run: a failing store is logged, never turned into a failed answer."""
+        try:
+            await operation
+        except IdempotencyUnavailable as error:
+            self._failures.report(error)
+            return False
+        return True
+
+
+def _as_follower(outcome: Outcome) -> Outcome:
+    """What a same-key request that waited in this process gets from the one that led."""
+    if outcome.result in (Result.STORED, Result.UNSTORED):
+        return Outcome(Result.WAITED, outcome.response)
+    return outcome
+
+
+async def open_idempotency(
+    settings: IdempotencySettings, redis: coredis.Redis[bytes] | None, clock: Callable[[], float] = time.time
+) -> Idempotency:
+    """The configured store: the shared Redis when there is one, else SQLite at `settings.path`.
+
+    Raises IdempotencyUnavailable when the SQLite file cannot be opened.
+    """
+    ttl_seconds = settings.ttl_hours * 3600
+    store: IdempotencyStore
+    if redis is not None:
+        store = RedisStore(redis, ttl_seconds, clock)
+    else:
+        store = await SqliteStore.open(settings.path, clock)
+    return Idempotency(store, ttl_seconds, settings.max_entries)

@@ -1,0 +1,153 @@
+"""Prometheus metrics of the gateway (gateway.md § Metrics), served on `edge.metrics_bind`.
+
+One `GatewayMetrics` per gateway, on its own CollectorRegistry (never the process-global
+one, so tests and several gateways in one process do not mix). Per-request calls are plain
+counter/histogram updates; the pool's gauges are read only when Prometheus scrapes, from
+the source given to `watch_pool`. Workers are labelled by index, never by URL; paths are
+bounded like `/admin/stats` (beyond `max_paths`, "other").
+
+`metrics_app(metrics)` is the ASGI app for the second listener: `GET /metrics` in the
+text format, 404 elsewhere; it answers the lifespan protocol so Hypercorn can serve it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.asgi import make_asgi_app
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from edge.pool import Pool
+from edge.request_log import RequestRecord
+from edge.stats import MAX_PATHS, NO_CODE, OTHER_PATHS
+
+# The idempotency outcomes gateway.md names; an unstored run is none of them.
+IDEMPOTENCY_RESULTS = ("stored", "replayed", "waited", "mismatch")
+
+_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 180, 300, 600)
+_QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600)
+
+
+@dataclass(frozen=True)
+class PoolGauges:
+    """What the pool looks like at scrape time; index i is worker i."""
+
+    up: tuple[bool, ...]
+    busy: tuple[bool, ...]
+    queue_length: int
+
+
+def pool_gauges(pool: Pool, queue_length: int) -> PoolGauges:
+    return PoolGauges(
+        up=tuple(w.online for w in pool.workers),
+        busy=tuple(w.leased or w.reported_busy for w in pool.workers),
+        queue_length=queue_length,
+    )
+
+
+class _PoolCollector:
+    def __init__(self, source: Callable[[], PoolGauges]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[Metric]:
+        gauges = self._source()
+        up = GaugeMetricFamily("hairgate_worker_up", "1 when the worker is online", labels=["worker"])
+        busy = GaugeMetricFamily("hairgate_worker_busy", "1 while the worker runs a job", labels=["worker"])
+        for index, (online, working) in enumerate(zip(gauges.up, gauges.busy, strict=True)):
+            up.add_metric([str(index)], float(online))
+            busy.add_metric([str(index)], float(working))
+        yield up
+        yield busy
+        yield GaugeMetricFamily("hairgate_workers_online", "Workers online", value=sum(gauges.up))
+        yield GaugeMetricFamily("hairgate_queue_length", "Requests waiting for a slot or a worker", value=gauges.queue_length)
+
+
+class GatewayMetrics:
+    def __init__(self, version: str, max_paths: int = MAX_PATHS) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._max_paths = max_paths
+        self._paths: set[str] = set()
+        self._requests = Counter("hairgate_requests", "Answered /api/ requests", ["path", "code"], registry=self.registry)
+        self._duration = Histogram(
+            "hairgate_request_duration_seconds", "Time to answer an /api/ request", ["path"],
+            buckets=_DURATION_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self._queue_wait = Histogram(
+            "hairgate_queue_wait_seconds", "Time waiting for a slot and a worker", buckets=_QUEUE_BUCKETS,
+            registry=self.registry,
+        )  # fmt: skip
+        self._ejections = Counter(
+            "hairgate_worker_ejections", "Workers taken out after a failed request", ["worker", "reason"],
+            registry=self.registry,
+        )  # fmt: skip
+        self._retries = Counter("hairgate_retries", "Requests retried on another worker", ["reason"], registry=self.registry)
+        self._idempotency = Counter(
+            "hairgate_idempotency", "Keyed requests by outcome", ["result"], registry=self.registry
+        )
+        self._rate_limited = Counter("hairgate_rate_limited", "Requests refused by the rate limit", registry=self.registry)
+        build = Gauge("hairgate_build_info", "The running version", ["version"], registry=self.registry)
+        build.labels(version=version).set(1)
+        for result in IDEMPOTENCY_RESULTS:  # present at 0 from the start: rate() needs the series
+            self._idempotency.labels(result=result)
+
+    def observe_request(self, entry: RequestRecord) -> None:
+        """Once per request-log entry."""
+        path = self._path_label(entry.path)
+        self._requests.labels(path=path, code=NO_CODE if entry.code is None else str(entry.code)).inc()
+        self._duration.labels(path=path).observe(entry.duration_ms / 1000)
+        self._queue_wait.observe(entry.queue_ms / 1000)
+        if entry.rate_limited:
+            self._rate_limited.inc()
+
+    def observe_idempotency(self, result: str) -> None:
+        """`Outcome.result.value`; values outside IDEMPOTENCY_RESULTS (an unstored run) are not counted."""
+        if result in IDEMPOTENCY_RESULTS:
+            self._idempotency.labels(result=result).inc()
+
+    def observe_retry(self, reason: str) -> None:
+        self._retries.labels(reason=reason).inc()
+
+    def observe_ejection(self, worker: int, reason: str) -> None:
+        self._ejections.labels(worker=str(worker), reason=reason).inc()
+
+    def watch_pool(self, source: Callable[[], PoolGauges]) -> None:
+        """Read the pool's gauges from `source()` at each scrape (nothing per request)."""
+        self.registry.register(_PoolCollector(source))
+
+    def _path_label(self, path: str) -> str:
+        if path in self._paths:
+            return path
+        if len(self._paths) < self._max_paths:
+            self._paths.add(path)
+            return path
+        return OTHER_PATHS
+
+
+_NOT_FOUND = b"not found: metrics are at /metrics\n"
+
+
+def metrics_app(metrics: GatewayMetrics) -> Callable[..., Any]:
+    """ASGI app for the metrics listener."""
+    exposition = make_asgi_app(metrics.registry)
+
+    async def app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                kind = message["type"].rsplit(".", 1)[-1]  # startup / shutdown
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
+            await exposition(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": _NOT_FOUND})
+
+    return app

@@ -1,0 +1,176 @@
+"""Every route the gateway serves, in one table: add a route here and nowhere else.
+
+`routes(gateway)` lists them with their policy (methods, token, body limit, request log);
+`edge.http.Router` applies that policy. Handlers reach the gateway's objects through
+the `Gateway` passed in, never module globals.
+
+| path                          | methods   | token | body    | what                           |
+|-------------------------------|-----------|-------|---------|--------------------------------|
+| /api/…                        | any       | no    | max_body_bytes | forwarded to a GPU host |
+| /health, /gateway-health      | GET, HEAD | no    | none    | liveness, pool counts          |
+| /monitor                      | GET, HEAD | no    | none    | external alerting (seed 001)   |
+| /monitor/fault                | POST      | yes   | 64 KiB  | the alert drill switch         |
+| /static/annotations/<uuid>.png| GET, HEAD | no    | none    | annotation PNGs                |
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from edge import monitor
+from edge.api import ApiAnswer, encode
+from edge.forward import ForwardRequest
+from edge.http import CLIENT_CLOSED, Outcome, Refusals, Request, Response, Route
+from edge.static_files import read_annotation
+from shared.contract import (
+    API_PREFIX,
+    DEFAULT_MESSAGES,
+    HEADER_RETRY_AFTER,
+    MSG_BODY_TOO_LARGE,
+    MSG_BODY_TOO_SLOW,
+    MSG_HEADERS_TOO_LARGE,
+    Code,
+    envelope,
+)
+
+if TYPE_CHECKING:
+    from edge.app import Gateway
+
+log = logging.getLogger("edge.routes")
+
+FAULT_BODY_LIMIT_BYTES = 64 * 1024
+_READ_ONLY = frozenset({"GET", "HEAD"})
+_RETRY_AFTER = HEADER_RETRY_AFTER.lower().encode()
+# Annotation names are random and the files never change; they are someone's face.
+_PNG_HEADERS = [(b"cache-control", b"private, max-age=86400"), (b"x-content-type-options", b"nosniff")]
+
+
+def routes(gateway: Gateway) -> list[Route]:
+    pool = gateway.pool
+    return [
+        Route(
+            API_PREFIX,
+            None,  # ApiService answers a wrong method with its own envelope
+            lambda request: _api(gateway, request),
+            _ENVELOPE_REFUSALS,
+            max_body_bytes=gateway.settings.edge.max_body_bytes,
+            logged=True,
+            drain_refused_body=True,
+            watch_departure=True,
+        ),
+        _status_page("/health", lambda: (200, monitor.health())),
+        _status_page("/gateway-health", lambda: (200, monitor.gateway_health(pool.statistics()))),
+        _status_page("/monitor", lambda: monitor.monitor(pool.statistics())),
+        Route(
+            "/monitor/fault",
+            frozenset({"POST"}),
+            lambda request: _monitor_fault(gateway, request),
+            _STATUS_REFUSALS,
+            max_body_bytes=FAULT_BODY_LIMIT_BYTES,
+            token=True,
+        ),
+        Route("/static/", _READ_ONLY, lambda request: _static(gateway, request), _STATUS_REFUSALS),
+    ]
+
+
+async def not_found(request: Request) -> Response:
+    """A path no route serves; under `/api/` there is always a route (the envelope says why)."""
+    return _json(404, {"status": "not_found"})
+
+
+# --- /api/ -----------------------------------------------------------------------------
+
+
+async def _api(gateway: Gateway, request: Request) -> Response:
+    forward = ForwardRequest(
+        method=request.method,
+        path=request.path,
+        query=request.query,
+        body=request.body,
+        content_type=request.header(b"content-type"),
+        request_id=request.request_id,
+        forwarded_for=_forwarded_for(request.headers.get(b"x-forwarded-for"), request.client_ip),
+    )
+    try:
+        answer = await gateway.api.handle(forward, request.watch)
+    except Exception:  # a bug must still reach the client as an envelope, not a 500 page
+        log.exception("请求处理异常 | request_id=%s", request.request_id)
+        answer = gateway.api.gateway_failure(request.request_id, Code.SYSTEM_ERROR, DEFAULT_MESSAGES[Code.SYSTEM_ERROR])
+    return _api_response(answer)
+
+
+def _api_response(answer: ApiAnswer) -> Response:
+    outcome = Outcome(answer.code, answer.worker, answer.attempts, answer.queue_seconds)
+    if answer.client_left:
+        return Response(CLIENT_CLOSED, b"", outcome=outcome)
+    headers = [] if answer.retry_after is None else [(_RETRY_AFTER, str(answer.retry_after).encode())]
+    return Response(200, answer.body, headers=headers, outcome=outcome)
+
+
+def _refused_envelope(request_id: str, code: Code, message: str) -> Response:
+    return Response(200, encode(envelope(code, request_id, None, message)), outcome=Outcome(int(code)))
+
+
+_ENVELOPE_REFUSALS = Refusals(
+    headers_too_large=lambda rid, limit: _refused_envelope(
+        rid, Code.INVALID_PARAMETER, MSG_HEADERS_TOO_LARGE.format(limit_bytes=limit)
+    ),
+    body_too_large=lambda rid, limit: _refused_envelope(rid, Code.TOO_LARGE, MSG_BODY_TOO_LARGE.format(limit_bytes=limit)),
+    body_too_slow=lambda rid, seconds: _refused_envelope(
+        rid, Code.INVALID_PARAMETER, MSG_BODY_TOO_SLOW.format(seconds=seconds)
+    ),
+    bad_token=lambda rid: _refused_envelope(rid, Code.INVALID_PARAMETER, monitor.MSG_BAD_TOKEN),
+)
+
+
+def _forwarded_for(existing: bytes | None, client_ip: str) -> str:
+    return f"{existing.decode('latin-1')}, {client_ip}" if existing else client_ip
+
+
+# --- status pages and the drill switch -------------------------------------------------
+
+
+def _json(status: int, document: Any) -> Response:
+    return Response(status, encode(document) + b"\n")
+
+
+def _status_page(path: str, page: Any) -> Route:
+    """A page read from memory only; GET or HEAD, no auth, never a worker call."""
+
+    async def handler(request: Request) -> Response:
+        status, document = page()
+        return _json(status, document)
+
+    return Route(path, _READ_ONLY, handler, _STATUS_REFUSALS)
+
+
+_STATUS_REFUSALS = Refusals(
+    headers_too_large=lambda rid, limit: _json(431, monitor.error_answer(f"request header block over {limit} bytes")),
+    body_too_large=lambda rid, limit: _json(413, monitor.error_answer(f"request body over {limit} bytes")),
+    body_too_slow=lambda rid, seconds: _json(408, monitor.error_answer(f"request body not received within {seconds:g}s")),
+    bad_token=lambda rid: _json(401, monitor.error_answer(monitor.MSG_BAD_TOKEN)),
+)
+
+
+async def _monitor_fault(gateway: Gateway, request: Request) -> Response:
+    try:
+        enabled = monitor.parse_fault_request(request.body)
+    except monitor.FaultRequestError:
+        return _json(400, monitor.error_answer(monitor.MSG_BAD_FAULT_BODY))
+    if gateway.pool.set_drill(enabled):
+        logging.getLogger("edge.monitor").warning(
+            "模拟故障%s | 来源=%s", "已开启" if enabled else "已关闭", request.client_ip
+        )
+    return _json(200, monitor.fault_answer(enabled))
+
+
+# --- annotation files ------------------------------------------------------------------
+
+
+async def _static(gateway: Gateway, request: Request) -> Response:
+    subpath = request.path.removeprefix("/static/")
+    data = await read_annotation(gateway.settings.edge.static_dir, subpath, gateway.file_threads)
+    if data is None:
+        return Response(404, b"not found", content_type=b"text/plain")
+    return Response(200, data, content_type=b"image/png", headers=list(_PNG_HEADERS))

@@ -1,0 +1,161 @@
+"""`GET /admin/stats` (gateway.md § Request log and stats): aggregates of the request log, in memory.
+
+`record()` is called for every request-log entry (a few microseconds: counters and two
+DDSketch insertions per window); `snapshot()` answers the endpoint without reading the
+log. Two windows: since start, and the last hour as 60 one-minute slots merged on demand.
+Memory is bounded whatever the traffic: latencies live in DDSketches (1 % relative
+accuracy, at most `_SKETCH_BINS` bins each), at most `max_paths` paths are told apart
+(the rest count under "other", so random `/api/…` paths cannot grow it), and workers are
+the configured indexes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ddsketch import LogCollapsingLowestDenseDDSketch
+
+from edge.request_log import RequestRecord
+from shared.contract import Code
+
+MAX_PATHS = 32
+OTHER_PATHS = "other"
+NO_CODE = "none"  # a response that carried no envelope code
+_RELATIVE_ACCURACY = 0.01
+_SKETCH_BINS = 2048
+_SLOT_SECONDS = 60
+_SLOTS = 60  # one hour of one-minute slots
+
+
+def _sketch() -> LogCollapsingLowestDenseDDSketch:
+    return LogCollapsingLowestDenseDDSketch(relative_accuracy=_RELATIVE_ACCURACY, bin_limit=_SKETCH_BINS)
+
+
+def _quantiles(sketch: LogCollapsingLowestDenseDDSketch, **names: float) -> dict[str, float | None]:
+    if sketch.count == 0:
+        return {name: None for name in names}
+    return {name: round(sketch.get_quantile_value(q), 2) for name, q in names.items()}
+
+
+@dataclass
+class _PathStats:
+    count: int = 0
+    codes: Counter[str] = field(default_factory=Counter)
+    latency_ms: LogCollapsingLowestDenseDDSketch = field(default_factory=_sketch)
+
+
+@dataclass
+class _WorkerStats:
+    served: int = 0
+    failed: int = 0
+
+
+@dataclass
+class _Window:
+    requests: int = 0
+    by_path: dict[str, _PathStats] = field(default_factory=dict)
+    by_worker: dict[int, _WorkerStats] = field(default_factory=dict)
+    queue_wait_ms: LogCollapsingLowestDenseDDSketch = field(default_factory=_sketch)
+    replays: int = 0
+    rate_limited: int = 0
+
+    def add(self, entry: RequestRecord, path: str) -> None:
+        self.requests += 1
+        stats = self.by_path.get(path)
+        if stats is None:
+            stats = self.by_path[path] = _PathStats()
+        stats.count += 1
+        stats.codes[NO_CODE if entry.code is None else str(entry.code)] += 1
+        stats.latency_ms.add(max(entry.duration_ms, 0.0))
+        self.queue_wait_ms.add(max(entry.queue_ms, 0.0))
+        if entry.worker is not None:
+            worker = self.by_worker.get(entry.worker)
+            if worker is None:
+                worker = self.by_worker[entry.worker] = _WorkerStats()
+            if _worker_failed(entry):
+                worker.failed += 1
+            else:
+                worker.served += 1
+        self.replays += entry.idempotent_replay
+        self.rate_limited += entry.rate_limited
+
+    def merge(self, other: _Window) -> None:
+        self.requests += other.requests
+        for path, theirs in other.by_path.items():
+            ours = self.by_path.setdefault(path, _PathStats())
+            ours.count += theirs.count
+            ours.codes.update(theirs.codes)
+            ours.latency_ms.merge(theirs.latency_ms)
+        for index, worker in other.by_worker.items():
+            mine = self.by_worker.setdefault(index, _WorkerStats())
+            mine.served += worker.served
+            mine.failed += worker.failed
+        self.queue_wait_ms.merge(other.queue_wait_ms)
+        self.replays += other.replays
+        self.rate_limited += other.rate_limited
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "by_path": {
+                path: {
+                    "count": stats.count,
+                    "codes": dict(stats.codes),
+                    "latency_ms": _quantiles(stats.latency_ms, p50=0.5, p95=0.95, p99=0.99),
+                }
+                for path, stats in self.by_path.items()
+            },
+            "by_worker": {
+                str(index): {"served": worker.served, "failed": worker.failed}
+                for index, worker in sorted(self.by_worker.items())
+            },
+            "queue_wait_ms": _quantiles(self.queue_wait_ms, p50=0.5, p99=0.99),
+            "replays": self.replays,
+            "rate_limited": self.rate_limited,
+        }
+
+
+def _worker_failed(entry: RequestRecord) -> bool:
+    """The worker's attempt ended the request in a system error (its own 1007 or a broken answer)."""
+    return entry.code == Code.SYSTEM_ERROR or entry.http_status >= 500
+
+
+class RequestStats:
+    """Since-start and last-hour aggregates; `now` is wall-clock seconds (time.time())."""
+
+    def __init__(self, started_at: float | None = None, max_paths: int = MAX_PATHS) -> None:
+        self.started_at = time.time() if started_at is None else started_at
+        self._max_paths = max_paths
+        self._since_start = _Window()
+        self._slots: list[tuple[int, _Window] | None] = [None] * _SLOTS  # (minute number, its window)
+
+    def record(self, entry: RequestRecord, now: float | None = None) -> None:
+        minute = int((time.time() if now is None else now) // _SLOT_SECONDS)
+        path = self._path_name(entry.path)
+        self._since_start.add(entry, path)
+        self._slot(minute).add(entry, path)
+
+    def _path_name(self, path: str) -> str:
+        known = self._since_start.by_path
+        return path if path in known or len(known) < self._max_paths else OTHER_PATHS
+
+    def _slot(self, minute: int) -> _Window:
+        index = minute % _SLOTS
+        slot = self._slots[index]
+        if slot is None or slot[0] != minute:
+            slot = self._slots[index] = (minute, _Window())
+        return slot[1]
+
+    def snapshot(self, now: float | None = None) -> dict[str, Any]:
+        """The `/admin/stats` body."""
+        minute = int((time.time() if now is None else now) // _SLOT_SECONDS)
+        last_hour = _Window()
+        for slot in self._slots:
+            if slot is not None and minute - _SLOTS < slot[0] <= minute:
+                last_hour.merge(slot[1])
+        started = datetime.fromtimestamp(self.started_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return {"since_start": self._since_start.report(), "last_hour": last_hour.report(), "started_at": started}

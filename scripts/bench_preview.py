@@ -1,0 +1,107 @@
+#!/usr/bin/env python
+"""The built-in growth preview: time per plan at 1 MP, and the before/after pictures of the docs.
+
+    .venv/bin/python scripts/bench_preview.py [--runs 5] [--photos ../shared/photos] [--pictures docs/images]
+
+Each labelled photo with a hairline is resized to 1 MP and analysed once (fallback
+segmenter); then, per plan, the median over `--runs` of `grow_preview` alone and of
+`grow_preview` + the PNG encoding the grow endpoint adds (issue 10 target: <= 300 ms at
+1 MP on CPU, per plan). Bald photos are listed with the None they get. With
+`--pictures`, writes one before/after JPEG per photo (the `standard` plan, or the
+`aggressive` one where `standard` drops nothing), cropped to the head, at the photo's
+own size: what docs/generation.md shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.analysis.images
+
+from analysis import designs, render  # noqa: E402
+from analysis.calibration import calibrate  # noqa: E402
+from analysis.hairline import trace_hairline  # noqa: E402
+from analysis.landmarks import FaceMeshDetector  # noqa: E402
+from analysis.preview import grow_preview  # noqa: E402
+from analysis.segmentation import FallbackSegmenter  # noqa: E402
+from analysis.types import PLANS  # noqa: E402
+from scripts.bench_analysis import median_ms  # noqa: E402
+from tests.analysis.images import load_photo  # noqa: E402
+
+DEFAULT_PHOTOS = Path(__file__).resolve().parents[1] / ".." / "shared" / "photos"
+MEGAPIXEL = 1_000_000
+PICTURE_WIDTH = 640  # px of one before/after pair
+
+
+def at_one_megapixel(rgb: np.ndarray) -> np.ndarray:
+    scale = (MEGAPIXEL / (rgb.shape[0] * rgb.shape[1])) ** 0.5
+    return cv2.resize(rgb, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_CUBIC)
+
+
+def before_after(rgb: np.ndarray, grown: np.ndarray, face, hairline) -> Image.Image:
+    """The head, from above the hair to below the brows, before | after."""
+    x, y, width, height = face.bbox
+    top_y = int(min(y, min(point[1] for point in hairline.points)) - 0.35 * height)
+    box = (max(0, x - width // 6), max(0, top_y), min(rgb.shape[1], x + width + width // 6),
+           min(rgb.shape[0], y + int(0.45 * height)))
+    pair = np.concatenate([image[box[1]:box[3], box[0]:box[2]] for image in (rgb, grown)], axis=1)
+    picture = Image.fromarray(pair)
+    picture.thumbnail((PICTURE_WIDTH, PICTURE_WIDTH))
+    return picture
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--photos", type=Path, default=DEFAULT_PHOTOS)
+    parser.add_argument("--pictures", type=Path, help="write before/after JPEGs here")
+    args = parser.parse_args()
+    labels = json.loads((args.photos / "labels.json").read_text())
+    detector, segmenter = FaceMeshDetector(), FallbackSegmenter()
+    print(f"{'photo':18} {'size':>9} {'plan':12} {'drop mm':>7} {'preview ms':>10} {'+png ms':>8}")
+    worst = 0.0
+    for label in labels:
+        original = load_photo(args.photos, label["file"])
+        for rgb, timed in ((at_one_megapixel(original), True), (original, False)):
+            face = detector.detect(rgb)
+            calibration = calibrate(face)
+            segmentation = segmenter.segment(rgb, face)
+            hairline = trace_hairline(rgb, face, segmentation, calibration)
+            plans = designs.plan_designs(list(PLANS), face, hairline, calibration, "unknown")
+
+            def grow(plan: designs.Design) -> np.ndarray | None:
+                return grow_preview(rgb, face, hairline, segmentation.hair, plan, calibration)
+
+            if timed:
+                for plan in plans:
+                    grown = grow(plan)
+                    if grown is None:
+                        print(f"{label['file']:18} {rgb.shape[1]:>4}x{rgb.shape[0]:<4} {plan.name:12} {'-':>7} None")
+                        continue
+                    alone = median_ms(lambda: grow(plan), args.runs)
+                    encoded = median_ms(lambda: render.png_base64(grow(plan)), args.runs)
+                    worst = max(worst, encoded)
+                    print(f"{label['file']:18} {rgb.shape[1]:>4}x{rgb.shape[0]:<4} {plan.name:12} "
+                          f"{plan.drop_mm:7.1f} {alone:10.1f} {encoded:8.1f}")
+            elif args.pictures and label["kind"] == "hairline":
+                chosen = next(plan for plan in plans if plan.name == "standard")
+                if chosen.drop_mm is not None and chosen.drop_mm < 3.0:
+                    chosen = next(plan for plan in plans if plan.name == "aggressive")
+                args.pictures.mkdir(parents=True, exist_ok=True)
+                path = args.pictures / f"preview_{Path(label['file']).stem}_{chosen.name}.jpg"
+                before_after(rgb, grow(chosen), face, hairline).save(path, quality=85)
+                print(f"wrote {path} ({chosen.name}, drop {chosen.drop_mm:.1f} mm)")
+    print(f"worst preview + png per plan at 1 MP: {worst:.1f} ms (target <= 300 ms)")
+    detector.close()
+    segmenter.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""The built-in growth preview on the labelled photos: where it changes pixels, that what it
+paints there is hair-coloured, and that a bald head gets no preview."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+from analysis import designs
+from analysis.calibration import calibrate
+from analysis.hairline import trace_hairline
+from analysis.head_samples import brow_curve, to_lab
+from analysis.landmarks import FaceMeshDetector
+from analysis.preview import grow_preview
+from analysis.segmentation import FallbackSegmenter
+from analysis.types import PLANS, Calibration, Face, HairSegmentation, Hairline
+
+from .images import load_photo
+
+# Pixels may change this far outside the band between the planned and the current hairline:
+# the fill covers the old edge's see-through front and fades into the hair above it
+# (3.5 + 2.5 mm), and blends into the skin below the new edge (4 mm).
+BAND_TOLERANCE_MM = 6.5
+MIN_CORE_PX = 500  # band interiors smaller than this say little about colour
+MIN_HAIR_SKIN_CONTRAST = 30.0  # Lab (OpenCV 8-bit): white hair on pink skin is below it
+
+
+@dataclass(frozen=True)
+class Analysed:
+    rgb: np.ndarray
+    face: Face
+    calibration: Calibration
+    segmentation: HairSegmentation
+    hairline: Hairline
+    plans: list[designs.Design]
+
+
+@pytest.fixture(scope="module")
+def analysed(
+    photos_dir: Path, photo_labels: list[dict[str, Any]], detector: FaceMeshDetector, segmenter: FallbackSegmenter
+) -> dict[str, Analysed]:
+    found = {}
+    for label in photo_labels:
+        rgb = load_photo(photos_dir, label["file"])
+        rgb.setflags(write=False)  # the preview must draw on a copy
+        face = detector.detect(rgb)
+        calibration = calibrate(face)
+        segmentation = segmenter.segment(rgb, face)
+        hairline = trace_hairline(rgb, face, segmentation, calibration)
+        plans = designs.plan_designs(list(PLANS), face, hairline, calibration, "unknown")
+        found[label["file"]] = Analysed(rgb, face, calibration, segmentation, hairline, plans)
+    return found
+
+
+def _files(photo_labels: list[dict[str, Any]], kind: str) -> list[str]:
+    return [label["file"] for label in photo_labels if label["kind"] == kind]
+
+
+def _short_hair(photo_labels: list[dict[str, Any]]) -> set[str]:
+    """Receded buzz cuts: too little hair above the line for a deep plan, which may get None."""
+    return {label["file"] for label in photo_labels if label.get("hair") == "receded"}
+
+
+def _preview(photo: Analysed, plan: designs.Design) -> np.ndarray | None:
+    return grow_preview(photo.rgb, photo.face, photo.hairline, photo.segmentation.hair, plan, photo.calibration)
+
+
+def _band(photo: Analysed, plan: designs.Design) -> np.ndarray:
+    """uint8 mask: the polygon between the plan and the detected hairline."""
+    band = np.zeros(photo.rgb.shape[:2], np.uint8)
+    polygon = np.concatenate([plan.points, np.asarray(photo.hairline.points)[::-1]])
+    cv2.fillPoly(band, [np.round(polygon).astype(np.int32)], 1)
+    return band
+
+
+def _core(photo: Analysed, band: np.ndarray) -> np.ndarray:
+    """The band less 2 mm along its edges: surely inside whatever the preview calls the band."""
+    radius = max(1, round(2.0 / photo.calibration.mm_per_px))
+    return cv2.erode(band, np.ones((2 * radius + 1,) * 2, np.uint8)).astype(bool)
+
+
+def _grown_plans(
+    analysed: dict[str, Analysed], photo_labels: list[dict[str, Any]]
+) -> Iterator[tuple[str, Analysed, designs.Design, np.ndarray]]:
+    """Every plan of every photo with a hairline, and its preview (asserted to exist)."""
+    for name in _files(photo_labels, "hairline"):
+        photo = analysed[name]
+        for plan in photo.plans:
+            grown = _preview(photo, plan)
+            if grown is None and name in _short_hair(photo_labels):
+                continue
+            assert grown is not None and grown.shape == photo.rgb.shape and grown.dtype == np.uint8, name
+            yield name, photo, plan, grown
+
+
+def test_pixels_change_only_around_the_band_and_never_below_the_brows(
+    analysed: dict[str, Analysed], photo_labels: list[dict[str, Any]]
+) -> None:
+    checked = 0
+    for name, photo, plan, grown in _grown_plans(analysed, photo_labels):
+        changed = (grown != photo.rgb).any(axis=2)
+        band = _band(photo, plan)
+        outside_mm = cv2.distanceTransform(1 - band, cv2.DIST_L2, 5) * photo.calibration.mm_per_px
+        assert outside_mm[changed].max(initial=0.0) <= BAND_TOLERANCE_MM, (name, plan.name)
+        rows, columns = np.nonzero(changed)
+        assert not (rows >= brow_curve(photo.face, columns)).any(), (name, plan.name)
+        core = _core(photo, band)
+        if core.sum() >= MIN_CORE_PX:
+            assert changed[core].mean() >= 0.8, (name, plan.name)  # the band is grown, not skipped
+            checked += 1
+    assert checked >= 5
+
+
+def test_the_grown_band_has_the_colour_of_the_hair_not_of_the_forehead(
+    analysed: dict[str, Analysed], photo_labels: list[dict[str, Any]]
+) -> None:
+    checked = 0
+    for name, photo, plan, grown in _grown_plans(analysed, photo_labels):
+        core = _core(photo, _band(photo, plan))
+        if core.sum() < MIN_CORE_PX:
+            continue
+        lab = to_lab(photo.rgb)
+        hair = np.median(lab[photo.segmentation.hair & ~core], axis=0)
+        forehead = np.median(lab[core], axis=0)
+        if np.linalg.norm(hair - forehead) < MIN_HAIR_SKIN_CONTRAST:
+            continue
+        painted = np.median(to_lab(grown)[core], axis=0)
+        assert np.linalg.norm(painted - hair) < 0.5 * np.linalg.norm(painted - forehead), (name, plan.name)
+        checked += 1
+    assert checked >= 4
+
+
+def test_bald_heads_get_no_preview(analysed: dict[str, Analysed], photo_labels: list[dict[str, Any]]) -> None:
+    bald = _files(photo_labels, "no_hairline")
+    assert bald
+    for name in bald:
+        photo = analysed[name]
+        assert all(_preview(photo, plan) is None for plan in photo.plans), name
+
+
+def test_a_hairline_without_hair_above_it_gets_no_preview(analysed: dict[str, Analysed]) -> None:
+    photo = analysed["lacamoire.jpg"]
+    no_hair = np.zeros_like(photo.segmentation.hair)
+    assert _preview(photo, photo.plans[-1]) is not None
+    assert grow_preview(photo.rgb, photo.face, photo.hairline, no_hair, photo.plans[-1], photo.calibration) is None
+
+
+def test_a_plan_on_the_current_hairline_changes_nothing(analysed: dict[str, Analysed]) -> None:
+    photo = analysed["lacamoire.jpg"]
+    current = designs.Design("mark", np.asarray(photo.hairline.points), 0.0)
+    grown = _preview(photo, current)
+    assert grown is not None and np.array_equal(grown, photo.rgb)

@@ -1,0 +1,413 @@
+"""Idempotency rules over the real stores: SQLite files and a real Redis server (gateway.md § Idempotency)."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import coredis
+import pytest
+import trio
+import trio.testing
+
+from edge.idempotency import (
+    Idempotency,
+    IdempotencyUnavailable,
+    Outcome,
+    Result,
+    RunResult,
+    StoredResponse,
+    fingerprint,
+    open_idempotency,
+    validate_key,
+)
+from edge.idempotency_stores import IdempotencyStore, Record, RedisStore, SqliteStore
+from edge.shared_state import redis_client
+from shared.contract import Code, ContractError
+from shared.settings import IdempotencySettings
+from cluster.launcher import free_port
+from tests.fakes.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
+
+TTL = 3600.0
+FP = fingerprint("POST", "/api/v1/hair/measure", b'{"image_base64": "AAAA"}')
+OTHER_FP = fingerprint("POST", "/api/v1/hair/measure", b'{"image_base64": "BBBB"}')
+
+
+def answer(request_id: str = "first", code: int = 0) -> StoredResponse:
+    body = b'{"code": %d, "message": "\xe6\x88\x90\xe5\x8a\x9f", "request_id": "%s", "data": null}' % (
+        code,
+        request_id.encode(),
+    )
+    return StoredResponse(200, (("content-type", "application/json"), ("X-Request-ID", request_id)), body, code)
+
+
+class Job:
+    """A `run` that counts its calls and, when gated, holds until the gate opens."""
+
+    def __init__(self, response: StoredResponse | None = None, storable: bool = True, gated: bool = False) -> None:
+        self.response = response or answer()
+        self.storable = storable
+        self.calls = 0
+        self.started = trio.Event()
+        self.gate = trio.Event()
+        if not gated:
+            self.gate.set()
+
+    async def __call__(self) -> RunResult:
+        self.calls += 1
+        self.started.set()
+        await self.gate.wait()
+        return RunResult(self.response, self.storable)
+
+
+def trio_clock() -> float:
+    return 1_800_000_000.0 + trio.current_time()
+
+
+@asynccontextmanager
+async def serving(store: IdempotencyStore, **options: float) -> AsyncIterator[Idempotency]:
+    """An Idempotency with its background task running, as the gateway runs it."""
+    idempotency = Idempotency(store, options.pop("ttl_seconds", TTL), int(options.pop("max_entries", 1000)), **options)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(idempotency.run)
+        yield idempotency
+        nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def redis_store(server: RedisServer) -> AsyncIterator[RedisStore]:
+    async with redis_client(server.url) as redis:
+        assert redis is not None
+        yield RedisStore(redis, TTL)
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], object]:
+    """A factory of stores over ONE backing store (a file or a server): each call is one gateway."""
+    if request.param == "sqlite":
+
+        @asynccontextmanager
+        async def sqlite() -> AsyncIterator[SqliteStore]:
+            store = await SqliteStore.open(tmp_path / "idempotency.sqlite3", trio_clock)
+            try:
+                yield store
+            finally:
+                await store.aclose()
+
+        return sqlite
+    server = request.getfixturevalue("redis_server")
+    return lambda: redis_store(server)
+
+
+# --- keys and fingerprints ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["a", "order-1", "k" * 128, "with space and :/?#", "~!@$%^&*()"])
+def test_valid_keys(key: str) -> None:
+    assert validate_key(key) == key
+
+
+@pytest.mark.parametrize("key", ["", "k" * 129, "订单-1", "tab\there", "newline\n", "nul\0"])
+def test_invalid_keys_are_1001(key: str) -> None:
+    with pytest.raises(ContractError) as caught:
+        validate_key(key)
+    assert caught.value.code is Code.INVALID_PARAMETER
+
+
+def test_fingerprint_covers_method_path_and_body() -> None:
+    base = fingerprint("POST", "/api/v1/hair/measure", b"{}")
+    assert len(base) == 64
+    assert base == fingerprint("post", "/api/v1/hair/measure", b"{}")
+    assert base != fingerprint("PUT", "/api/v1/hair/measure", b"{}")
+    assert base != fingerprint("POST", "/api/v1/hair/mark", b"{}")
+    assert base != fingerprint("POST", "/api/v1/hair/measure", b"{ }")
+    assert fingerprint("POST", "/a", b"bc") != fingerprint("POST", "/ab", b"c")
+
+
+# --- one gateway ----------------------------------------------------------------------------
+
+
+async def test_completed_request_is_replayed_byte_for_byte(open_store) -> None:
+    job = Job()
+    async with open_store() as store, serving(store) as idempotency:
+        first = await idempotency.execute("order-1", FP, job)
+        again = await idempotency.execute("order-1", FP, Job(answer("second")))
+        assert await idempotency.lookup("order-1", FP) == job.response
+        assert await idempotency.lookup("order-1", OTHER_FP) is None
+    assert first == Outcome(Result.STORED, job.response) and not first.replayed
+    assert again == Outcome(Result.REPLAYED, job.response) and again.replayed
+    assert again.response.body == job.response.body and again.response.headers == job.response.headers
+
+
+async def test_same_key_other_request_is_a_mismatch(open_store) -> None:
+    job = Job()
+    async with open_store() as store, serving(store) as idempotency:
+        await idempotency.execute("order-2", FP, job)
+        other = await idempotency.execute("order-2", OTHER_FP, job)
+    assert other == Outcome(Result.MISMATCH, None)
+    assert job.calls == 1
+
+
+async def test_twenty_concurrent_identical_requests_run_once(open_store) -> None:
+    job = Job(gated=True)
+    outcomes: list[Outcome] = []
+    async with open_store() as store, serving(store) as idempotency, trio.open_nursery() as nursery:
+
+        async def one() -> None:
+            outcomes.append(await idempotency.execute("order-3", FP, job))
+
+        for _ in range(20):
+            nursery.start_soon(one)
+        await job.started.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        mismatch = await idempotency.execute("order-3", OTHER_FP, Job())  # while it runs
+        job.gate.set()
+    assert job.calls == 1
+    assert sorted(o.result.value for o in outcomes) == ["stored"] + ["waited"] * 19
+    assert all(o.response == job.response for o in outcomes)
+    assert mismatch.result is Result.MISMATCH
+
+
+async def test_gateway_made_answer_is_given_to_waiters_but_not_stored(open_store) -> None:
+    busy = Job(answer("busy", code=1007), storable=False, gated=True)
+    outcomes: list[Outcome] = []
+    async with open_store() as store, serving(store) as idempotency:
+        async with trio.open_nursery() as nursery:
+
+            async def one() -> None:
+                outcomes.append(await idempotency.execute("order-4", FP, busy))
+
+            for _ in range(3):
+                nursery.start_soon(one)
+            await busy.started.wait()
+            await trio.testing.wait_all_tasks_blocked()
+            busy.gate.set()
+        served = Job(answer("served"))
+        retried = await idempotency.execute("order-4", FP, served)
+    assert busy.calls == 1
+    assert sorted(o.result.value for o in outcomes) == ["unstored", "waited", "waited"]
+    assert all(o.response == busy.response for o in outcomes)
+    assert retried == Outcome(Result.STORED, served.response), "the client may retry a gateway-made 1007"
+
+
+async def test_a_cancelled_runner_hands_the_key_to_a_waiter(open_store) -> None:
+    stuck = Job(gated=True)
+    second = Job(answer("second"))
+    async with open_store() as store, serving(store) as idempotency, trio.open_nursery() as nursery:
+        leader = trio.CancelScope()
+
+        async def abandoned() -> None:
+            with leader:
+                await idempotency.execute("order-5", FP, stuck)
+
+        waited: list[Outcome] = []
+
+        async def waiter() -> None:
+            waited.append(await idempotency.execute("order-5", FP, second))
+
+        nursery.start_soon(abandoned)
+        await stuck.started.wait()
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        leader.cancel()  # the client went away
+    assert waited == [Outcome(Result.STORED, second.response)]
+    assert (stuck.calls, second.calls) == (1, 1)
+
+
+async def test_run_raising_frees_the_key(open_store) -> None:
+    async def broken() -> RunResult:
+        raise RuntimeError("bug")
+
+    async with open_store() as store, serving(store) as idempotency:
+        with pytest.raises(RuntimeError):
+            await idempotency.execute("order-6", FP, broken)
+        outcome = await idempotency.execute("order-6", FP, Job())
+    assert outcome.result is Result.STORED
+
+
+# --- two gateways on one store --------------------------------------------------------------
+
+
+class ReadSpy:
+    """Delegates to a store; `polled` is set once a caller reads (i.e. waits for a runner elsewhere)."""
+
+    def __init__(self, store: IdempotencyStore) -> None:
+        self._store = store
+        self.polled = trio.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def read(self, key: str) -> Record | None:
+        self.polled.set()
+        return await self._store.read(key)
+
+
+async def test_two_gateways_split_twenty_identical_requests_and_run_once(open_store) -> None:
+    job = Job(gated=True)
+    outcomes: list[Outcome] = []
+    async with open_store() as store_a, open_store() as store_b:
+        spy_b = ReadSpy(store_b)
+        async with serving(store_a) as gateway_a, serving(spy_b) as gateway_b, trio.open_nursery() as nursery:
+
+            async def one(gateway: Idempotency) -> None:
+                outcomes.append(await gateway.execute("order-7", FP, job))
+
+            nursery.start_soon(one, gateway_a)
+            await job.started.wait()
+            for index in range(19):
+                nursery.start_soon(one, (gateway_a, gateway_b)[index % 2])
+            await spy_b.polled.wait()
+            job.gate.set()
+        replayed_on_b = await gateway_b.execute("order-7", FP, Job(answer("late")))
+    assert job.calls == 1
+    assert sorted(o.result.value for o in outcomes) == ["stored"] + ["waited"] * 19
+    assert all(o.response == job.response for o in outcomes)
+    assert replayed_on_b == Outcome(Result.REPLAYED, job.response), "first seen on A, replayed by B"
+
+
+async def test_a_runner_that_died_elsewhere_frees_the_key_when_its_lease_ends(open_store) -> None:
+    lease = 0.3  # real seconds: Redis expires it itself (no mock clock: coredis' timeouts run on trio's)
+    async with open_store() as store, serving(store, lease_seconds=lease) as idempotency:
+        assert await store.claim("order-8", FP, "d" * 32, lease) is None  # a gateway that then died
+        taken_over = Job()
+        outcome = await idempotency.execute("order-8", FP, taken_over)
+    assert outcome.result is Result.STORED and taken_over.calls == 1
+
+
+# --- SQLite specifics -----------------------------------------------------------------------
+
+
+async def test_sqlite_records_survive_a_restart(tmp_path: Path) -> None:
+    settings = IdempotencySettings(path=str(tmp_path / "var" / "idempotency.sqlite3"))
+    job = Job()
+    before = await open_idempotency(settings, None)
+    await before.execute("order-9", FP, job)
+    await before.aclose()
+    after = await open_idempotency(settings, None)
+    outcome = await after.execute("order-9", FP, Job(answer("after")))
+    await after.aclose()
+    assert outcome == Outcome(Result.REPLAYED, job.response)
+
+
+async def test_sqlite_records_expire_and_are_purged(tmp_path: Path, autojump_clock) -> None:
+    store = await SqliteStore.open(tmp_path / "i.sqlite3", trio_clock)
+    async with serving(store, ttl_seconds=60, purge_interval_seconds=30) as idempotency:
+        await idempotency.execute("order-10", FP, Job())
+        await trio.sleep(59)
+        assert (await idempotency.execute("order-10", FP, Job())).result is Result.REPLAYED
+        await trio.sleep(61)  # past the TTL, and past a purge round
+        rows = await trio.to_thread.run_sync(_row_count, tmp_path / "i.sqlite3")
+        again = Job(answer("again"))
+        assert await idempotency.execute("order-10", FP, again) == Outcome(Result.STORED, again.response)
+    await store.aclose()
+    assert rows == 0
+
+
+async def test_sqlite_keeps_at_most_max_entries_dropping_the_oldest(tmp_path: Path, autojump_clock) -> None:
+    store = await SqliteStore.open(tmp_path / "i.sqlite3", trio_clock)
+    async with serving(store, max_entries=3, purge_interval_seconds=10) as idempotency:
+        for number in range(5):
+            await idempotency.execute(f"order-{number}", FP, Job())
+            await trio.sleep(1)
+        await trio.sleep(10)  # a purge round
+        rows = await trio.to_thread.run_sync(_row_count, tmp_path / "i.sqlite3")
+        kept = [await idempotency.lookup(f"order-{n}", FP) is not None for n in range(5)]
+    await store.aclose()
+    assert rows == 3
+    assert kept == [False, False, True, True, True]
+
+
+def _row_count(path: Path) -> int:
+    with sqlite3.connect(path) as connection:
+        return connection.execute("SELECT COUNT(*) FROM idempotency").fetchone()[0]
+
+
+async def test_a_failing_store_refuses_keyed_requests_without_running_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = await SqliteStore.open(tmp_path / "i.sqlite3")
+    idempotency = Idempotency(store, TTL, 1000)
+    await idempotency.execute("fits", FP, Job())
+    # The file turns unwritable under the gateway (as with a full disk): every write fails.
+    await trio.to_thread.run_sync(store._connection.execute, "PRAGMA query_only = 1")
+    job = Job()
+    with caplog.at_level(logging.ERROR, logger="edge.idempotency"):
+        for _ in range(3):
+            with pytest.raises(IdempotencyUnavailable):
+                await idempotency.execute("new-key", FP, job)
+    await idempotency.aclose()
+    assert job.calls == 0, "never run unprotected"
+    assert len(caplog.records) == 1, "logged once a minute, not per request"
+
+
+async def test_an_unopenable_sqlite_path_is_store_unavailable(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(IdempotencyUnavailable):
+        await open_idempotency(IdempotencySettings(path=str(tmp_path / "a-file" / "x.sqlite3")), None)
+
+
+# --- Redis specifics ------------------------------------------------------------------------
+
+
+async def test_redis_is_chosen_when_configured_and_records_carry_the_ttl(redis_server: RedisServer) -> None:
+    async with redis_client(redis_server.url) as redis:
+        idempotency = await open_idempotency(IdempotencySettings(ttl_hours=2), redis)
+        await idempotency.execute("order-11", FP, Job())
+        ttl_ms = await redis.pttl(RedisStore.PREFIX + "order-11")
+    assert 2 * 3600 * 1000 - 60_000 < ttl_ms <= 2 * 3600 * 1000
+
+
+async def test_redis_keeps_at_most_max_entries(redis_server: RedisServer) -> None:
+    async with redis_client(redis_server.url) as redis:
+        assert redis is not None
+        idempotency = Idempotency(RedisStore(redis, TTL), TTL, 3)
+        for number in range(5):
+            await idempotency.execute(f"order-{number}", FP, Job())
+        kept = [await idempotency.lookup(f"order-{n}", FP) is not None for n in range(5)]
+        keys = await redis.keys(RedisStore.PREFIX + "*")
+    assert kept == [False, False, True, True, True]
+    assert len(keys) == 3
+
+
+async def test_redis_killed_mid_run_answers_that_run_and_refuses_the_next(redis_server: RedisServer) -> None:
+    job = Job(gated=True)
+    async with redis_client(redis_server.url) as redis_a, redis_client(redis_server.url) as redis_b:
+        assert redis_a is not None and redis_b is not None
+        spy_b = ReadSpy(RedisStore(redis_b, TTL))
+        async with serving(RedisStore(redis_a, TTL)) as gateway_a, serving(spy_b) as gateway_b:
+            outcomes: list[Outcome] = []
+            refused: list[BaseException] = []
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: _collect(gateway_a.execute("order-12", FP, job), outcomes, refused))
+                await job.started.wait()
+                nursery.start_soon(lambda: _collect(gateway_b.execute("order-12", FP, job), outcomes, refused))
+                await spy_b.polled.wait()
+                redis_server.kill()
+                job.gate.set()
+            late = Job()
+            with pytest.raises(IdempotencyUnavailable):
+                await gateway_a.execute("order-13", FP, late)
+    assert outcomes == [Outcome(Result.UNSTORED, job.response)], "the job ran once; its answer is not lost"
+    assert [type(e) for e in refused] == [IdempotencyUnavailable], "the waiter on B cannot be answered"
+    assert job.calls == 1 and late.calls == 0
+
+
+async def _collect(operation, outcomes: list[Outcome], errors: list[BaseException]) -> None:  # type: ignore[no-untyped-def]
+    try:
+        outcomes.append(await operation)
+    except IdempotencyUnavailable as error:
+        errors.append(error)
+
+
+async def test_a_dead_redis_at_start_fails_keyed_requests_only_when_they_come(tmp_path: Path) -> None:
+    async with redis_client(f"redis://127.0.0.1:{free_port()}/0") as redis:
+        assert isinstance(redis, coredis.Redis)
+        idempotency = await open_idempotency(IdempotencySettings(), redis)
+        job = Job()
+        with pytest.raises(IdempotencyUnavailable):
+            await idempotency.execute("order-14", FP, job)
+    assert job.calls == 0

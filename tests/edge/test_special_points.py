@@ -1,0 +1,165 @@
+"""Endpoint 99 on the gateway: real face-worker processes (spawned), real MediaPipe, real photos.
+
+No GPU host exists in any of these tests: the endpoint never touches the pool. Starting a
+worker costs ~1-3 s (spawn, MediaPipe), so the default run starts one pool and asks it
+everything; the tests that need more workers or blocked jobs are `slow`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import trio
+from PIL import Image
+from skimage import data
+
+from edge.face_workers import FaceWorkers
+from edge.special_points import RETRY_AFTER_SECONDS, SpecialPoints
+from shared.contract import MSG_BACKEND_BUSY, Code
+from shared.settings import AnalysisSettings
+from tests.analysis.images import encode, no_face_photo, side_by_side
+
+LIMITS = AnalysisSettings()
+POINT_NAMES = {"trichion", "glabella", "nasion", "subnasale", "menton", "left_temple", "right_temple",
+               "left_iris_center", "right_iris_center"}
+
+
+def multipart(image: bytes, **fields: str) -> tuple[bytes, str]:
+    """A client's multipart body and its Content-Type, as httpx writes them."""
+    request = httpx.Request("POST", "http://gateway.test/", files={"image": ("photo", image)}, data=fields)
+    return request.read(), request.headers["content-type"]
+
+
+def upscaled(rgb: np.ndarray, factor: int) -> np.ndarray:
+    height, width = rgb.shape[:2]
+    return np.asarray(Image.fromarray(rgb).resize((width * factor, height * factor), Image.Resampling.LANCZOS))
+
+
+@pytest.fixture
+async def special_points(nursery: trio.Nursery) -> AsyncIterator[SpecialPoints]:
+    workers = FaceWorkers(1, queue_wait_seconds=60)
+    await nursery.start(workers.run)
+    yield SpecialPoints(workers, LIMITS)
+
+
+async def test_points_of_a_real_face_and_the_hosts_refusals(special_points: SpecialPoints) -> None:
+    photo = upscaled(data.astronaut(), 2)  # 1024×1024, ~1 MP
+    answer = await special_points.answer(*multipart(encode(photo, "JPEG", quality=92)), request_id="r-1")
+    envelope = answer.envelope
+    assert (envelope["code"], envelope["request_id"], answer.retry_after) == (0, "r-1", None)
+    assert envelope["data"]["image"] == {"width": 1024, "height": 1024}
+    points = envelope["data"]["points"]
+    assert set(points) == POINT_NAMES
+    # Anatomy, top to bottom along the midline and left to right across it.
+    heights = [points[name][1] for name in ("trichion", "glabella", "nasion", "subnasale", "menton")]
+    assert heights == sorted(heights)
+    assert points["left_temple"][0] < points["left_iris_center"][0] < points["nasion"][0]
+    assert points["nasion"][0] < points["right_iris_center"][0] < points["right_temple"][0]
+    # The astronaut's eyes, read off the 512 px original (~203, 101 and ~247, 104), doubled.
+    assert points["left_iris_center"] == pytest.approx([407, 202], abs=8)
+    assert points["right_iris_center"] == pytest.approx([493, 207], abs=8)
+
+    as_json = json.dumps({"image_base64": base64.b64encode(encode(photo, "PNG")).decode()}).encode()
+    answer = await special_points.answer(as_json, "application/json", "r-2")
+    from_json = answer.envelope["data"]["points"]
+    assert all(from_json[name] == pytest.approx(points[name], abs=1.5) for name in POINT_NAMES)  # PNG, not JPEG
+
+    refusals = {
+        Code.NO_FACE: multipart(encode(upscaled(no_face_photo(), 2), "JPEG")),
+        Code.MULTIPLE_FACES: multipart(encode(side_by_side(photo, photo), "JPEG")),
+        Code.UNSUPPORTED_IMAGE: multipart(b"GIF89a not really an image at all"),
+        Code.BAD_RESOLUTION: multipart(encode(data.astronaut()[:400], "PNG")),  # 400 px short side
+        Code.INVALID_PARAMETER: (b'{"image_base64": "@@@"}', "application/json"),
+    }
+    for code, (body, content_type) in refusals.items():
+        answer = await special_points.answer(body, content_type, "r-3")
+        assert (answer.envelope["code"], answer.envelope["data"], answer.retry_after) == (code, None, None), code
+        assert answer.envelope["message"], code
+    answer = await special_points.answer(*multipart(b"x" * (LIMITS.max_image_bytes + 1)), "r-4")
+    assert answer.envelope["code"] == Code.TOO_LARGE
+    answer = await special_points.answer(b"", "text/plain", "r-5")
+    assert answer.envelope["code"] == Code.INVALID_PARAMETER
+    assert "text/plain" in answer.envelope["message"]
+
+
+# --- a pool held busy: jobs that wait on a named pipe the test opens --------------------
+
+
+def started_then_blocked(started: str, gate: str) -> int:
+    """A job for the workers: say it started, then wait until the test opens `gate`."""
+    with open(started, "w") as pipe:
+        pipe.write(f"{os.getpid()}\n")
+    with open(gate) as pipe:
+        pipe.read()
+    return os.getpid()
+
+
+class BlockedJobs:
+    """Named pipes: a job announces itself on `started` and runs until `release()`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.started, self.gate = str(directory / "started"), str(directory / "gate")
+        os.mkfifo(self.started)
+        os.mkfifo(self.gate)
+
+    async def wait_started(self) -> int:
+        return await trio.to_thread.run_sync(self._read_started)
+
+    def _read_started(self) -> int:
+        with open(self.started) as pipe:
+            return int(pipe.readline())
+
+    async def release(self) -> None:
+        await trio.to_thread.run_sync(self._open_gate)
+
+    def _open_gate(self) -> None:
+        with open(self.gate, "w"):
+            pass  # opening and closing is the signal: every blocked reader gets end-of-file
+
+
+@pytest.mark.slow
+async def test_no_more_jobs_run_at_once_than_workers(tmp_path: Path) -> None:
+    jobs = BlockedJobs(tmp_path)
+    workers = FaceWorkers(2, queue_wait_seconds=60)
+    pids: list[int] = []
+
+    async def call() -> None:
+        pids.append(await workers.call("r", started_then_blocked, jobs.started, jobs.gate))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(workers.run)
+        async with trio.open_nursery() as calls:
+            for _ in range(5):
+                calls.start_soon(call)
+            running = {await jobs.wait_started(), await jobs.wait_started()}  # two at once: both workers
+            await trio.testing.wait_all_tasks_blocked()
+            stats = workers.statistics()
+            assert (stats.running, stats.waiting) == (2, 3)
+            while len(pids) < 5:
+                await jobs.release()
+                await trio.testing.wait_all_tasks_blocked()
+        assert len(running) == 2 and set(pids) == running  # the same two processes ran all five
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.slow
+async def test_a_pool_busy_past_the_queue_wait_answers_1007_busy_with_retry_after(tmp_path: Path) -> None:
+    jobs = BlockedJobs(tmp_path)
+    workers = FaceWorkers(1, queue_wait_seconds=0.2)
+    special_points = SpecialPoints(workers, LIMITS)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(workers.run)
+        nursery.start_soon(workers.call, "r", started_then_blocked, jobs.started, jobs.gate)
+        await jobs.wait_started()
+        answer = await special_points.answer(*multipart(encode(data.astronaut(), "PNG")), "r-busy")
+        assert (answer.envelope["code"], answer.envelope["message"]) == (Code.SYSTEM_ERROR, MSG_BACKEND_BUSY)
+        assert answer.retry_after == RETRY_AFTER_SECONDS
+        await jobs.release()
+        nursery.cancel_scope.cancel()
