@@ -6,9 +6,9 @@ the mask edge). The hairline is where t crosses 0.5 going down; how steeply it c
 in ΔE per working pixel, says whether the edge is sharp (dense hair) or soft (sparse,
 light or stubble hairs). Measured on the labelled photos: the crossing matched the label
 within ~1 working px on sharp edges and drifted on soft ones, so hairline_checks lets it
-move the mask estimate only when the edge is sharp and <= 1 mm away, or when the hair is
-too close to skin colour (white, grey) for the mask to be trusted; otherwise the
-disagreement only widens the band.
+move the mask estimate only when the edge is sharp, <= 3 mm away and the same on both
+halves of the window, or when the hair is too close to skin colour (white, grey) for the
+mask to be trusted; otherwise the disagreement only widens the band.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ them costs ~100 ms, so the model process builds it once and reuses it.
 
 from __future__ import annotations
 
-import cv2
 import numpy as np
 
 from shared.contract import Code, ContractError
@@ -151,6 +150,8 @@ def _shrink_scale(rgb: np.ndarray, longest_px: int) -> float:
 def _resized(rgb: np.ndarray, scale: float) -> np.ndarray:
     if scale == 1.0:
         return rgb
+    import cv2  # the GPU host's web process imports this module and must not load OpenCV
+
     height, width = rgb.shape[:2]
     size = (int(width * scale), int(height * scale))
     factor = int(round(1 / scale))

@@ -50,16 +50,24 @@ def quiet_native_logs() -> None:
         fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
         os.dup2(write_end, _STDERR_FD)
         os.close(write_end)
+        ours = _identity(_STDERR_FD)
         reader = threading.Thread(target=_forward, args=(read_end, original), name="native-log-filter", daemon=True)
         reader.start()
 
     def drain() -> None:
         # A last traceback is written before atexit runs: restore fd 2, which closes the
-        # pipe's last write end, and let the reader copy what is still in it.
-        os.dup2(original, _STDERR_FD)
+        # pipe's last write end, and let the reader copy what is still in it. Unless someone
+        # (pytest's capture) has pointed fd 2 elsewhere since: then the pipe is closed already.
+        if _identity(_STDERR_FD) == ours:
+            os.dup2(original, _STDERR_FD)
         reader.join(timeout=2.0)
 
     atexit.register(drain)
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    status = os.fstat(fd)
+    return status.st_dev, status.st_ino
 
 
 def _forward(read_end: int, original: int) -> None:

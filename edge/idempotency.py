@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TypeVar
 
 import coredis
 import trio
@@ -32,7 +33,6 @@ import trio
 from edge.idempotency_stores import (
     IdempotencyStore,
     IdempotencyUnavailable,
-    Record,
     RedisStore,
     SqliteStore,
     State,
@@ -55,6 +55,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("edge.idempotency")
+T = TypeVar("T")
 
 MAX_KEY_LENGTH = 128
 LEASE_SECONDS = 15.0  # a runner renews every third of this; a dead one's key frees after it
@@ -109,7 +110,8 @@ class _Flight:
     """This process's one task handling a key; others with the key wait for its outcome."""
 
     fingerprint: str
-    running: bool = False  # it holds the key in the store and runs it
+    running: bool = False  # it holds the key in the store and runs it (its lease is renewed)
+    key_taken: bool = False  # the key is known to be in use for this fingerprint (here or elsewhere)
     outcome: Outcome | None = None  # None when it ended without an answer
     finished: trio.Event = field(default_factory=trio.Event)
 
@@ -143,7 +145,7 @@ class Idempotency:
         Raises IdempotencyUnavailable when the store fails before `run` was called.
         """
         while (flight := self._flights.get(key)) is not None:
-            if flight.running and flight.fingerprint != fingerprint:
+            if flight.key_taken and flight.fingerprint != fingerprint:
                 return Outcome(Result.MISMATCH, None)
             await flight.finished.wait()
             if flight.outcome is not None and flight.fingerprint == fingerprint:
@@ -172,7 +174,8 @@ class Idempotency:
         while True:
             running = [key for key, flight in self._flights.items() if flight.running]
             try:
-                await self._guarded(self.store.renew(running, self._owner, self._lease_seconds))
+                if running:
+                    await self._guarded(self.store.renew(running, self._owner, self._lease_seconds))
                 if trio.current_time() >= next_purge:
                     next_purge = trio.current_time() + self._purge_interval_seconds
                     await self._guarded(self.store.purge(self._max_entries))
@@ -194,6 +197,7 @@ class Idempotency:
                 return Outcome(Result.MISMATCH, None)
             if record.state is State.DONE:
                 return Outcome(Result.REPLAYED, record.response)
+            flight.key_taken = True
             answered = await self._wait_elsewhere(key, flight.fingerprint)
             if answered is not None:
                 return Outcome(Result.WAITED, answered)
@@ -210,7 +214,7 @@ class Idempotency:
                 return record.response
 
     async def _run_owned(self, key: str, flight: _Flight, run: Callable[[], Awaitable[RunResult]]) -> Outcome:
-        flight.running = True
+        flight.running = flight.key_taken = True
         try:
             produced = await run()
         except BaseException:
@@ -229,7 +233,7 @@ class Idempotency:
             await self._settle(released)
         return Outcome(Result.UNSTORED, produced.response)
 
-    async def _guarded(self, operation: Awaitable[Record | None] | Awaitable[None]):  # type: ignore[no-untyped-def]
+    async def _guarded(self, operation: Awaitable[T]) -> T:
         try:
             return await operation
         except IdempotencyUnavailable as error:

@@ -71,6 +71,7 @@ class GatewayMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._max_paths = max_paths
         self._paths: set[str] = set()
+        self._by_path_code: dict[tuple[str, int | None], tuple[Any, Any]] = {}
         self._requests = Counter("hairgate_requests", "Answered /api/ requests", ["path", "code"], registry=self.registry)
         self._duration = Histogram(
             "hairgate_request_duration_seconds", "Time to answer an /api/ request", ["path"],
@@ -96,9 +97,9 @@ class GatewayMetrics:
 
     def observe_request(self, entry: RequestRecord) -> None:
         """Once per request-log entry."""
-        path = self._path_label(entry.path)
-        self._requests.labels(path=path, code=NO_CODE if entry.code is None else str(entry.code)).inc()
-        self._duration.labels(path=path).observe(entry.duration_ms / 1000)
+        requests, duration = self._children(entry.path, entry.code)
+        requests.inc()
+        duration.observe(entry.duration_ms / 1000)
         self._queue_wait.observe(entry.queue_ms / 1000)
         if entry.rate_limited:
             self._rate_limited.inc()
@@ -118,13 +119,17 @@ class GatewayMetrics:
         """Read the pool's gauges from `source()` at each scrape (nothing per request)."""
         self.registry.register(_PoolCollector(source))
 
-    def _path_label(self, path: str) -> str:
-        if path in self._paths:
-            return path
-        if len(self._paths) < self._max_paths:
-            self._paths.add(path)
-            return path
-        return OTHER_PATHS
+    def _children(self, path: str, code: int | None) -> tuple[Any, Any]:
+        # labels() costs a few µs per call; the (path, code) pairs are few, so keep them.
+        children = self._by_path_code.get((path, code))
+        if children is None:
+            label = path if path in self._paths or len(self._paths) < self._max_paths else OTHER_PATHS
+            self._paths.add(label)
+            code_label = NO_CODE if code is None else str(code)
+            children = (self._requests.labels(path=label, code=code_label), self._duration.labels(path=label))
+            if label != OTHER_PATHS:  # the unbounded tail is not cached
+                self._by_path_code[(path, code)] = children
+        return children
 
 
 _NOT_FOUND = b"not found: metrics are at /metrics\n"

@@ -143,7 +143,9 @@ async def _encoded(body: dict, endpoint: str) -> tuple[dict, bytes]:
         # /health must keep answering meanwhile.
         return body, await trio.to_thread.run_sync(_encode_json, body)
     except Exception:
-        log.exception("internal error: answer not JSON-encodable | request_id=%s endpoint=%s", body["request_id"], endpoint)
+        log.exception(
+            "internal error: answer not JSON-encodable | request_id=%s endpoint=%s", body["request_id"], endpoint
+        )
         replacement = envelope(Code.SYSTEM_ERROR, body["request_id"])
         return replacement, _encode_json(replacement)
 

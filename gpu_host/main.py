@@ -38,6 +38,9 @@ log = logging.getLogger("gpu_host.main")
 
 # Beyond the inference itself: reading the upload, encoding and sending the answer.
 GRACE_MARGIN_SECONDS = 10.0
+# Idle kept-alive connections close after this; the gateway drops its own sooner (4 s,
+# edge/forward.py) so it never sends on a connection the host is closing.
+KEEP_ALIVE_TIMEOUT_SECONDS = 5.0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,6 +84,7 @@ def hypercorn_config(host: GpuHostSettings, bind: str) -> HypercornConfig:
     config.bind = [bind]
     # A SIGTERM must not cut an inference short: the longest one may run to its timeout.
     config.graceful_timeout = host.inference_timeout_seconds + GRACE_MARGIN_SECONDS
+    config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_SECONDS
     config.accesslog = None  # one line per request comes from the app, with its request_id
     config.errorlog = logging.getLogger("hypercorn.error")
     return config
@@ -110,7 +114,7 @@ async def serve(
         model_load_timeout_seconds=settings.gpu_host.model_load_timeout_seconds,
         entry=entry,
     )
-    app = create_app(model, guard, settings.analysis)
+    app = close_idle_connections_on_shutdown(create_app(model, guard, settings.analysis))
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         await nursery.start(_handle_signals, shutdown, guard, reload)

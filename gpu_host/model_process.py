@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.connection
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
@@ -88,8 +89,9 @@ class ModelProcess:
     # -- public surface ------------------------------------------------------------------
 
     def ready(self) -> bool:
-        """The one definition of ready (the exit of a child may not have been handled yet)."""
-        return self._machine.ready and self._process is not None and self._process.is_alive()
+        """The one definition of ready, for `/health` and `infer` alike: the supervisor says
+        so and the child has not exited since (`run` may not have handled its exit yet)."""
+        return self._machine.ready and not self._child_exited()
 
     def statistics(self) -> ModelStatistics:
         machine = self._machine
@@ -192,7 +194,8 @@ class ModelProcess:
                     raise EOFError("expected Pong")
             except (EOFError, OSError, trio.ClosedResourceError) as error:
                 await self._kill()  # reaps it first, so the reason can name its exit code
-                return self._machine.exited(f"{error or type(error).__name__}; {self._exit_text()}", trio.current_time())
+                description = f"{error or type(error).__name__}; {self._exit_text()}"
+                return self._machine.exited(description, trio.current_time())
             log.info("model process ready | pid=%s device=%s segmenter=%s", self._pid(), first.device, first.segmenter)
             return self._machine.loaded(first.device, first.segmenter, trio.current_time())
         return self._machine.tick(trio.current_time())  # the load deadline passed
@@ -252,6 +255,10 @@ class ModelProcess:
     def _notify(self) -> None:
         self._transition.set()
         self._transition = trio.Event()
+
+    def _child_exited(self) -> bool:
+        """Whether the child has exited, reaped or not: its sentinel is readable from then on."""
+        return self._process is None or bool(multiprocessing.connection.wait([self._process.sentinel], timeout=0))
 
     def _pid(self) -> int | None:
         return self._process.pid if self._process else None

@@ -159,3 +159,10 @@ def test_retry_policy(kind: FailureKind, path: str, attempts: int, allowed: bool
     assert policy.allows_retry(WorkerFailure(kind, "x"), path, attempts) is allowed
     disabled = RetryPolicy(retry_on_failure=False, max_retries=1, slow_paths=frozenset())
     assert not disabled.allows_retry(WorkerFailure(kind, "x"), path, attempts)
+
+
+async def test_a_url_httpcore_cannot_send_to_is_a_connect_failure(upstream: Upstream) -> None:
+    # UnsupportedProtocol escaped the failure mapping: a traceback instead of an ejection
+    with pytest.raises(WorkerFailure) as caught:
+        await upstream.forward("ftp://127.0.0.1:1", request(), 5)
+    assert caught.value.kind is FailureKind.CONNECT

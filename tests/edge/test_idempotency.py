@@ -261,12 +261,15 @@ async def test_two_gateways_split_twenty_identical_requests_and_run_once(open_st
             for index in range(19):
                 nursery.start_soon(one, (gateway_a, gateway_b)[index % 2])
             await spy_b.polled.wait()
+            with trio.fail_after(5):  # refused at once, not after the run it does not match
+                mismatch_on_b = await gateway_b.execute("order-7", OTHER_FP, Job())
             job.gate.set()
         replayed_on_b = await gateway_b.execute("order-7", FP, Job(answer("late")))
     assert job.calls == 1
     assert sorted(o.result.value for o in outcomes) == ["stored"] + ["waited"] * 19
     assert all(o.response == job.response for o in outcomes)
     assert replayed_on_b == Outcome(Result.REPLAYED, job.response), "first seen on A, replayed by B"
+    assert mismatch_on_b.result is Result.MISMATCH
 
 
 async def test_a_runner_that_died_elsewhere_frees_the_key_when_its_lease_ends(open_store) -> None:
@@ -276,6 +279,31 @@ async def test_a_runner_that_died_elsewhere_frees_the_key_when_its_lease_ends(op
         taken_over = Job()
         outcome = await idempotency.execute("order-8", FP, taken_over)
     assert outcome.result is Result.STORED and taken_over.calls == 1
+
+
+async def test_a_run_longer_than_the_lease_keeps_its_key(open_store) -> None:
+    """The lease is renewed while the run lasts: nobody elsewhere takes the key over.
+
+    Real time (a mock clock runs ahead of the store's threads and of Redis' own expiry).
+    """
+    lease = 0.2
+    started = trio.Event()
+
+    async def slow() -> RunResult:
+        started.set()
+        await trio.sleep(3 * lease)  # the job's own duration, not a synchronisation
+        return RunResult(answer("slow"), storable=True)
+
+    second = Job(answer("second"))
+    outcomes: list[Outcome] = []
+    async with open_store() as store_a, open_store() as store_b:
+        async with serving(store_a, lease_seconds=lease) as gateway_a, serving(store_b, lease_seconds=lease) as gateway_b:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: _collect(gateway_a.execute("order-15", FP, slow), outcomes, []))
+                await started.wait()
+                nursery.start_soon(lambda: _collect(gateway_b.execute("order-15", FP, second), outcomes, []))
+    assert second.calls == 0
+    assert [o.result for o in outcomes] == [Result.STORED, Result.WAITED]
 
 
 # --- SQLite specifics -----------------------------------------------------------------------
@@ -294,12 +322,13 @@ async def test_sqlite_records_survive_a_restart(tmp_path: Path) -> None:
 
 
 async def test_sqlite_records_expire_and_are_purged(tmp_path: Path, autojump_clock) -> None:
+    # Hours, not seconds: the mock clock may jump a few seconds while a store thread runs.
     store = await SqliteStore.open(tmp_path / "i.sqlite3", trio_clock)
-    async with serving(store, ttl_seconds=60, purge_interval_seconds=30) as idempotency:
+    async with serving(store, ttl_seconds=3600, purge_interval_seconds=600) as idempotency:
         await idempotency.execute("order-10", FP, Job())
-        await trio.sleep(59)
+        await trio.sleep(3000)
         assert (await idempotency.execute("order-10", FP, Job())).result is Result.REPLAYED
-        await trio.sleep(61)  # past the TTL, and past a purge round
+        await trio.sleep(1300)  # past the TTL, and past a purge round after it
         rows = await trio.to_thread.run_sync(_row_count, tmp_path / "i.sqlite3")
         again = Job(answer("again"))
         assert await idempotency.execute("order-10", FP, again) == Outcome(Result.STORED, again.response)
@@ -313,7 +342,7 @@ async def test_sqlite_keeps_at_most_max_entries_dropping_the_oldest(tmp_path: Pa
         for number in range(5):
             await idempotency.execute(f"order-{number}", FP, Job())
             await trio.sleep(1)
-        await trio.sleep(10)  # a purge round
+        await trio.sleep(30)  # a purge round after the last insert (every 10 s, checked every 5 s)
         rows = await trio.to_thread.run_sync(_row_count, tmp_path / "i.sqlite3")
         kept = [await idempotency.lookup(f"order-{n}", FP) is not None for n in range(5)]
     await store.aclose()

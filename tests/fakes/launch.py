@@ -99,5 +99,5 @@ def write_gateway_settings(
         "idempotency": {"path": str(directory / "idempotency.sqlite3")},
     }
     # The loader refuses a host inference timeout not well below the gateway's request timeout.
-    hosts = {"inference_timeout_seconds": 5}
+    hosts = {"inference_timeout_seconds": 0.5}
     return write_settings(directory / "settings.toml", {"edge": merge(section, edge or {}), "gpu_host": hosts})

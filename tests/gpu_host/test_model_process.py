@@ -17,6 +17,7 @@ from gpu_host.model_process import ModelProcess, ModelUnavailable
 from gpu_host.supervisor import Phase
 from shared.contract import Code, ContractError
 from tests.gpu_host.conftest import Fifos, fake_model
+from tests.gpu_host.processes import is_running
 
 WAIT = 30  # generous upper bound for a spawn on a loaded 2-core machine; never reached when healthy
 
@@ -272,15 +273,8 @@ async def test_a_load_over_its_deadline_is_killed_logged_and_retried(
             while model.statistics().pid in (None, first_pid):
                 await model.wait_transition()
         nursery.cancel_scope.cancel()
-    assert first_pid is not None and not _is_running(first_pid)
+    assert first_pid is not None and not is_running(first_pid)
     assert stats.state is Phase.WAITING
     assert "model load timed out after 0.5s" in (stats.message or "")
     assert "model load timed out" in caplog.text
 
-
-def _is_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return "zombie" not in Path(f"/proc/{pid}/status").read_text()

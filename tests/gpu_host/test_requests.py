@@ -135,7 +135,7 @@ DEEP = "[" * 100_000 + "]" * 100_000
         ("/api/v1/hair/grow", {"files": image_file(b"ok"), "form": {"plans": DEEP}}, "plans"),
         ("/api/v1/hair/mark", {"files": image_file(b"ok"), "form": {"hairline_points": DEEP}}, "hairline_points"),
         ("/api/v1/hair/mark", {"json": {"image_base64": "b2s=", "hairline_points": DEEP}}, "hairline_points"),
-        (MEASURE, {"data": b'{"gender": ' + DEEP.encode() + b"}", "headers": {"Content-Type": "application/json"}}, "嵌套"),
+        (MEASURE, {"data": f'{{"gender": {DEEP}}}'.encode(), "headers": {"Content-Type": "application/json"}}, "嵌套"),
     ],
 )
 async def test_deeply_nested_json_is_1001_not_an_internal_error(path: str, kwargs: dict, fragment: str) -> None:

@@ -64,11 +64,13 @@ def test_real_host_opens_at_once_loads_in_the_child_serves_and_stops_cleanly(tmp
 def test_web_process_modules_never_include_torch_or_mediapipe() -> None:
     script = """
 import sys
-from gpu_host import app, auth, main, model_process, protocol, uploads
+from gpu_host import app, auth, connections, main, model_process, protocol, supervisor, uploads
 from gpu_host.auth import TokenGuard
 from shared.settings import Settings
 settings = Settings()
-model = model_process.ModelProcess(main.child_config(settings), inference_timeout_seconds=1)
+model = model_process.ModelProcess(
+    main.child_config(settings), inference_timeout_seconds=1, model_load_timeout_seconds=1
+)
 app.create_app(model, TokenGuard(("t",)), settings.analysis)
 print(sorted(m for m in ("torch", "mediapipe", "cv2", "numpy") if m in sys.modules))
 """
@@ -166,3 +168,14 @@ def test_a_taken_port_exits_1_with_one_line_and_leaves_no_model_child(tmp_path: 
     assert f"cannot serve on 127.0.0.1:{port}" in out.stderr.strip().splitlines()[-1]
     started = re.search(r"model process started \| pid=(\d+)", out.stderr)
     assert started is None or not is_running(int(started[1]))
+
+
+def test_an_address_that_is_not_ours_is_reported_as_itself_before_anything_starts(tmp_path: Path) -> None:
+    cluster = cluster_files(tmp_path, hosts=1)
+    argv = cluster.hosts[0].argv[:-1] + ["192.0.2.1:20001"]  # TEST-NET-1: no interface has it
+    out = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == (
+        "hairgate gpu-host: cannot serve on 192.0.2.1:20001: [Errno 99] Cannot assign requested address"
+    )
+    assert "model process started" not in out.stderr  # the socket is bound before the model loads

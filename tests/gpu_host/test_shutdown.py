@@ -75,7 +75,7 @@ async def _kept_alive_connection(host: Host) -> trio.SocketStream:
     while b"\r\n\r\n" not in received:
         received += await stream.receive_some()
     head, _, body = received.partition(b"\r\n\r\n")
-    length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")).split(b":")[1])
+    (length,) = [int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
     while len(body) < length:
         body += await stream.receive_some()
     assert head.startswith(b"HTTP/1.1 200")
@@ -118,5 +118,6 @@ async def test_sigterm_lets_an_inference_longer_than_five_seconds_finish(fifos: 
         answers = await _request_in_flight(host, fifos, nursery)
         os.kill(os.getpid(), signal.SIGTERM)
         await trio.sleep(6)  # the scenario itself: an inference that outlasts the old 5 s grace
+        assert not host.stopped.is_set()  # (a stopped host has killed the child: nobody to release)
         await fifos.release_child()
     assert [(a.status_code, a.json()["code"]) for a in answers] == [(200, 0)]

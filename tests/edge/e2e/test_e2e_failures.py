@@ -163,7 +163,7 @@ async def test_timeout_is_retried_except_on_slow_paths(cluster: Cluster, path: s
     await slow.configure(latency_ms=4000)
     edge = {
         "health_check": {"cooldown_seconds": 30},
-        "dispatch": {"request_timeout_seconds": 1, "slow_request_timeout_seconds": 1},
+        "dispatch": {"request_timeout_seconds": 2, "slow_request_timeout_seconds": 2},
     }
     cluster.start_gateway(edge=edge)
     answers = {}

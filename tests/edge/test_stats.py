@@ -1,0 +1,110 @@
+"""`/admin/stats` aggregates (gateway.md § Request log and stats): exact shape, windows, bounds."""
+
+from __future__ import annotations
+
+import pickle
+import random
+import statistics
+
+import pytest
+
+from edge.request_log import RequestRecord
+from edge.stats import OTHER_PATHS, RequestStats
+
+START = 1_796_112_000.0  # 2026-12-01T08:00:00Z
+MEASURE = "/api/v1/hair/measure"
+GROW = "/api/v1/hair/grow"
+
+
+def entry(path: str = MEASURE, code: int | None = 0, worker: int | None = 0, duration_ms: float = 100.0,
+          queue_ms: float = 0.1, http_status: int = 200, replay: bool = False, limited: bool = False) -> RequestRecord:  # fmt: skip
+    return RequestRecord(
+        ts="2026-12-01T08:00:00Z", request_id="r", method="POST", path=path, client_ip="127.0.0.1", worker=worker,
+        attempts=1, queue_ms=queue_ms, duration_ms=duration_ms, http_status=http_status, code=code, bytes_in=1,
+        bytes_out=1, idempotent_replay=replay, rate_limited=limited,
+    )  # fmt: skip
+
+
+EMPTY_WINDOW = {
+    "requests": 0,
+    "by_path": {},
+    "by_worker": {},
+    "queue_wait_ms": {"p50": None, "p99": None},
+    "replays": 0,
+    "rate_limited": 0,
+}
+
+
+def test_nothing_recorded_gives_null_percentiles() -> None:
+    assert RequestStats(started_at=START).snapshot(START + 5) == {
+        "since_start": EMPTY_WINDOW,
+        "last_hour": EMPTY_WINDOW,
+        "started_at": "2026-12-01T08:00:00Z",
+    }
+
+
+def test_the_spec_example_shape_and_counts() -> None:
+    stats = RequestStats(started_at=START)
+    now = START + 10
+    for _ in range(60):
+        stats.record(entry(worker=0, duration_ms=160.0), now)
+    for _ in range(37):
+        stats.record(entry(worker=1, duration_ms=160.0), now)
+    stats.record(entry(worker=0, code=1007, http_status=502), now)  # the worker broke
+    stats.record(entry(worker=None, code=1007, http_status=503), now)  # no worker: gateway-made
+    stats.record(entry(worker=None, code=1007, http_status=429, limited=True), now)
+    stats.record(entry(path=GROW, worker=None, code=0, replay=True), now)
+    window = stats.snapshot(now)["since_start"]
+    assert window["requests"] == 101
+    assert window["by_path"][MEASURE]["count"] == 100
+    assert window["by_path"][MEASURE]["codes"] == {"0": 97, "1007": 3}
+    assert set(window["by_path"][MEASURE]["latency_ms"]) == {"p50", "p95", "p99"}
+    assert window["by_path"][MEASURE]["latency_ms"]["p50"] == pytest.approx(160.0, rel=0.01)
+    assert window["by_worker"] == {"0": {"served": 60, "failed": 1}, "1": {"served": 37, "failed": 0}}
+    assert set(window["queue_wait_ms"]) == {"p50", "p99"}
+    assert (window["replays"], window["rate_limited"]) == (1, 1)
+    assert stats.snapshot(now)["last_hour"] == window
+
+
+def test_percentiles_are_within_one_percent() -> None:
+    chance = random.Random(2)
+    latencies = [chance.lognormvariate(5, 0.6) for _ in range(5000)]
+    waits = [chance.expovariate(0.05) for _ in range(5000)]
+    stats = RequestStats(started_at=START)
+    for latency, wait in zip(latencies, waits, strict=True):
+        stats.record(entry(duration_ms=latency, queue_ms=wait), START + 1)
+    window = stats.snapshot(START + 1)["since_start"]
+    exact = statistics.quantiles(latencies, n=100, method="inclusive")
+    for name, index in (("p50", 49), ("p95", 94), ("p99", 98)):
+        assert window["by_path"][MEASURE]["latency_ms"][name] == pytest.approx(exact[index], rel=0.02), name
+    assert window["queue_wait_ms"]["p99"] == pytest.approx(statistics.quantiles(waits, n=100)[98], rel=0.02)
+
+
+def test_last_hour_forgets_what_is_older_than_an_hour() -> None:
+    stats = RequestStats(started_at=START)
+    stats.record(entry(duration_ms=5000), START)
+    stats.record(entry(path=GROW, duration_ms=50), START + 1800)
+    stats.record(entry(duration_ms=50), START + 3700)
+    snapshot = stats.snapshot(START + 3700)
+    assert snapshot["since_start"]["requests"] == 3
+    assert snapshot["last_hour"]["requests"] == 2
+    assert snapshot["last_hour"]["by_path"][MEASURE]["latency_ms"]["p99"] == pytest.approx(50, rel=0.01)
+    later = stats.snapshot(START + 3600 * 3)["last_hour"]
+    assert later["requests"] == 0 and later["by_path"] == {} and later["queue_wait_ms"]["p50"] is None
+
+
+def test_memory_is_bounded_whatever_the_traffic() -> None:
+    stats = RequestStats(started_at=START, max_paths=4)
+    chance = random.Random(3)
+
+    def traffic(count: int) -> None:
+        for _ in range(count):
+            path = f"/api/v1/random/{chance.randrange(10**9)}"
+            stats.record(entry(path=path, duration_ms=chance.uniform(0.01, 600_000)), START + chance.uniform(0, 7200))
+
+    traffic(4_000)
+    size_before = len(pickle.dumps(stats))
+    traffic(12_000)
+    assert len(pickle.dumps(stats)) < size_before * 1.3
+    by_path = stats.snapshot(START + 7200)["since_start"]["by_path"]
+    assert len(by_path) == 4 + 1 and OTHER_PATHS in by_path, "four paths told apart, the rest as one"
