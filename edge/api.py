@@ -27,6 +27,7 @@ from edge.forward import (
     WorkerFailure,
     WorkerRefusal,
 )
+from edge.metrics import GatewayMetrics
 from edge.rewrite import BadImage, DecodedImages, ImageStore, ImageWriteError, has_images
 from shared.contract import (
     DEFAULT_MESSAGES,
@@ -58,6 +59,13 @@ class ApiAnswer:
     attempts: int = 0
     queue_seconds: float = 0.0
     client_left: bool = False  # nobody to answer: the client disconnected
+    gateway_made: bool = False  # the gateway's own envelope, not a worker's answer
+
+    @property
+    def storable(self) -> bool:
+        """May be replayed to a retry with the same Idempotency-Key: never a gateway-made
+        1007 (no worker, busy, retries exhausted), which the client should try again."""
+        return not self.client_left and not (self.gateway_made and self.code == Code.SYSTEM_ERROR)
 
 
 def encode(document: Any) -> bytes:
@@ -77,8 +85,10 @@ class ApiService:
         request_timeout_seconds: float,
         slow_request_timeout_seconds: float,
         probe_interval_seconds: float,
+        metrics: GatewayMetrics,
     ) -> None:
         self._dispatcher = dispatcher
+        self._metrics = metrics
         self._upstream = upstream
         self._images = images
         self._policy = policy
@@ -92,7 +102,7 @@ class ApiService:
         if code is Code.SYSTEM_ERROR:
             nothing_online = not self._dispatcher.pool.any_online()
             retry_after = math.ceil(self._probe_interval_seconds) if nothing_online else BUSY_RETRY_AFTER_SECONDS
-        return ApiAnswer(encode(envelope(code, request_id, None, message)), int(code), retry_after)
+        return ApiAnswer(encode(envelope(code, request_id, None, message)), int(code), retry_after, gateway_made=True)
 
     async def handle(self, request: ForwardRequest, watch: ClientWatch | None = None) -> ApiAnswer:
         if request.path in GATEWAY_ENDPOINT_PATHS:
@@ -131,6 +141,7 @@ class ApiService:
                 )
                 if not self._policy.allows_retry(failure, request.path, progress.attempts):
                     return self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_UNAVAILABLE)
+                self._metrics.observe_retry(failure.kind.value)
                 continue
             except WorkerRefusal as refusal:
                 log.warning("后端拒绝请求 | request_id=%s | worker=%s | %s", request.request_id, progress.worker, refusal)
@@ -159,12 +170,17 @@ class ApiService:
                 answer = await self._upstream.forward(lease.url, request, timeout_seconds)
                 images = await self._images.decode(answer.envelope) if has_images(answer.raw) else None
             except WorkerFailure as failure:
-                self._dispatcher.eject(lease.index, str(failure))
+                self._eject(lease.index, failure)
                 raise
             except BadImage as error:
-                self._dispatcher.eject(lease.index, f"unusable_body: {error}")
-                raise WorkerFailure(FailureKind.UNUSABLE_BODY, str(error)) from None
+                failure = WorkerFailure(FailureKind.UNUSABLE_BODY, str(error))
+                self._eject(lease.index, failure)
+                raise failure from None
         return answer, images
+
+    def _eject(self, index: int, failure: WorkerFailure) -> None:
+        self._dispatcher.eject(index, str(failure))
+        self._metrics.observe_ejection(index, failure.kind.value)
 
     async def _finish(self, request: ForwardRequest, answer: WorkerAnswer, images: DecodedImages | None) -> ApiAnswer:
         """The client-facing envelope; the worker is already free while the files are written."""

@@ -1,25 +1,33 @@
 """The app factory: the `Gateway` object graph, and the ASGI router Hypercorn serves.
 
 `build_gateway(settings)` wires pool, dispatcher, upstream client, image store, request
-log and API service; `create_app(gateway)` returns the router over `edge.routes`, whose
-handlers reach the gateway through the `Gateway` object, never module globals. What runs
-in the background (prober, request log) is started by `edge.main.serve`, in one nursery.
+log, stats, metrics, admission and API service; `create_app(gateway)` returns the router
+over `edge.routes`, whose handlers reach the gateway through the `Gateway` object, never
+module globals. What must be opened first (the shared Redis, the idempotency store) is
+passed in, and what runs in the background is started by `edge.main.serve`, in one nursery.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.metadata import version
 
+import coredis
 import trio
 
+from edge.admission import Admission
 from edge.api import ApiService
 from edge.dispatch import Dispatcher
 from edge.forward import RetryPolicy, Upstream
 from edge.http import Limits, Router
+from edge.idempotency import Idempotency
+from edge.metrics import GatewayMetrics, pool_gauges
 from edge.pool import Pool, Thresholds
-from edge.request_log import RequestLog
+from edge.rate_limit import ClientKeys, build_rate_limiter
+from edge.request_log import RequestLog, RequestRecord
 from edge.rewrite import ImageStore
 from edge.routes import not_found, routes
+from edge.stats import RequestStats
 from shared.settings import Settings
 
 FILE_THREADS = 4  # concurrent file reads/writes; PNGs are small, the disk is the limit
@@ -35,14 +43,28 @@ class Gateway:
     request_log: RequestLog
     api: ApiService
     file_threads: trio.CapacityLimiter
+    stats: RequestStats
+    metrics: GatewayMetrics
+    admission: Admission
+    idempotency: Idempotency | None = None
 
     @property
     def pool(self) -> Pool:
         return self.dispatcher.pool
 
 
-def build_gateway(settings: Settings, upstream: Upstream | None = None) -> Gateway:
-    """The object graph of one gateway; tests pass a fake `upstream` (as httpx takes a transport)."""
+def build_gateway(
+    settings: Settings,
+    upstream: Upstream | None = None,
+    *,
+    idempotency: Idempotency | None = None,
+    redis: coredis.Redis[bytes] | None = None,
+) -> Gateway:
+    """The object graph of one gateway; tests pass a fake `upstream` (as httpx takes a transport).
+
+    `idempotency` (None: keys are ignored) and `redis` (None: rate limits in memory) are
+    opened by the caller, who closes them.
+    """
     edge = settings.edge
     checks = edge.health_check
     pool = Pool(
@@ -62,6 +84,8 @@ def build_gateway(settings: Settings, upstream: Upstream | None = None) -> Gatew
         ca_file=edge.pool.ca_file,
     )
     file_threads = trio.CapacityLimiter(FILE_THREADS)
+    metrics = GatewayMetrics(version("hairgate"))
+    metrics.watch_pool(lambda: pool_gauges(pool, _queue_length(dispatcher)))
     policy = RetryPolicy(edge.dispatch.retry_on_failure, edge.dispatch.max_retries, frozenset(edge.dispatch.slow_paths))
     api = ApiService(
         dispatcher,
@@ -71,9 +95,19 @@ def build_gateway(settings: Settings, upstream: Upstream | None = None) -> Gatew
         request_timeout_seconds=edge.dispatch.request_timeout_seconds,
         slow_request_timeout_seconds=edge.dispatch.slow_request_timeout_seconds,
         probe_interval_seconds=checks.interval_seconds,
+        metrics=metrics,
     )
     request_log = RequestLog(edge.request_log, edge.request_log_max_bytes)
-    return Gateway(settings, dispatcher, upstream, request_log, api, file_threads)
+    limiter = build_rate_limiter(edge.rate_limit, redis)
+    admission = Admission(limiter, ClientKeys(edge.rate_limit), idempotency, metrics)
+    return Gateway(
+        settings, dispatcher, upstream, request_log, api, file_threads, RequestStats(), metrics, admission, idempotency
+    )
+
+
+def _queue_length(dispatcher: Dispatcher) -> int:
+    stats = dispatcher.statistics()
+    return stats.waiting_for_slot + stats.waiting_for_worker
 
 
 def create_app(gateway: Gateway) -> Router:
@@ -83,10 +117,15 @@ def create_app(gateway: Gateway) -> Router:
         body_idle_timeout_seconds=edge.body_idle_timeout_seconds,
         body_timeout_seconds=edge.body_timeout_seconds,
     )
+    def record(entry: RequestRecord) -> None:
+        gateway.request_log.record(entry)
+        gateway.stats.record(entry)
+        gateway.metrics.observe_request(entry)
+
     return Router(
         routes(gateway),
         not_found,
-        gateway.request_log,
+        record,
         limits,
         token=lambda: gateway.settings.auth.shared_password,
     )

@@ -23,7 +23,7 @@ from typing import Any
 import trio
 
 from edge.dispatch import ClientWatch
-from edge.request_log import RequestLog, RequestRecord
+from edge.request_log import RequestRecord
 from shared.contract import HEADER_REQUEST_ID, HEADER_TOKEN, request_id_from_header
 
 log = logging.getLogger("edge.http")
@@ -63,6 +63,7 @@ class Request:
     request_id: str
     body: bytes
     watch: ClientWatch
+    admission: object | None = None  # what the route's `admit` hook noted for its handler
 
     def header(self, name: bytes) -> str | None:
         value = self.headers.get(name)
@@ -90,6 +91,7 @@ class Response:
     content_type: bytes = _JSON
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     outcome: Outcome | None = None
+    storable: bool = True  # may be replayed to a retry with the same Idempotency-Key
     body_unread: bool = False  # refused before its body was read to the end: close after it
     drain_body: bool = False  # … unless the rest is to be read and dropped (a body too large)
 
@@ -117,6 +119,9 @@ class Route:
     logged: bool = False  # one request-log line per request (the `/api/` routes)
     drain_refused_body: bool = False  # answer an over-limit body, then read and drop the rest
     watch_departure: bool = False  # tell the handler (`Request.watch`) when the client leaves
+    # Runs after the token check and before the body is read (a rate limit): an answer
+    # refuses the request without reading its body, None lets it in.
+    admit: Handler | None = None
 
     @property
     def is_prefix(self) -> bool:
@@ -142,14 +147,14 @@ class Router:
         self,
         routes: Sequence[Route],
         not_found: Handler,
-        request_log: RequestLog,
+        record: Callable[[RequestRecord], None],
         limits: Limits,
         token: Callable[[], str],
     ) -> None:
         self._exact = {route.path: route for route in routes if not route.is_prefix}
         self._prefixes = [route for route in routes if route.is_prefix]
         self._not_found = not_found
-        self._request_log = request_log
+        self._record = record  # the request log, the stats, the metrics
         self._limits = limits
         self._token = token  # read per request: the shared password can change while serving
 
@@ -198,6 +203,8 @@ class Router:
             return _method_not_allowed(route.methods)
         if route.token and not _token_ok(request.headers.get(_TOKEN), self._token()):
             return _unread(refusals.bad_token(request.request_id))
+        if route.admit is not None and (refused := await route.admit(request)) is not None:
+            return _unread(refused)
         try:
             body = await self._read_body(request.headers, receive, route.max_body_bytes)
         except _BodyTooLarge:
@@ -251,7 +258,7 @@ class Router:
         outcome = response.outcome if response else None
         left = response is None or response.status == CLIENT_CLOSED or request.watch.left
         status = CLIENT_CLOSED if left else response.status  # type: ignore[union-attr]
-        self._request_log.record(
+        self._record(
             RequestRecord(
                 ts=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
                 request_id=request.request_id,
@@ -267,6 +274,7 @@ class Router:
                 bytes_in=len(request.body),
                 bytes_out=0 if left or response is None else len(response.body),
                 idempotent_replay=outcome.idempotent_replay if outcome else False,
+                rate_limited=outcome.rate_limited if outcome else False,
             )
         )
 

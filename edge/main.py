@@ -13,14 +13,17 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from functools import partial
+from typing import Any
 
 import hypercorn.trio
 import trio
 from hypercorn.config import Config
 
 from edge.app import build_gateway, create_app
+from edge.idempotency import open_idempotency
+from edge.metrics import metrics_app
 from edge.prober import Prober
+from edge.shared_state import redis_client
 from shared.logs import configure_logging
 from shared.settings import Settings, SettingsError, load_settings
 
@@ -70,9 +73,10 @@ def check_edge_settings(settings: Settings) -> None:
         )
     if not settings.edge.pool.workers:
         raise SettingsError("edge.pool.workers is empty: the gateway needs at least one worker URL")
-    host, _, port = settings.edge.bind.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise SettingsError(f"edge.bind must be HOST:PORT, got {settings.edge.bind!r}")
+    for key, bind in (("edge.bind", settings.edge.bind), ("edge.metrics_bind", settings.edge.metrics_bind or "x:1")):
+        host, _, port = bind.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SettingsError(f"{key} must be HOST:PORT, got {bind!r}")
 
 
 async def serve(
@@ -81,36 +85,68 @@ async def serve(
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run one gateway until `shutdown_trigger` returns (default: SIGTERM or SIGINT)."""
-    gateway = build_gateway(settings)
-    checks = settings.edge.health_check
-    prober = Prober(
-        gateway.dispatcher,
-        gateway.upstream.probe,
-        path=checks.path,
-        interval_seconds=checks.interval_seconds,
-        timeout_seconds=checks.timeout_seconds,
-    )
-    try:
-        async with trio.open_nursery() as background:
-            await background.start(gateway.request_log.run)
-            await background.start(prober.run)  # returns after the first probe round
-            async with trio.open_nursery() as server:
-                urls = await server.start(
-                    partial(
-                        hypercorn.trio.serve,
-                        create_app(gateway),
-                        hypercorn_config(settings),
-                        shutdown_trigger=shutdown_trigger or wait_for_stop_signal,
-                    )
-                )
-                log.info("网关开始服务 | 地址=%s", " ".join(urls))
-                task_status.started(urls)
-            log.info("网关已停止接收请求，进行中的请求已结束")
-            background.cancel_scope.cancel()  # the server has drained: stop probing, flush the log
-    finally:
-        with trio.CancelScope(shield=True):
-            await gateway.upstream.aclose()
+    """Run one gateway until `shutdown_trigger` returns (default: SIGTERM or SIGINT).
+
+    Every task of the gateway is started here: the shared state is opened first, then the
+    background tasks (the prober's first round before anything listens), then the public
+    listener and the metrics listener. Stopping runs the other way round.
+    """
+    stopping = trio.Event()
+    edge = settings.edge
+    async with redis_client(edge.shared_state.redis_url) as redis:
+        idempotency = await open_idempotency(edge.idempotency, redis) if edge.idempotency.enabled else None
+        gateway = build_gateway(settings, idempotency=idempotency, redis=redis)
+        checks = edge.health_check
+        prober = Prober(
+            gateway.dispatcher,
+            gateway.upstream.probe,
+            path=checks.path,
+            interval_seconds=checks.interval_seconds,
+            timeout_seconds=checks.timeout_seconds,
+        )
+        try:
+            async with trio.open_nursery() as background:
+                await background.start(gateway.request_log.run)
+                if idempotency is not None:
+                    await background.start(idempotency.run)
+                await background.start(prober.run)  # returns after the first probe round
+                background.start_soon(_stop_on, shutdown_trigger or wait_for_stop_signal, stopping)
+                async with trio.open_nursery() as server:
+                    urls = await server.start(_serve, create_app(gateway), hypercorn_config(settings), stopping)
+                    if edge.metrics_bind:
+                        metrics_urls = await server.start(
+                            _serve, metrics_app(gateway.metrics), _metrics_config(edge.metrics_bind), stopping
+                        )
+                        log.info("指标服务已启动 | 地址=%s/metrics", " ".join(metrics_urls))
+                    log.info("网关开始服务 | 地址=%s", " ".join(urls))
+                    task_status.started(urls)
+                log.info("网关已停止接收请求，进行中的请求已结束")
+                background.cancel_scope.cancel()  # the server has drained: stop probing, flush the log
+        finally:
+            with trio.CancelScope(shield=True):
+                await gateway.upstream.aclose()
+                if idempotency is not None:
+                    await idempotency.aclose()
+
+
+async def _serve(
+    app: Any, config: Config, stopping: trio.Event, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+) -> None:
+    await hypercorn.trio.serve(app, config, shutdown_trigger=stopping.wait, task_status=task_status)
+
+
+async def _stop_on(trigger: Callable[[], Awaitable[None]], stopping: trio.Event) -> None:
+    await trigger()
+    stopping.set()
+
+
+def _metrics_config(bind: str) -> Config:
+    config = Config()
+    config.bind = [bind]
+    config.include_server_header = False
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    return config
 
 
 def hypercorn_config(settings: Settings) -> Config:

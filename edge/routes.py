@@ -11,6 +11,10 @@ the `Gateway` passed in, never module globals.
 | /monitor                      | GET, HEAD | no    | none    | external alerting (seed 001)   |
 | /monitor/fault                | POST      | yes   | 64 KiB  | the alert drill switch         |
 | /static/annotations/<uuid>.png| GET, HEAD | no    | none    | annotation PNGs                |
+| /admin/stats                  | GET       | yes   | none    | request aggregates             |
+
+`/api/` POSTs are rate-limited before their body is read and honour `Idempotency-Key`
+(`edge.admission`).
 """
 
 from __future__ import annotations
@@ -52,12 +56,13 @@ def routes(gateway: Gateway) -> list[Route]:
         Route(
             API_PREFIX,
             None,  # ApiService answers a wrong method with its own envelope
-            lambda request: _api(gateway, request),
+            lambda request: gateway.admission.around(request, lambda: _api(gateway, request)),
             _ENVELOPE_REFUSALS,
             max_body_bytes=gateway.settings.edge.max_body_bytes,
             logged=True,
             drain_refused_body=True,
             watch_departure=True,
+            admit=gateway.admission.before_body,
         ),
         _status_page("/health", lambda: (200, monitor.health())),
         _status_page("/gateway-health", lambda: (200, monitor.gateway_health(pool.statistics()))),
@@ -71,6 +76,13 @@ def routes(gateway: Gateway) -> list[Route]:
             token=True,
         ),
         Route("/static/", _READ_ONLY, lambda request: _static(gateway, request), _STATUS_REFUSALS),
+        Route(
+            "/admin/stats",
+            frozenset({"GET"}),
+            lambda request: _admin_stats(gateway),
+            _STATUS_REFUSALS,
+            token=True,
+        ),
     ]
 
 
@@ -105,7 +117,7 @@ def _api_response(answer: ApiAnswer) -> Response:
     if answer.client_left:
         return Response(CLIENT_CLOSED, b"", outcome=outcome)
     headers = [] if answer.retry_after is None else [(_RETRY_AFTER, str(answer.retry_after).encode())]
-    return Response(200, answer.body, headers=headers, outcome=outcome)
+    return Response(200, answer.body, headers=headers, outcome=outcome, storable=answer.storable)
 
 
 def _refused_envelope(request_id: str, code: Code, message: str) -> Response:
@@ -163,6 +175,10 @@ async def _monitor_fault(gateway: Gateway, request: Request) -> Response:
             "模拟故障%s | 来源=%s", "已开启" if enabled else "已关闭", request.client_ip
         )
     return _json(200, monitor.fault_answer(enabled))
+
+
+async def _admin_stats(gateway: Gateway) -> Response:
+    return _json(200, gateway.stats.snapshot())
 
 
 # --- annotation files ------------------------------------------------------------------

@@ -42,6 +42,7 @@ import httpx
 import trio
 
 from shared.contract import HEADER_TOKEN
+from shared.errors import reason
 from shared.secrets_file import SecretsFileError, is_acceptable_token, read_secret, write_secret
 from shared.settings import ENV_SHARED_PASSWORD, token_fingerprint
 
@@ -95,7 +96,7 @@ class Admin:
             try:
                 response = await self._client.request(method, url, headers={HEADER_TOKEN: token}, json=body)
             except httpx.HTTPError as error:
-                raise RotationFailed(f"{method} {url}: {type(error).__name__}: {error}") from None
+                raise RotationFailed(f"{method} {url}: {reason(error)}") from None
             if response.status_code == 401:
                 continue
             if response.status_code != 200:
@@ -260,6 +261,8 @@ def options_from(args: argparse.Namespace) -> Options:
     pending = secrets_path.with_name(secrets_path.name + ".pending") if secrets_path else Path(PENDING_FILE)
     new = _new_token(args, pending)
     if new == old:
+        if pending.exists():  # the last run updated --secrets, then stopped before its clean-up
+            raise UsageError(f"the rotation saved in {pending} is complete: delete that file")
         raise UsageError("the new token is the current one")
     return Options(
         gateways=tuple(url.rstrip("/") for url in args.gateway),
@@ -340,7 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         trio.run(run, options, out)
     except RotationFailed as error:
         out(f"FAILED: {error}")
-        out("nothing unsafe is left behind: run the same command again to complete the rotation")
+        if not options.dry_run:
+            out("nothing unsafe is left behind: run the same command again to complete the rotation")
         return 1
     except KeyboardInterrupt:
         out("interrupted: run the same command again to complete the rotation")

@@ -21,6 +21,9 @@ def make_settings(tmp_path: Path, **edge: object) -> Settings:
         "request_log": str(tmp_path / "request_log.jsonl"),
         "public_base_url": "http://gateway.test",
         "pool": {"workers": WORKERS, "primary_workers": WORKERS[:2]},
+        "metrics_bind": "",
+        "rate_limit": {"enabled": False},
+        "idempotency": {"enabled": False},
         **edge,
     }
     # The hosts' inference timeout must sit below the gateway's request timeout (checked).

@@ -97,6 +97,9 @@ def write_gateway_settings(
             "max_retries": 1,
         },
         "idempotency": {"path": str(directory / "idempotency.sqlite3")},
+        # every test client is 127.0.0.1: tests of the limit turn it on with their own numbers
+        "rate_limit": {"enabled": False},
+        "metrics_bind": "",  # tests that read metrics name a free port
     }
     # The loader refuses a host inference timeout not well below the gateway's request timeout.
     hosts = {"inference_timeout_seconds": 0.5}

@@ -30,6 +30,7 @@ from shared.contract import HEADER_TOKEN
 from shared.secrets_file import SecretsSource, read_secret
 from shared.settings import ENV_ACCEPT_PASSWORDS, token_fingerprint
 from tests.fakes.admin_host import host_app
+from tests.fakes.tls import TlsFiles, tls_files
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "rotate_token.py"
 _spec = importlib.util.spec_from_file_location("rotate_token", SCRIPT)
@@ -79,10 +80,12 @@ class FakeGateway:
                 await trio.sleep(0.05)
 
 
-async def serve(nursery: trio.Nursery, app: QuartTrio) -> str:
+async def serve(nursery: trio.Nursery, app: QuartTrio, tls: TlsFiles | None = None) -> str:
     config = Config()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
+    if tls is not None:
+        config.certfile, config.keyfile = str(tls.certfile), str(tls.keyfile)
     urls = await nursery.start(partial(hypercorn.trio.serve, app, config))
     return urls[0]
 
@@ -203,3 +206,21 @@ def test_unreachable_gateway_is_exit_1_with_a_message(tmp_path: Path, monkeypatc
     assert code == 1
     out = capsys.readouterr().out
     assert "FAILED" in out and "127.0.0.1:1" in out and OLD not in out and NEW not in out
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+async def test_https_gateway_is_verified_against_the_ca_file(tmp_path: Path, monkeypatch: Any, trusted: bool) -> None:
+    monkeypatch.chdir(tmp_path)
+    served = tls_files(tmp_path / "served")
+    ca_file = served.ca_file if trusted else tls_files(tmp_path / "other").ca_file
+    lines: list[str] = []
+    async with trio.open_nursery() as nursery:
+        url = await serve(nursery, FakeGateway(OLD, ["http://127.0.0.1:9"]).app, served)
+        opts = options(tmp_path, [url], new_token=NEW, dry_run=True, ca_file=ca_file)
+        if trusted:
+            await rotate_token.run(opts, lines.append)
+            assert any("1 worker(s)" in line for line in lines)
+        else:
+            with pytest.raises(rotate_token.RotationFailed, match="CERTIFICATE_VERIFY_FAILED"):
+                await rotate_token.run(opts, lines.append)
+        nursery.cancel_scope.cancel()

@@ -7,10 +7,10 @@ import pytest
 import trio
 
 from shared.contract import Code
-from tests.edge.e2e.harness import MEASURE, NOT_BUILT_YET, Cluster, measure, wait_until
+from tests.edge.e2e.harness import MEASURE, Cluster, measure, wait_until
 from tests.fakes.launch import FakeWorkerProcess
 
-pytestmark = [pytest.mark.slow, NOT_BUILT_YET]
+pytestmark = [pytest.mark.slow]
 
 
 async def _jobs(fake: FakeWorkerProcess) -> int:

@@ -205,7 +205,6 @@ async def test_sighup_swaps_workers_without_failing_a_request(cluster: Cluster) 
 
 
 @pytest.mark.slow
-@NOT_BUILT_YET
 async def test_admin_stats_requires_the_token_and_counts_requests(cluster: Cluster) -> None:
     cluster.start_fakes(1)
     cluster.start_gateway()

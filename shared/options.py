@@ -1,8 +1,9 @@
-"""The non-image fields of each GPU endpoint: parsed and validated into plain Python.
+"""The non-image fields of each business endpoint: parsed and validated into plain Python.
 
-Pure on purpose (no numpy, torch or mediapipe): the GPU host's web process calls
-`parse_options` before any work reaches the model process, so a bad field costs a dict
-lookup, not a model call (gpu_host.md: 1001 comes before every image check).
+Pure on purpose (no numpy, torch or mediapipe): the gateway (before a queue slot is taken)
+and the GPU host's web process (before any work reaches the model process) both call
+`parse_options` through `shared.uploads`, so a bad field costs a dict lookup, not a model
+call (gpu_host.md: 1001 comes before every image check).
 
 Fields arrive either as JSON values (application/json) or as text (multipart form
 fields; JSON-valued fields as JSON text). Both spellings are accepted for every field.

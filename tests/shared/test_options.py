@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from analysis.options import parse_options
+from shared.options import parse_options
 from shared.contract import Code, ContractError
 
 
@@ -108,8 +108,8 @@ def test_unknown_endpoint_is_a_programming_error() -> None:
 
 
 def test_importing_options_loads_no_heavy_library() -> None:
-    """The GPU host's web process imports this module: it must not pull numpy/torch/mediapipe."""
-    code = "import sys, analysis.options; print(sorted(m for m in ('numpy', 'torch', 'mediapipe', 'cv2') if m in sys.modules))"
+    """The gateway and the GPU host's web process import this module: it must not pull numpy/torch/mediapipe."""
+    code = "import sys, shared.uploads; print(sorted(m for m in ('numpy', 'torch', 'mediapipe', 'cv2') if m in sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]"
 
@@ -117,7 +117,8 @@ def test_importing_options_loads_no_heavy_library() -> None:
 def test_choices_match_the_analysis_types() -> None:
     from typing import get_args
 
-    from analysis import options, types
+    from analysis import types
+    from shared import options
 
     assert options.PLANS == types.PLANS and options.STYLES == types.STYLES
     assert options.GENDERS == get_args(types.Gender)
