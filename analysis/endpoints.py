@@ -2,7 +2,7 @@
 
 The GPU host's model process calls `run_endpoint`; `hairgate analyze` calls it in-process.
 Checks run in the order of gpu_host.md: decode (1003/1002/1004) -> face count
-(1005/1006) -> pose (1008) -> analysis. Options were validated by `options.parse_options`
+(1005/1006) -> pose (1008) -> analysis. Options were validated by `shared.options.parse_options`
 before (1001); only what needs the decoded image (mark points inside it) is checked here.
 
 Returned dicts are plain JSON values: images are base64 PNG strings under keys ending in
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from shared.contract import GENERATOR_PREVIEW, Code, ContractError
+from shared.options import INPAINT_MASK_KEY, INPAINT_MASK_OPTION
 from shared.settings import AnalysisSettings
 
 from . import designs, preview, render
@@ -36,9 +37,6 @@ from .measurements import measure_face
 from .models import Models
 from .pose import check_pose, estimate_pose
 from .types import Calibration, Face, HairSegmentation, Hairline, LandmarkId, Pose
-
-INPAINT_MASK_OPTION = "inpaint_masks"
-INPAINT_MASK_KEY = "inpaint_mask_png"
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ import warnings
 import numpy as np
 from PIL import Image, ImageOps
 
-from shared.contract import MSG_IMAGE_TOO_LARGE, Code, ContractError
+from shared.contract import MSG_IMAGE_TOO_LARGE, MSG_UNSUPPORTED_IMAGE_FORMAT, Code, ContractError
 from shared.settings import AnalysisSettings
 
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP")
 
-_MSG_UNSUPPORTED = "图片格式不支持：请上传 JPEG、PNG 或 WebP 格式的图片"
+_MSG_UNSUPPORTED = MSG_UNSUPPORTED_IMAGE_FORMAT
 _MSG_CORRUPT = "图片文件已损坏或不完整：请重新导出或重新拍摄后上传（支持 JPEG、PNG、WebP）"
 # Pillow itself refuses headers beyond 89.5 MP (warning) / 179 MP (error), before our own
 # check sees them; its message carries the pixel count.

@@ -34,13 +34,14 @@ ADMIN_BODY_LIMIT_BYTES = 4096
 SHARED_PASSWORD_KEY = "auth.shared_password"
 MSG_BAD_TOKEN_BODY = f'请求体必须是 JSON 对象 {{"shared_password": "<至少 {MIN_TOKEN_CHARS} 个可打印 ASCII 字符，无空格>"}}'
 MSG_TOKEN_FROM_ENVIRONMENT = "当前 token 来自环境变量 {variable}，无法写入 secrets 文件；未做任何修改"
+MSG_NO_SECRETS_FILE = "该网关启动时未指定 secrets 文件，无法保存新 token；未做任何修改"
 MSG_NOT_PERSISTED = "新 token 未能写入 secrets 文件，未做任何修改：{error}"
 
 
 class TokenAdmin:
     """The two handlers, bound to one gateway and where its secret lives."""
 
-    def __init__(self, gateway: Gateway, secrets: SecretsSource) -> None:
+    def __init__(self, gateway: Gateway, secrets: SecretsSource | None) -> None:
         self._gateway = gateway
         self._secrets = secrets
         self._switching = trio.Lock()  # one switch at a time: file and memory stay in step
@@ -49,7 +50,7 @@ class TokenAdmin:
         pool = self._gateway.pool
         listing = [
             {"index": worker.index, "url": worker.url, "online": worker.online, "primary": worker.primary}
-            for worker in pool.workers
+            for worker in pool.active
         ]
         return _json(200, {"workers": listing})
 
@@ -57,6 +58,8 @@ class TokenAdmin:
         new = _parse_token(request.body)
         if new is None:
             return _json(400, error_answer(MSG_BAD_TOKEN_BODY))
+        if self._secrets is None:
+            return _json(409, error_answer(MSG_NO_SECRETS_FILE))
         if self._secrets.from_environment:
             message = MSG_TOKEN_FROM_ENVIRONMENT.format(variable=self._secrets.environment_variable)
             return _json(409, error_answer(message))

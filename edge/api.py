@@ -96,6 +96,21 @@ class ApiService:
         self._slow_request_timeout_seconds = slow_request_timeout_seconds
         self._probe_interval_seconds = probe_interval_seconds
 
+    def reconfigure(
+        self,
+        images: ImageStore,
+        policy: RetryPolicy,
+        *,
+        request_timeout_seconds: float,
+        slow_request_timeout_seconds: float,
+        probe_interval_seconds: float,
+    ) -> None:
+        """Reloaded settings, for requests that start from now on."""
+        self._images, self._policy = images, policy
+        self._request_timeout_seconds = request_timeout_seconds
+        self._slow_request_timeout_seconds = slow_request_timeout_seconds
+        self._probe_interval_seconds = probe_interval_seconds
+
     def gateway_failure(self, request_id: str, code: Code, message: str) -> ApiAnswer:
         """An envelope made by the gateway; a 1007 carries Retry-After."""
         retry_after = None

@@ -28,6 +28,7 @@ from edge.request_log import RequestLog, RequestRecord
 from edge.rewrite import ImageStore
 from edge.routes import not_found, routes
 from edge.stats import RequestStats
+from shared.secrets_file import SecretsSource
 from shared.settings import Settings
 
 FILE_THREADS = 4  # concurrent file reads/writes; PNGs are small, the disk is the limit
@@ -47,6 +48,8 @@ class Gateway:
     metrics: GatewayMetrics
     admission: Admission
     idempotency: Idempotency | None = None
+    secrets: SecretsSource | None = None  # where `POST /admin/token` persists the token
+    redis: coredis.Redis[bytes] | None = None  # the shared state, when configured
 
     @property
     def pool(self) -> Pool:
@@ -59,6 +62,7 @@ def build_gateway(
     *,
     idempotency: Idempotency | None = None,
     redis: coredis.Redis[bytes] | None = None,
+    secrets: SecretsSource | None = None,
 ) -> Gateway:
     """The object graph of one gateway; tests pass a fake `upstream` (as httpx takes a transport).
 
@@ -67,11 +71,7 @@ def build_gateway(
     """
     edge = settings.edge
     checks = edge.health_check
-    pool = Pool(
-        edge.pool.workers,
-        edge.pool.primary_workers,
-        Thresholds(checks.unhealthy_threshold, checks.healthy_threshold, checks.cooldown_seconds),
-    )
+    pool = Pool(edge.pool.workers, edge.pool.primary_workers, thresholds(settings))
     dispatcher = Dispatcher(
         pool,
         max_inflight=edge.dispatch.max_inflight,
@@ -86,12 +86,11 @@ def build_gateway(
     file_threads = trio.CapacityLimiter(FILE_THREADS)
     metrics = GatewayMetrics(version("hairgate"))
     metrics.watch_pool(lambda: pool_gauges(pool, _queue_length(dispatcher)))
-    policy = RetryPolicy(edge.dispatch.retry_on_failure, edge.dispatch.max_retries, frozenset(edge.dispatch.slow_paths))
     api = ApiService(
         dispatcher,
         upstream,
-        ImageStore(edge.static_dir, edge.public_base_url, file_threads),
-        policy,
+        image_store(settings, file_threads),
+        retry_policy(settings),
         request_timeout_seconds=edge.dispatch.request_timeout_seconds,
         slow_request_timeout_seconds=edge.dispatch.slow_request_timeout_seconds,
         probe_interval_seconds=checks.interval_seconds,
@@ -101,7 +100,31 @@ def build_gateway(
     limiter = build_rate_limiter(edge.rate_limit, redis)
     admission = Admission(limiter, ClientKeys(edge.rate_limit), idempotency, metrics)
     return Gateway(
-        settings, dispatcher, upstream, request_log, api, file_threads, RequestStats(), metrics, admission, idempotency
+        settings, dispatcher, upstream, request_log, api, file_threads, RequestStats(), metrics, admission,
+        idempotency, secrets, redis,
+    )  # fmt: skip
+
+
+def thresholds(settings: Settings) -> Thresholds:
+    checks = settings.edge.health_check
+    return Thresholds(checks.unhealthy_threshold, checks.healthy_threshold, checks.cooldown_seconds)
+
+
+def retry_policy(settings: Settings) -> RetryPolicy:
+    dispatch = settings.edge.dispatch
+    return RetryPolicy(dispatch.retry_on_failure, dispatch.max_retries, frozenset(dispatch.slow_paths))
+
+
+def image_store(settings: Settings, file_threads: trio.CapacityLimiter) -> ImageStore:
+    return ImageStore(settings.edge.static_dir, settings.edge.public_base_url, file_threads)
+
+
+def router_limits(settings: Settings) -> Limits:
+    edge = settings.edge
+    return Limits(
+        max_header_bytes=edge.max_header_bytes,
+        body_idle_timeout_seconds=edge.body_idle_timeout_seconds,
+        body_timeout_seconds=edge.body_timeout_seconds,
     )
 
 
@@ -111,12 +134,6 @@ def _queue_length(dispatcher: Dispatcher) -> int:
 
 
 def create_app(gateway: Gateway) -> Router:
-    edge = gateway.settings.edge
-    limits = Limits(
-        max_header_bytes=edge.max_header_bytes,
-        body_idle_timeout_seconds=edge.body_idle_timeout_seconds,
-        body_timeout_seconds=edge.body_timeout_seconds,
-    )
     def record(entry: RequestRecord) -> None:
         gateway.request_log.record(entry)
         gateway.stats.record(entry)
@@ -126,6 +143,6 @@ def create_app(gateway: Gateway) -> Router:
         routes(gateway),
         not_found,
         record,
-        limits,
+        router_limits(gateway.settings),
         token=lambda: gateway.settings.auth.shared_password,
     )

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import trio
 
-from edge.pool import Pool, PoolEvent, ProbeResult, Transition
+from edge.pool import Pool, PoolEvent, ProbeResult, Thresholds, Transition
 
 log = logging.getLogger("edge.pool")
 
@@ -227,6 +227,27 @@ class Dispatcher:
             for scope in self._slot_waiters:
                 scope.cancel()
 
+    # --- settings reload ------------------------------------------------------------------
+
+    def reconfigure(
+        self,
+        workers: Sequence[str],
+        primary_workers: Sequence[str],
+        thresholds: Thresholds,
+        *,
+        max_inflight: int,
+        queue_wait_seconds: float,
+        max_queue_wait_seconds: float,
+    ) -> None:
+        """Apply reloaded settings; requests in flight keep their slot and their worker."""
+        for event in self.pool.reconfigure(workers, primary_workers, thresholds):
+            _log_event(event)
+        self._slots.total_tokens = max_inflight
+        self._queue_wait_seconds = queue_wait_seconds
+        self._max_queue_wait_seconds = max_queue_wait_seconds
+        self._fail_hopeless_waiters()
+        self._hand_over()
+
     # --- reports from the prober and the forwarder --------------------------------------
 
     def record_probe(self, index: int, result: ProbeResult) -> None:
@@ -254,6 +275,10 @@ def _log_event(event: PoolEvent | None) -> None:
         return
     if event.transition is Transition.CAME_ONLINE:
         log.info("Worker 上线 | worker=%d | url=%s", event.index, event.url)
+    elif event.transition is Transition.ADDED:
+        log.info("Worker 已加入（待探活后接收请求） | worker=%d | url=%s", event.index, event.url)
+    elif event.transition is Transition.RETIRED:
+        log.info("Worker 已移除（不再分配新请求） | worker=%d | url=%s", event.index, event.url)
     elif event.transition is Transition.WENT_OFFLINE:
         log.warning("Worker 下线 | worker=%d | url=%s | 原因=%s", event.index, event.url, event.reason)
     else:

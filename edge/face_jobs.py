@@ -2,7 +2,7 @@
 
 Each job takes the client's buffered body and Content-Type and does everything CPU-bound
 off the gateway's event loop, in the GPU host's order and with its messages: the upload
-(1001/1003, `gpu_host.uploads`), decoding (1002/1003/1004, `analysis.image_input`), one
+(1001/1003, `shared.uploads`), decoding (1002/1003/1004, `analysis.image_input`), one
 frontal face (1005/1006/1008). Parsing a 2 MB multipart body alone costs ~18 ms, too much
 for the loop that answers `/monitor`.
 
@@ -18,13 +18,9 @@ import io
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import trio
-from quart_trio.wrappers.request import TrioRequest
-from werkzeug.datastructures import Headers
-
-from gpu_host.uploads import image_bytes, read_upload, require_image
 from shared.contract import Code, ContractError
 from shared.settings import AnalysisSettings
+from shared.uploads import image_bytes, parse_body, require_image
 
 if TYPE_CHECKING:
     import numpy as np
@@ -62,7 +58,7 @@ def load_detector() -> None:
 def special_points(body: bytes, content_type: str | None, limits: AnalysisSettings) -> dict[str, Any] | Refusal:
     """Endpoint 99's `data`, or why not."""
     from analysis.endpoints import special_points as points_of
-    from analysis.options import parse_options
+    from shared.options import parse_options
 
     try:
         fields, rgb = _photo(body, content_type, limits)
@@ -95,28 +91,9 @@ def _photo(body: bytes, content_type: str | None, limits: AnalysisSettings) -> t
     """The non-image fields and the decoded photo; ContractError in the host's order."""
     from analysis.image_input import decode_image
 
-    upload = trio.run(read_upload, _buffered_request(body, content_type))
+    upload = parse_body(body, content_type)
     require_image(upload)
     return upload.fields, decode_image(image_bytes(upload, limits.max_image_bytes), limits)
-
-
-def _buffered_request(body: bytes, content_type: str | None) -> TrioRequest:
-    """The GPU host's request type around a body the gateway already read, so the upload
-    is parsed by the host's own code (`read_upload`) with the host's own messages."""
-    headers = Headers({"Content-Length": str(len(body))})
-    if content_type is not None:
-        headers["Content-Type"] = content_type
-    scope: dict[str, Any] = {"type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
-                             "path": "/", "raw_path": b"/", "query_string": b"", "root_path": "", "headers": []}
-    request = TrioRequest("POST", "http", "/", b"", headers, "", "1.1", scope,  # type: ignore[arg-type]
-                          send_push_promise=_no_push)
-    request.body.append(body)
-    request.body.set_complete()
-    return request
-
-
-async def _no_push(path: str, headers: Headers) -> None:
-    """A buffered request has no connection to push on."""
 
 
 def _jpeg(rgb: np.ndarray, long_side_px: int) -> bytes:

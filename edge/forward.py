@@ -24,6 +24,7 @@ import httpcore
 import trio
 
 from shared.contract import HEADER_FORWARDED_FOR, HEADER_REQUEST_ID, HEADER_TOKEN, is_envelope
+from shared.errors import reason
 
 KEEPALIVE_EXPIRY_SECONDS = 4.0
 # Answers larger than this are parsed in a worker thread: a 12 MB answer holds the event
@@ -128,6 +129,10 @@ class Upstream:
     async def aclose(self) -> None:
         await self._pool.aclose()
 
+    def set_token(self, token: str) -> None:
+        """Send `token` from the next request on; requests already sent keep theirs."""
+        self._token = token.encode()
+
     async def forward(self, base_url: str, request: ForwardRequest, timeout_seconds: float) -> WorkerAnswer:
         headers = [
             (HEADER_TOKEN.encode(), self._token),
@@ -168,12 +173,12 @@ class Upstream:
                     method, url, headers=headers, content=body, extensions={"timeout": timeouts}
                 )
             except httpcore.ConnectTimeout as error:
-                raise WorkerFailure(FailureKind.CONNECT, f"connect timeout: {error}") from None
+                raise WorkerFailure(FailureKind.CONNECT, f"connect timeout: {reason(error)}") from None
             except httpcore.TimeoutException as error:
                 raise WorkerFailure(FailureKind.TIMEOUT, f"{type(error).__name__}: {error}") from None
             except (httpcore.ConnectError, httpcore.UnsupportedProtocol, httpcore.LocalProtocolError) as error:
                 # the request never left: refused, unreachable, TLS, or a URL we cannot send to
-                raise WorkerFailure(FailureKind.CONNECT, f"{type(error).__name__}: {error}") from None
+                raise WorkerFailure(FailureKind.CONNECT, reason(error)) from None
             except (httpcore.NetworkError, httpcore.RemoteProtocolError) as error:
                 raise WorkerFailure(FailureKind.CLOSED, f"{type(error).__name__}: {error}") from None
             return response.status, response.content

@@ -158,6 +158,12 @@ class Router:
         self._limits = limits
         self._token = token  # read per request: the shared password can change while serving
 
+    def reconfigure(self, routes: Sequence[Route], limits: Limits) -> None:
+        """Reloaded settings (body limits, timeouts): requests that start from now on see them."""
+        self._exact = {route.path: route for route in routes if not route.is_prefix}
+        self._prefixes = [route for route in routes if route.is_prefix]
+        self._limits = limits
+
     def match(self, path: str) -> Route | None:
         route = self._exact.get(path)
         if route is None:

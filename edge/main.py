@@ -13,19 +13,24 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import hypercorn.trio
 import trio
 from hypercorn.config import Config
 
-from edge.app import build_gateway, create_app
-from edge.idempotency import open_idempotency
+from edge.app import Gateway, build_gateway, create_app
+from edge.http import Router
+from edge.idempotency import IdempotencyUnavailable, open_idempotency
 from edge.metrics import metrics_app
 from edge.prober import Prober
+from edge.reload import apply_settings
 from edge.shared_state import redis_client
+from edge.static_cleanup import StaticCleanup
+from shared.secrets_file import SecretsSource
 from shared.logs import configure_logging
-from shared.settings import Settings, SettingsError, load_settings
+from shared.settings import ENV_SHARED_PASSWORD, Settings, SettingsError, load_settings
 
 log = logging.getLogger("edge")
 
@@ -37,8 +42,13 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as error:
         print(f"hairgate edge: {error}", file=sys.stderr)
         return 2
+    reload = partial(load_edge_settings, args.config, args.secrets, args.bind)
+    secrets = SecretsSource.locate(args.config, args.secrets, ENV_SHARED_PASSWORD)
     try:
-        trio.run(serve, settings)
+        trio.run(partial(serve, settings, reload=reload, secrets=secrets))
+    except IdempotencyUnavailable as error:
+        print(f"hairgate edge: cannot open the idempotency store (edge.idempotency.path): {error}", file=sys.stderr)
+        return 1
     except BaseExceptionGroup as group:
         bind_errors, others = group.split(OSError)
         if bind_errors is None or others is not None:
@@ -83,9 +93,14 @@ async def serve(
     settings: Settings,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     *,
+    reload: Callable[[], Settings] | None = None,
+    secrets: SecretsSource | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one gateway until `shutdown_trigger` returns (default: SIGTERM or SIGINT).
+
+    SIGHUP calls `reload` and applies what it returns (`edge.reload`); without `reload` it
+    is logged and ignored (it must never kill a serving gateway).
 
     Every task of the gateway is started here: the shared state is opened first, then the
     background tasks (the prober's first round before anything listens), then the public
@@ -95,7 +110,8 @@ async def serve(
     edge = settings.edge
     async with redis_client(edge.shared_state.redis_url) as redis:
         idempotency = await open_idempotency(edge.idempotency, redis) if edge.idempotency.enabled else None
-        gateway = build_gateway(settings, idempotency=idempotency, redis=redis)
+        gateway = build_gateway(settings, idempotency=idempotency, redis=redis, secrets=secrets)
+        cleanup = StaticCleanup(edge.static_dir, lambda: gateway.settings.edge.static_cleanup, gateway.file_threads)
         checks = edge.health_check
         prober = Prober(
             gateway.dispatcher,
@@ -109,10 +125,16 @@ async def serve(
                 await background.start(gateway.request_log.run)
                 if idempotency is not None:
                     await background.start(idempotency.run)
+                await background.start(cleanup.run)
                 await background.start(prober.run)  # returns after the first probe round
-                background.start_soon(_stop_on, shutdown_trigger or wait_for_stop_signal, stopping)
+                router = create_app(gateway)
+                if shutdown_trigger is None:
+                    on_hangup = partial(_reload, gateway, router, prober, reload)
+                    await background.start(_handle_signals, stopping, on_hangup)
+                else:
+                    background.start_soon(_stop_on, shutdown_trigger, stopping)
                 async with trio.open_nursery() as server:
-                    urls = await server.start(_serve, create_app(gateway), hypercorn_config(settings), stopping)
+                    urls = await server.start(_serve, router, hypercorn_config(settings), stopping)
                     if edge.metrics_bind:
                         metrics_urls = await server.start(
                             _serve, metrics_app(gateway.metrics), _metrics_config(edge.metrics_bind), stopping
@@ -162,13 +184,33 @@ def hypercorn_config(settings: Settings) -> Config:
     return config
 
 
-async def wait_for_stop_signal() -> None:
-    # SIGHUP is received too, so that `systemctl reload` cannot kill the gateway (its default
-    # action) and drop in-flight requests: settings reload is not built yet, say so instead.
+async def _handle_signals(
+    stopping: trio.Event,
+    on_hangup: Callable[[], Awaitable[None]],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    # SIGHUP's default action would kill the gateway and drop in-flight requests: it is
+    # always received here, and means "reload" (`systemctl reload`).
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        task_status.started()
         async for received in signals:
             if received == signal.SIGHUP:
-                log.warning("收到 SIGHUP：网关暂不支持热加载配置，已忽略；修改配置后请重启网关")
+                await on_hangup()
                 continue
             log.info("收到信号 %s，开始优雅退出", signal.Signals(received).name)
+            stopping.set()
             return
+
+
+async def _reload(gateway: Gateway, router: Router, prober: Prober, reload: Callable[[], Settings] | None) -> None:
+    if reload is None:
+        log.warning("收到 SIGHUP：未提供配置文件，无法重新加载，已忽略")
+        return
+    try:
+        new = await trio.to_thread.run_sync(reload)
+    except SettingsError as error:  # one line naming the key; keep serving with the old settings
+        log.error("SIGHUP：新配置无效，继续使用原配置 | %s", error)
+        return
+    apply_settings(gateway, router, prober, new)
+    await prober.probe_all()  # new workers: probed now, not an interval from now

@@ -43,7 +43,7 @@ class PoolGauges:
 
 def pool_gauges(pool: Pool, queue_length: int) -> PoolGauges:
     return PoolGauges(
-        up=tuple(w.online for w in pool.workers),
+        up=tuple(w.online for w in pool.workers),  # by index; a retired worker reads 0
         busy=tuple(w.leased or w.reported_busy for w in pool.workers),
         queue_length=queue_length,
     )

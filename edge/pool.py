@@ -8,7 +8,10 @@ Invariants:
 - a worker is leased to at most one request at a time (`per_worker_concurrency` = 1);
 - a worker is selectable only when online, not leased, and not reported busy by a probe
   sent after the gateway's last request to it ended;
-- the offline warning is emitted only on an online -> offline transition.
+- the offline warning is emitted only on an online -> offline transition;
+- a worker's index never changes and is never reused: a reload (`reconfigure`) retires
+  removed workers (a request still on one finishes and releases it by its index) and
+  appends new ones, offline until a probe brings them in.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class WorkerState:
     cooldown_until: float = -math.inf
     last_request_ended: float = -math.inf
     idle_since: float = -math.inf
+    retired: bool = False  # removed from the settings: gets nothing new, counts nowhere
 
     @property
     def idle(self) -> bool:
@@ -63,6 +67,8 @@ class Transition(Enum):
     CAME_ONLINE = "came_online"
     WENT_OFFLINE = "went_offline"
     EJECTED = "ejected"
+    ADDED = "added"
+    RETIRED = "retired"
 
 
 @dataclass(frozen=True)
@@ -101,10 +107,42 @@ class Pool:
         self.drill = False
         self.workers = [WorkerState(i, url, url in primaries) for i, url in enumerate(workers)]
 
+    @property
+    def active(self) -> list[WorkerState]:
+        """The workers of the current settings (retired ones are kept only for their index)."""
+        return [w for w in self.workers if not w.retired]
+
+    def reconfigure(
+        self, workers: Sequence[str], primary_workers: Iterable[str], thresholds: Thresholds
+    ) -> list[PoolEvent]:
+        """Apply a reloaded worker list: keep what stays, retire what went, add what is new."""
+        primaries = set(primary_workers) or set(workers)
+        wanted = list(dict.fromkeys(workers))
+        events: list[PoolEvent] = []
+        by_url = {w.url: w for w in self.workers}
+        for worker in self.active:
+            if worker.url not in wanted:
+                worker.retired, worker.online = True, False
+                events.append(PoolEvent(Transition.RETIRED, worker.index, worker.url))
+        for url in wanted:
+            worker = by_url.get(url)
+            if worker is None or worker.retired:
+                if worker is None:
+                    worker = WorkerState(len(self.workers), url, False)
+                    self.workers.append(worker)
+                # new, or back after a removal: unknown health until a probe says otherwise
+                worker.retired, worker.online, worker.successes, worker.failures = False, False, 0, 0
+                events.append(PoolEvent(Transition.ADDED, worker.index, worker.url))
+            worker.primary = url in primaries
+        self.thresholds = thresholds
+        return events
+
     # --- probes -------------------------------------------------------------------------
 
     def record_probe(self, index: int, result: ProbeResult, now: float) -> PoolEvent | None:
         worker = self.workers[index]
+        if worker.retired:
+            return None  # a probe sent before the reload that retired it
         if result.ok:
             return self._probe_succeeded(worker, result, now)
         return self._probe_failed(worker, result.reason)
@@ -136,7 +174,7 @@ class Pool:
 
     def eligible(self, exclude: frozenset[int] = frozenset()) -> list[WorkerState]:
         """Online primaries; online backups only when no primary is online."""
-        online = [w for w in self.workers if w.online]
+        online = [w for w in self.workers if w.online]  # a retired worker is never online
         tier = [w for w in online if w.primary] or online
         return [w for w in tier if w.index not in exclude]
 
@@ -183,11 +221,12 @@ class Pool:
         return any(w.online for w in self.workers)
 
     def statistics(self) -> PoolStatistics:
+        active = self.active
         return PoolStatistics(
-            workers_total=len(self.workers),
-            workers_healthy=sum(w.online for w in self.workers),
-            workers_busy=sum(w.leased or w.reported_busy for w in self.workers),
-            workers_primary_total=sum(w.primary for w in self.workers),
-            workers_primary_healthy=sum(w.primary and w.online for w in self.workers),
+            workers_total=len(active),
+            workers_healthy=sum(w.online for w in active),
+            workers_busy=sum(w.leased or w.reported_busy for w in active),
+            workers_primary_total=sum(w.primary for w in active),
+            workers_primary_healthy=sum(w.primary and w.online for w in active),
             drill=self.drill,
         )

@@ -55,6 +55,10 @@ class Prober:
         self._interval_seconds = interval_seconds
         self._timeout_seconds = timeout_seconds
 
+    def reconfigure(self, *, path: str, interval_seconds: float, timeout_seconds: float) -> None:
+        """Reloaded settings; the next round uses them."""
+        self._path, self._interval_seconds, self._timeout_seconds = path, interval_seconds, timeout_seconds
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         next_round = trio.current_time()
         await self.probe_all()
@@ -69,7 +73,7 @@ class Prober:
 
     async def probe_all(self) -> None:
         async with trio.open_nursery() as nursery:
-            for worker in self._dispatcher.pool.workers:
+            for worker in self._dispatcher.pool.active:
                 nursery.start_soon(self._probe_one, worker.index, worker.url)
 
     async def _probe_one(self, index: int, url: str) -> None:

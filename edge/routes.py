@@ -12,6 +12,8 @@ the `Gateway` passed in, never module globals.
 | /monitor/fault                | POST      | yes   | 64 KiB  | the alert drill switch         |
 | /static/annotations/<uuid>.png| GET, HEAD | no    | none    | annotation PNGs                |
 | /admin/stats                  | GET       | yes   | none    | request aggregates             |
+| /admin/workers                | GET, HEAD | yes   | none    | the pool, with addresses       |
+| /admin/token                  | POST      | yes   | 4 KiB   | switch the shared token        |
 
 `/api/` POSTs are rate-limited before their body is read and honour `Idempotency-Key`
 (`edge.admission`).
@@ -23,6 +25,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from edge import monitor
+from edge.admin import ADMIN_BODY_LIMIT_BYTES, TokenAdmin
 from edge.api import ApiAnswer, encode
 from edge.forward import ForwardRequest
 from edge.http import CLIENT_CLOSED, Outcome, Refusals, Request, Response, Route
@@ -52,6 +55,7 @@ _PNG_HEADERS = [(b"cache-control", b"private, max-age=86400"), (b"x-content-type
 
 def routes(gateway: Gateway) -> list[Route]:
     pool = gateway.pool
+    admin = TokenAdmin(gateway, gateway.secrets)
     return [
         Route(
             API_PREFIX,
@@ -81,6 +85,15 @@ def routes(gateway: Gateway) -> list[Route]:
             frozenset({"GET"}),
             lambda request: _admin_stats(gateway),
             _STATUS_REFUSALS,
+            token=True,
+        ),
+        Route("/admin/workers", _READ_ONLY, admin.workers, _STATUS_REFUSALS, token=True),
+        Route(
+            "/admin/token",
+            frozenset({"POST"}),
+            admin.set_token,
+            _STATUS_REFUSALS,
+            max_body_bytes=ADMIN_BODY_LIMIT_BYTES,
             token=True,
         ),
     ]

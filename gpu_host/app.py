@@ -1,35 +1,46 @@
-"""The GPU host's Quart app (app factory): auth, `/health`, the business endpoints.
+"""The GPU host's Quart app (app factory): auth, `/health`, `/metrics`, admin, the business endpoints.
 
-Handlers reach the model process and the token guard through the factory's arguments,
-never module globals. The app does not start the model supervisor: the host's one nursery
-(`gpu_host.main.serve`) does, beside Hypercorn, so the port opens at once and `/health`
-says `loading` meanwhile.
+Handlers reach the model process, the token guard, ComfyUI and the metrics through the
+factory's arguments, never module globals. The app does not start the model supervisor:
+the host's one nursery (`gpu_host.main.serve`) does, beside Hypercorn, so the port opens
+at once and `/health` says `loading` meanwhile.
+
+A business request runs: read the body -> `shared.uploads.read_request` (1001 -> 1003 ->
+1002, the gateway's own checks again) -> the model process, without waiting: a host
+already running a job answers 503 busy at once -> for grow and mark with ComfyUI
+configured, ComfyUI draws the grown images from the child's inpainting masks.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import trio
 from quart import Request, Response, jsonify, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from analysis.options import parse_options
+from gpu_host import admin
+from gpu_host.admin import HostTokens
 from gpu_host.auth import TokenGuard
-from gpu_host.model_process import ModelProcess, ModelUnavailable
+from gpu_host.comfyui import ComfyUIClient, draw_grown, grown_targets
+from gpu_host.metrics import GENERATION_FAILED, GENERATION_NO_HAIR, HostMetrics
+from gpu_host.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gpu_host.model_process import ModelBusy, ModelProcess, ModelUnavailable
 from gpu_host.supervisor import Phase
-from gpu_host.uploads import image_bytes, max_body_bytes, read_upload, require_image
 from shared.contract import (
     API_PREFIX,
+    BUSY_KEY,
     GPU_ENDPOINT_PATHS,
     HEADER_REQUEST_ID,
     HEADER_TOKEN,
     MSG_BACKEND_UNAVAILABLE,
     MSG_BODY_TOO_LARGE,
+    MSG_HOST_BUSY,
     MSG_UNKNOWN_ENDPOINT,
     Code,
     ContractError,
@@ -38,36 +49,66 @@ from shared.contract import (
     request_id_from_header,
     success,
 )
+from shared.options import GENERATING_ENDPOINTS, INPAINT_MASK_KEY, INPAINT_MASK_OPTION
 from shared.settings import AnalysisSettings
+from shared.uploads import max_body_bytes, read_request
 
 log = logging.getLogger("gpu_host.app")
 
+METRICS_PATH = "/metrics"
+_BEARER = "bearer "
 
-def create_app(model: ModelProcess, guard: TokenGuard, limits: AnalysisSettings) -> QuartTrio:
-    """The app; `model.run` must be running in a nursery of the caller's while it serves."""
+
+@dataclass(frozen=True)
+class _Host:
+    """What the business handlers need, in one argument."""
+
+    model: ModelProcess
+    limits: AnalysisSettings
+    metrics: HostMetrics
+    comfyui: ComfyUIClient | None
+
+
+def create_app(
+    model: ModelProcess,
+    guard: TokenGuard,
+    limits: AnalysisSettings,
+    *,
+    comfyui: ComfyUIClient | None = None,
+    tokens: HostTokens | None = None,
+) -> QuartTrio:
+    """The app; `model.run` must be running in a nursery of the caller's while it serves.
+    `comfyui`: draw grown images there (else the model process's built-in preview does);
+    `tokens`: mount `/admin/tokens` and record each token's last use."""
     app = QuartTrio(__name__)
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes(limits.max_image_bytes)
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
     app.json.sort_keys = False  # type: ignore[attr-defined]
+    host = _Host(model, limits, HostMetrics(model.statistics), comfyui)
 
     @app.before_request
     async def require_token() -> Any:
         # Runs before routing: an unknown path without a token is 401 too.
-        if not guard.is_accepted(request.headers.get(HEADER_TOKEN)):
+        presented = _presented_token(request)
+        if not guard.is_accepted(presented):
             return jsonify(status="unauthorized"), 401
+        if tokens is not None:
+            tokens.authenticated(presented)  # type: ignore[arg-type]
         return None
 
     @app.get("/health")
     async def health() -> Any:
         return _health_response(model)
 
+    @app.get(METRICS_PATH)
+    async def metrics() -> Any:
+        return Response(host.metrics.exposition(), content_type=METRICS_CONTENT_TYPE)
+
+    if tokens is not None:
+        admin.register(app, tokens)
+
     for path, endpoint in GPU_ENDPOINT_PATHS.items():
-        app.add_url_rule(
-            path,
-            endpoint=endpoint,
-            view_func=partial(_business, endpoint, model, limits),
-            methods=["POST"],
-        )
+        app.add_url_rule(path, endpoint=endpoint, view_func=partial(_business, endpoint, host), methods=["POST"])
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Any:
@@ -83,6 +124,16 @@ def create_app(model: ModelProcess, guard: TokenGuard, limits: AnalysisSettings)
         return jsonify(status=error.name.lower().replace(" ", "_")), error.code
 
     return app
+
+
+def _presented_token(incoming: Request) -> str | None:
+    """`X-Internal-Token`; on `/metrics` also `Authorization: Bearer` (what Prometheus sends)."""
+    token = incoming.headers.get(HEADER_TOKEN)
+    if token is None and incoming.path == METRICS_PATH:
+        authorization = incoming.headers.get("Authorization", "")
+        if authorization[: len(_BEARER)].lower() == _BEARER:
+            token = authorization[len(_BEARER) :].strip()
+    return token
 
 
 def _http_error_as_contract(error: HTTPException, failed: Request) -> tuple[Code, str | None]:
@@ -106,15 +157,18 @@ def _health_response(model: ModelProcess) -> Any:
     return jsonify(body), 503
 
 
-async def _business(endpoint: str, model: ModelProcess, limits: AnalysisSettings) -> Any:
-    """One business request -> one envelope; HTTP 503 only when no model could take it."""
+async def _business(endpoint: str, host: _Host) -> Any:
+    """One business request -> one envelope; HTTP 503 only when the model could not take it."""
     request_id = _request_id()
     started = trio.current_time()
     status = 200
     try:
-        body = success(request_id, await _run(endpoint, model, limits, request_id))
+        body = success(request_id, await _run(endpoint, host, request_id))
     except ContractError as error:
         body = failure(error, request_id)
+    except ModelBusy:
+        # Another gateway's job runs here; this gateway sends the request elsewhere.
+        body, status = {**envelope(Code.SYSTEM_ERROR, request_id, message=MSG_HOST_BUSY), BUSY_KEY: True}, 503
     except ModelUnavailable as error:
         # Not an answer about the photo: 503 lets the gateway retry on another host.
         log.warning("request refused, model not ready | request_id=%s reason=%s", request_id, error)
@@ -124,9 +178,10 @@ async def _business(endpoint: str, model: ModelProcess, limits: AnalysisSettings
         body = envelope(Code.SYSTEM_ERROR, request_id)
     body, payload = await _encoded(body, endpoint)
     log.info(
-        "request | request_id=%s endpoint=%s code=%d ms=%.0f bytes_out=%d",
+        "request | request_id=%s endpoint=%s status=%d code=%d ms=%.0f bytes_out=%d",
         request_id,
         endpoint,
+        status,
         body["code"],
         (trio.current_time() - started) * 1000,
         len(payload),
@@ -154,13 +209,39 @@ def _encode_json(body: dict) -> bytes:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-async def _run(endpoint: str, model: ModelProcess, limits: AnalysisSettings, request_id: str) -> dict:
-    """Validate in the contract's order (1001 -> 1003), then the child does the rest."""
-    upload = await read_upload(request)
-    require_image(upload)
-    options = parse_options(endpoint, upload.fields)
-    image = await trio.to_thread.run_sync(image_bytes, upload, limits.max_image_bytes)  # base64: megabytes
-    return await model.infer(request_id, endpoint, image, options)
+async def _run(endpoint: str, host: _Host, request_id: str) -> dict:
+    """Validate (1001 -> 1003 -> 1002), run the child, and draw with ComfyUI where configured."""
+    try:
+        body = await request.get_data(as_text=False)
+    except RequestEntityTooLarge:
+        raise ContractError(Code.TOO_LARGE, MSG_BODY_TOO_LARGE.format(limit_bytes=request.max_content_length)) from None
+    # In a thread: megabytes of base64 take ~10 ms to decode, and /health must keep answering.
+    checked = await trio.to_thread.run_sync(read_request, endpoint, body, request.headers.get("Content-Type"), host.limits)
+    generates = endpoint in GENERATING_ENDPOINTS
+    options = checked.options
+    if generates and host.comfyui is not None:
+        options = {**options, INPAINT_MASK_OPTION: True}  # masks for ComfyUI instead of previews
+    data = await _infer(host, request_id, endpoint, checked.image, options)
+    if not generates:
+        return data
+    masked = [bool(target.get(INPAINT_MASK_KEY)) for target in grown_targets(data)]
+    if host.comfyui is not None:
+        data = await draw_grown(host.comfyui, checked.image, data)
+    for target, had_mask in zip(grown_targets(data), masked, strict=True):
+        host.metrics.count_generation(target["generator"] or (GENERATION_FAILED if had_mask else GENERATION_NO_HAIR))
+    return data
+
+
+async def _infer(host: _Host, request_id: str, endpoint: str, image: bytes, options: dict[str, Any]) -> dict:
+    """`model.infer`, timed for `/metrics` when the child ran it (busy or unavailable: it did not)."""
+    started = trio.current_time()
+    try:
+        data = await host.model.infer(request_id, endpoint, image, options)
+    except ContractError:  # the child's answer, or its timeout or death
+        host.metrics.observe_inference(endpoint, trio.current_time() - started)
+        raise
+    host.metrics.observe_inference(endpoint, trio.current_time() - started)
+    return data
 
 
 def _request_id() -> str:

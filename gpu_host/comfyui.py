@@ -30,8 +30,8 @@ from typing import Any
 import httpx
 import trio
 
-from analysis.endpoints import INPAINT_MASK_KEY
 from shared.contract import GENERATOR_COMFYUI
+from shared.options import INPAINT_MASK_KEY
 from shared.settings import SettingsError
 
 log = logging.getLogger("gpu_host.comfyui")
@@ -269,7 +269,7 @@ async def draw_grown(client: ComfyUIClient, image: bytes, data: dict[str, Any]) 
     ComfyUI's pictures in place of its inpainting masks: `grown_image_base64` and
     `generator` ("comfyui", or None where ComfyUI drew nothing or there was no mask: no
     hair to grow from). The masks never leave the host. `image`: the uploaded bytes."""
-    targets = data["results"] if "results" in data else [data]
+    targets = grown_targets(data)
     masks = {target.get("plan", "mark"): base64.b64decode(target.pop(INPAINT_MASK_KEY))
              for target in targets if target.get(INPAINT_MASK_KEY)}
     drawn = await client.draw(image, masks) if masks else {}
@@ -279,6 +279,12 @@ async def draw_grown(client: ComfyUIClient, image: bytes, data: dict[str, Any]) 
         target["grown_image_base64"] = None if picture is None else base64.b64encode(picture).decode()
         target["generator"] = None if picture is None else GENERATOR_COMFYUI
     return data
+
+
+def grown_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The parts of a grow or mark answer that each carry one grown image: grow's `results`,
+    or the mark answer itself."""
+    return data["results"] if "results" in data else [data]
 
 
 def _json(response: httpx.Response) -> Any:

@@ -4,7 +4,9 @@
 feeds it events. `run()` is the one task that spawns, loads and reaps children; it is owned
 by the host's nursery (`gpu_host.main.serve`) and stops when that nursery is cancelled.
 Invariants:
-- at most one inference is in flight (a `trio.Lock`); `/health` never takes that lock;
+- at most one inference is in flight (a `trio.Lock`), and the host never queues: a request
+  that finds the lock taken fails at once with `ModelBusy` (HTTP 503 busy, gateway.md
+  § Several gateways); `/health` never takes that lock;
 - ready means one thing, `ready()`: the supervisor says READY and the child has not exited
   since; `/health` and `infer` both use it, so a dead child is 503 on both;
 - the event loop never blocks: pipe waits are `wait_readable` on its descriptor, transfers
@@ -18,6 +20,8 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import multiprocessing.connection
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
@@ -48,6 +52,10 @@ log = logging.getLogger("gpu_host.model")
 
 class ModelUnavailable(Exception):
     """No ready child: the request was not run (the gateway may send it elsewhere)."""
+
+
+class ModelBusy(Exception):
+    """The child is running another request: this one was not run (nor queued)."""
 
 
 @dataclass(frozen=True)
@@ -119,10 +127,11 @@ class ModelProcess:
             await self.wait_transition()
 
     async def infer(self, request_id: str, endpoint: str, image: bytes, options: dict[str, Any]) -> dict:
-        """Run one endpoint in the child; its `data` dict, or ContractError / ModelUnavailable."""
-        async with self._lock:
-            if not self.ready() or self._conn is None:
-                raise ModelUnavailable(self.statistics().message or self._machine.phase.value)
+        """Run one endpoint in the child; its `data` dict, or ContractError / ModelUnavailable /
+        ModelBusy (at once, without waiting)."""
+        if not self.ready() or self._conn is None:
+            raise ModelUnavailable(self.statistics().message or self._machine.phase.value)
+        with self._exclusive():
             conn = self._conn
             try:
                 with trio.fail_after(self._timeout):
@@ -160,6 +169,18 @@ class ModelProcess:
         finally:
             with trio.CancelScope(shield=True):  # a SIGKILLed child is reaped at once
                 await self._kill()
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """The inference lock, taken without waiting: ModelBusy when another request has it."""
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            raise ModelBusy() from None
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     # -- the supervisor's events ---------------------------------------------------------
 

@@ -49,6 +49,13 @@ MSG_MODEL_PROCESS_DIED = "模型进程异常退出，正在重启，请稍后重
 MSG_BODY_TOO_LARGE = "请求体过大：上限 {limit_bytes} 字节"
 # An image over analysis.max_image_bytes (1003), whichever check (upload or decode) sees it.
 MSG_IMAGE_TOO_LARGE = "图片过大：{size_mb:.1f} MB，最多允许 {limit_mb:.1f} MB，请压缩后上传"
+# Not a JPEG, PNG or WebP by its magic bytes or its header (1002): gateway, host and child alike.
+MSG_UNSUPPORTED_IMAGE_FORMAT = "图片格式不支持：请上传 JPEG、PNG 或 WebP 格式的图片"
+# A GPU host already running a job answers any other business request at once with HTTP
+# 503 and this 1007 plus `"busy": true` (gateway.md § Several gateways): it never queues.
+# Only gateways read it; they send the request elsewhere and never show it to a client.
+MSG_HOST_BUSY = "GPU 主机正在处理另一个请求（主机不排队），请改投其他主机"
+BUSY_KEY = "busy"
 # Gateway answers for /api/ requests it cannot route.
 MSG_ENDPOINT_NOT_AVAILABLE = "该接口暂未在本网关开放：{path}"
 MSG_UNKNOWN_ENDPOINT = "接口不存在：{method} {path}（业务接口均为 POST）"

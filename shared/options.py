@@ -27,6 +27,16 @@ MAX_DROP_MM = 40.0
 MIN_HAIRLINE_POINTS = 3
 MAX_HAIRLINE_POINTS = 1000  # a hand-drawn polyline; more is a bug or abuse, not a hairline
 
+# The endpoints whose answers carry grown images (`grown_image_base64` + `generator`).
+GENERATING_ENDPOINTS = ("grow", "mark")
+# Between the GPU host's web process and its model process only (`parse_options` never
+# sets it, so no client can): with ComfyUI configured the host sets this option, and each
+# grow result (and the mark answer) then carries its inpainting mask, a base64 PNG, under
+# INPAINT_MASK_KEY instead of a preview. The key does not end in `_base64`, so the gateway
+# would never publish it; the host removes it before answering (gpu_host.comfyui).
+INPAINT_MASK_OPTION = "inpaint_masks"
+INPAINT_MASK_KEY = "inpaint_mask_png"
+
 
 def _invalid(message: str) -> ContractError:
     return ContractError(Code.INVALID_PARAMETER, message)

@@ -15,7 +15,7 @@ import pytest
 
 from analysis.endpoints import INPAINT_MASK_KEY, INPAINT_MASK_OPTION, run_endpoint, special_points
 from analysis.models import Models, load_models
-from analysis.options import parse_options
+from shared.options import parse_options
 from analysis.types import LandmarkId
 from shared.contract import Code, ContractError
 from shared.settings import AnalysisSettings

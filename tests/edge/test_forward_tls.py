@@ -63,11 +63,6 @@ async def test_unverifiable_certificate_is_a_connect_failure_not_a_hang(
     assert trio.current_time() - started < PROBE_TIMEOUT_SECONDS  # refused by the handshake, not timed out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="edge/forward.py reports httpcore's ConnectError, whose message is empty; the SSL "
-    "error is its __context__.__cause__: name it with shared.errors.reason (issue-9 helper report)",
-)
 async def test_the_failure_names_the_certificate_problem(https_worker: str, tmp_path: Path) -> None:
     upstream = Upstream(TOKEN, keepalive_connections=2, ca_file=str(tls_files(tmp_path, "other").ca_file))
     try:

@@ -160,3 +160,22 @@ def test_drill_flag_reports_changes_only() -> None:
 def test_new_workers_start_offline_and_never_used() -> None:
     worker = Pool([A]).workers[0]
     assert (worker.online, worker.last_request_ended, worker.cooldown_until) == (False, -math.inf, -math.inf)
+
+
+def test_reconfigure_keeps_indexes_retires_removed_and_adds_new_offline() -> None:
+    pool = Pool(["http://a", "http://b", "http://c"], ["http://a"])
+    for index in range(3):
+        pool.record_probe(index, ProbeResult(0.0, ok=True), 0.0)
+    pool.lease(1)  # a request is running on b when the reload removes it
+    events = pool.reconfigure(["http://a", "http://c", "http://d"], ["http://d"], Thresholds(cooldown_seconds=5))
+    assert [(e.transition, e.index) for e in events] == [(Transition.RETIRED, 1), (Transition.ADDED, 3)]
+    assert [w.url for w in pool.active] == ["http://a", "http://c", "http://d"]
+    assert pool.workers[3].index == 3 and not pool.workers[3].online, "a new worker waits for a probe"
+    assert pool.select() is not None and pool.select().url == "http://a", "primaries are re-read: d is primary but offline"
+    assert [w.primary for w in pool.active] == [False, False, True]
+    pool.release(1, 1.0)  # the request on the retired worker ends and gives back index 1
+    assert pool.statistics().workers_total == 3 and pool.select(frozenset({0, 2})) is None
+    assert pool.record_probe(1, ProbeResult(2.0, ok=True), 2.0) is None and not pool.workers[1].online
+    assert pool.thresholds.cooldown_seconds == 5
+    pool.reconfigure(["http://b"], [], Thresholds())  # b is back, with its old index
+    assert [w.index for w in pool.active] == [1] and not pool.workers[1].online

@@ -67,7 +67,9 @@ def image_file(content: bytes, name: str = "photo.jpg") -> dict[str, FileStorage
     return {"image": FileStorage(io.BytesIO(content), filename=name, content_type="image/jpeg")}
 
 
-async def post_image(client: Any, content: bytes, path: str = MEASURE, **form: str) -> Any:
+async def post_image(client: Any, command: bytes, path: str = MEASURE, **form: str) -> Any:
+    """Post a fake child's script (`fake_child`) as the image, signature first unless it has one."""
+    content = command if command.startswith(fake_child.SIGNATURE) else fake_child.scripted(command)
     return await client.post(path, headers=auth(), files=image_file(content), form=form)
 
 
@@ -82,7 +84,7 @@ class Fifos:
 
     @property
     def command(self) -> bytes:
-        return f"block:{self.entered}:{self.release}".encode()
+        return fake_child.scripted(f"block:{self.entered}:{self.release}".encode())
 
     async def wait_entered(self) -> int:
         """Block (in a thread) until the child is inside the request; its pid."""

@@ -15,7 +15,6 @@ import pytest
 import trio
 from PIL import Image
 
-from analysis.endpoints import INPAINT_MASK_KEY
 from gpu_host.comfyui import (
     PLACEHOLDERS,
     ComfyUIClient,
@@ -25,6 +24,7 @@ from gpu_host.comfyui import (
     placeholders_in,
     seed_for,
 )
+from shared.options import INPAINT_MASK_KEY
 from shared.settings import SettingsError
 from tests.fakes.fake_comfyui import PAINT, FakeComfyUI, serve_fake_comfyui
 

@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from gpu_host.model_process import ModelProcess, ModelUnavailable
+from gpu_host.model_process import ModelBusy, ModelProcess, ModelUnavailable
 from gpu_host.supervisor import Phase
 from shared.contract import Code, ContractError
 from tests.gpu_host.conftest import Fifos, fake_model
@@ -148,29 +148,27 @@ async def test_child_dying_while_loading_is_restarted_and_stays_not_ready() -> N
     assert "exit code 3" in (stats.message or "")
 
 
-async def test_requests_are_serialised_one_at_a_time(fifos: Fifos) -> None:
+async def test_a_second_request_while_one_runs_is_refused_busy_at_once(fifos: Fifos) -> None:
     async with trio.open_nursery() as nursery:
         model = await _started(nursery, fake_model())
-        finished: list[str] = []
-        both_done = trio.Event()
+        first_done = trio.Event()
 
-        async def request(name: str, image: bytes) -> None:
-            await model.infer(name, "measure", image, {})
-            finished.append(name)
-            if len(finished) == 2:
-                both_done.set()
+        async def first() -> None:
+            await model.infer("first", "measure", fifos.command, {})
+            first_done.set()
 
-        nursery.start_soon(request, "first", fifos.command)
+        nursery.start_soon(first)
         with trio.fail_after(WAIT):
             await fifos.wait_entered()
-        nursery.start_soon(request, "second", b"ok")
-        await trio.testing.wait_all_tasks_blocked()
-        assert finished == []  # "second" waits for the lock, not for the child
+        with trio.fail_after(1), pytest.raises(ModelBusy):  # at once: the host never queues
+            await model.infer("second", "measure", b"ok", {})
+        assert model.statistics().busy and not first_done.is_set()
         await fifos.release_child()
         with trio.fail_after(WAIT):
-            await both_done.wait()
+            await first_done.wait()
+        after = await model.infer("third", "measure", b"ok", {})  # free again
         nursery.cancel_scope.cancel()
-    assert finished == ["first", "second"]
+    assert after["request_id"] == "third"
 
 
 async def test_a_caller_that_gives_up_mid_inference_leaves_no_stale_reply(fifos: Fifos) -> None:

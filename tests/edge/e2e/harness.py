@@ -7,6 +7,7 @@ them) and `stop()` kills all of it. Waiting is always for a condition with a dea
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -16,9 +17,11 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from cluster.files import write_secrets
-from cluster.launcher import Process, free_port, start_gateway
+from cluster.launcher import LOOPBACK, Process, free_port, start_gateway
 from tests.fakes.launch import FakeWorkerProcess, write_gateway_settings
 
 MEASURE = "/api/v1/hair/measure"
@@ -37,6 +40,7 @@ class Cluster:
         self.secrets_path = write_secrets(directory / "secrets.toml", self.token)
         self.fakes: list[FakeWorkerProcess] = []
         self.gateways: list[Process] = []
+        self.peers: list[Process] = []  # further gateways in front of the same fakes
         self.port = free_port()  # kept across restarts and reloads of the gateway
         self.static_dir = directory / "static"
         self.request_log = directory / "request_log.jsonl"
@@ -77,17 +81,42 @@ class Cluster:
         self.gateways.append(start_gateway(config, self.secrets_path, self.port, log))
         return self.gateways[-1]
 
-    def client(self, **kwargs: Any) -> httpx.AsyncClient:
-        assert self.gateway is not None, "start_gateway() first"
+    def start_peer_gateway(self, edge: dict[str, Any] | None = None) -> Process:
+        """Another gateway in front of every fake, on its own port, with its own files."""
+        directory = self.directory / f"peer-{len(self.peers)}"
+        directory.mkdir()
+        port = free_port()
+        config = write_gateway_settings(directory, port, [fake.url for fake in self.fakes], (), edge)
+        self.peers.append(start_gateway(config, self.secrets_path, port, directory / "gateway.log"))
+        return self.peers[-1]
+
+    def client(self, gateway: Process | None = None, **kwargs: Any) -> httpx.AsyncClient:
+        gateway = gateway or self.gateway
+        assert gateway is not None, "start_gateway() first"
         kwargs.setdefault("timeout", 15)
-        return httpx.AsyncClient(base_url=self.gateway.url, **kwargs)
+        return httpx.AsyncClient(base_url=gateway.url, **kwargs)
+
+    def request_log_entries(self) -> list[dict[str, Any]]:
+        """The lines of the (first) gateway's request log written so far."""
+        if not self.request_log.exists():
+            return []
+        return [json.loads(line) for line in self.request_log.read_text().splitlines() if line]
+
+    async def wait_for_log_entries(self, count: int, timeout_s: float = 10) -> list[dict[str, Any]]:
+        """The request log once it holds `count` lines (it is written in batches)."""
+
+        async def written() -> bool:
+            return len(self.request_log_entries()) >= count
+
+        await wait_until(written, timeout_s, f"{count} lines in the request log")
+        return self.request_log_entries()
 
     def annotation_files(self) -> list[Path]:
         folder = self.static_dir / "annotations"
         return sorted(folder.iterdir()) if folder.exists() else []
 
     def stop(self) -> None:
-        for gateway in self.gateways:
+        for gateway in [*self.gateways, *self.peers]:
             gateway.kill()
             print(f"--- gateway log ({gateway.log_path}) ---\n{gateway.log_text()[-6000:]}")
         for fake in self.fakes:
@@ -103,6 +132,20 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for: {what}")
         await trio.sleep(interval_s)
+
+
+def metrics_listener() -> tuple[dict[str, str], str]:
+    """Edge settings that turn the metrics listener on at a free port, and its /metrics URL."""
+    bind = f"{LOOPBACK}:{free_port()}"
+    return {"metrics_bind": bind}, f"http://{bind}/metrics"
+
+
+async def scrape(url: str) -> dict[str, list[Sample]]:
+    """The samples of every metric family at `url`, by family name (counters lose `_total`)."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        response = await client.get(url)
+    assert response.status_code == 200, response.text
+    return {family.name: family.samples for family in text_string_to_metric_families(response.text)}
 
 
 async def gateway_health(client: httpx.AsyncClient) -> dict[str, Any]:

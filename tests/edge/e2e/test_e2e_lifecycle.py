@@ -171,7 +171,6 @@ async def test_sighup_is_survived_while_reload_is_not_built(cluster: Cluster) ->
 
 
 @pytest.mark.slow
-@NOT_BUILT_YET
 async def test_sighup_swaps_workers_without_failing_a_request(cluster: Cluster) -> None:
     old, new = cluster.start_fakes(2)
     gateway = cluster.start_gateway(workers=[old])
