@@ -24,6 +24,7 @@ from edge.forward import (
     RetryPolicy,
     Upstream,
     WorkerAnswer,
+    WorkerBusy,
     WorkerFailure,
     WorkerRefusal,
 )
@@ -149,6 +150,12 @@ class ApiService:
             progress.attempts += 1
             try:
                 answer, images = await self._attempt(request, timeout_seconds, tried, progress, watch)
+            except WorkerBusy:  # shared with another gateway: not an attempt, not a failure
+                assert progress.worker is not None
+                tried.discard(progress.worker)
+                progress.attempts -= 1
+                self._dispatcher.mark_busy_elsewhere(progress.worker)
+                continue
             except WorkerFailure as failure:
                 log.warning(
                     "转发失败 | request_id=%s | worker=%s | 第%d次 | 原因=%s",

@@ -29,6 +29,10 @@ from edge.pool import Pool, PoolEvent, ProbeResult, Thresholds, Transition
 
 log = logging.getLogger("edge.pool")
 
+# A worker that answered "busy" (another gateway's job) is skipped this long, or until a
+# probe sees it free (gateway.md § Several gateways).
+BUSY_ELSEWHERE_SECONDS = 1.0
+
 
 class DispatchError(Exception):
     """The request never reached a worker."""
@@ -167,6 +171,7 @@ class Dispatcher:
             self._hand_over()
 
     def _take_now(self, exclude: frozenset[int]) -> int | None:
+        self.pool.expire_busy_elsewhere(trio.current_time())
         if not self.pool.eligible(exclude):
             raise Unavailable
         if self._waiters:  # first come, first served: queue behind earlier requests
@@ -183,7 +188,11 @@ class Dispatcher:
         self._hand_over()
         try:
             with watch.cancellable_wait() if watch else nullcontext(), trio.move_on_after(self._queue_wait_seconds):
-                await waiter.event.wait()
+                while not waiter.event.is_set():
+                    # a worker marked busy elsewhere frees itself by time alone, not by an event
+                    with trio.move_on_after(BUSY_ELSEWHERE_SECONDS):
+                        await waiter.event.wait()
+                    self._hand_over()
         except BaseException:
             self._abandon(waiter)
             raise
@@ -205,6 +214,7 @@ class Dispatcher:
         """Give idle workers to waiters in arrival order; cheap when nobody waits."""
         if not self._waiters:
             return
+        self.pool.expire_busy_elsewhere(trio.current_time())
         for waiter in list(self._waiters):
             worker = self.pool.select(waiter.exclude)
             if worker is None:
@@ -255,6 +265,10 @@ class Dispatcher:
         _log_event(event)
         self._fail_hopeless_waiters()
         self._hand_over()
+
+    def mark_busy_elsewhere(self, index: int) -> None:
+        """Call after the lease on `index` is given back (a release clears every busy mark)."""
+        self.pool.mark_busy_elsewhere(index, trio.current_time(), BUSY_ELSEWHERE_SECONDS)
 
     def eject(self, index: int, reason: str) -> None:
         event = self.pool.eject(index, trio.current_time(), reason)

@@ -10,6 +10,8 @@ policy needs them, as in httpx's exception tree:
       bad answer        HTTP >= 500, 401, or a body that is not an envelope
     WorkerRefusal       the worker refused *this request* (another 4xx, e.g. 431 for a
                         header block too large): the client's problem, nobody is ejected
+    WorkerBusy          503 `"busy": true`: another gateway's job runs there; wait for a
+                        worker, eject nobody, spend no retry
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ class WorkerFailure(Exception):
     def __init__(self, kind: FailureKind, detail: str) -> None:
         super().__init__(f"{kind.value}: {detail}")
         self.kind = kind
+
+
+class WorkerBusy(Exception):
+    """The worker runs another job (another gateway's): HTTP 503 with `"busy": true`.
+
+    Not a failure: nothing is ejected and no retry is spent; the request waits for a worker."""
 
 
 class WorkerRefusal(Exception):
@@ -145,6 +153,8 @@ class Upstream:
         status, raw = await self._send(request.method, url, headers, request.body, timeout_seconds)
         if 400 <= status < 500 and status != 401:
             raise WorkerRefusal(status)
+        if status == 503 and _says_busy(raw):
+            raise WorkerBusy
         if status != 200:
             raise WorkerFailure(FailureKind.BAD_STATUS, f"HTTP {status}")
         if len(raw) > PARSE_IN_THREAD_BYTES:
@@ -183,6 +193,14 @@ class Upstream:
                 raise WorkerFailure(FailureKind.CLOSED, f"{type(error).__name__}: {error}") from None
             return response.status, response.content
         raise WorkerFailure(FailureKind.TIMEOUT, f"no complete answer in {timeout_seconds:g}s")
+
+
+def _says_busy(raw: bytes) -> bool:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(body, dict) and body.get("busy") is True
 
 
 def _parse_envelope(raw: bytes) -> dict[str, Any]:

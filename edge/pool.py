@@ -47,6 +47,7 @@ class WorkerState:
     last_request_ended: float = -math.inf
     idle_since: float = -math.inf
     retired: bool = False  # removed from the settings: gets nothing new, counts nowhere
+    busy_elsewhere_until: float | None = None  # it said "busy" to a forward: another gateway's job
 
     @property
     def idle(self) -> bool:
@@ -154,6 +155,7 @@ class Pool:
         # worker is free now; only one sent after that request ended may (un)set the flag.
         if result.sent_at >= worker.last_request_ended:
             worker.reported_busy = result.busy and not worker.leased
+            worker.busy_elsewhere_until = None
         if worker.online or now < worker.cooldown_until:
             return None
         if worker.successes < self.thresholds.healthy_threshold:
@@ -193,8 +195,22 @@ class Pool:
         worker = self.workers[index]
         worker.leased = False
         worker.reported_busy = False
+        worker.busy_elsewhere_until = None
         worker.last_request_ended = now
         worker.idle_since = now
+
+    def mark_busy_elsewhere(self, index: int, now: float, hold_seconds: float) -> None:
+        """The worker answered a forward with "busy" (another gateway's job runs there): not a
+        failure; skip it until a probe sees it free, or `hold_seconds` have passed."""
+        worker = self.workers[index]
+        worker.reported_busy = True
+        worker.busy_elsewhere_until = now + hold_seconds
+
+    def expire_busy_elsewhere(self, now: float) -> None:
+        for worker in self.workers:
+            if worker.busy_elsewhere_until is not None and worker.busy_elsewhere_until <= now:
+                worker.reported_busy = False
+                worker.busy_elsewhere_until = None
 
     def eject(self, index: int, now: float, reason: str) -> PoolEvent | None:
         """Passive ejection after a failed forward: offline at once, then a cooldown.

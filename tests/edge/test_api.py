@@ -19,7 +19,7 @@ import trio.testing
 from PIL import Image
 
 from edge.app import Gateway, build_gateway, create_app
-from edge.forward import FailureKind, ForwardRequest, WorkerAnswer, WorkerFailure, WorkerRefusal
+from edge.forward import FailureKind, ForwardRequest, WorkerAnswer, WorkerBusy, WorkerFailure, WorkerRefusal
 from shared.contract import MSG_BACKEND_BUSY, MSG_BACKEND_UNAVAILABLE, Code, envelope
 from tests.edge.conftest import WORKERS, bring_online, make_settings
 
@@ -65,6 +65,8 @@ class FakeUpstream:
             raise WorkerFailure(FailureKind.CLOSED, "connection reset")
         elif behaviour == "refuse431":
             raise WorkerRefusal(431)
+        elif behaviour == "busy":  # another gateway's job runs there
+            raise WorkerBusy
         elif behaviour == "ok_image":
             data["mask_image_base64"] = png_base64()
         elif behaviour == "bad_image":
@@ -278,3 +280,32 @@ async def test_a_bad_image_ejects_its_worker_before_anyone_else_is_handed_it(
     sent_to_bad = [url for url, _ in upstream.forwards].count(WORKERS[0])
     assert sent_to_bad == 1, "the broken worker was handed to the waiting request"
     assert {name: answer["code"] for name, answer in answers.items()} == {"first": 0, "second": 0, "waiting": 0}
+
+
+async def test_a_worker_busy_with_another_gateways_job_is_skipped_not_ejected(
+    autojump_clock, client, upstream, gateway
+) -> None:
+    upstream.behaviour[WORKERS[0]] = "busy"
+    response = await client.post(MEASURE, content=b"{}")
+    assert response.json()["code"] == Code.OK
+    assert [url for url, _ in upstream.forwards] == [WORKERS[0], WORKERS[1]]
+    assert gateway.pool.workers[0].online, "busy elsewhere is not a failure"
+    (entry,) = await logged(gateway)
+    assert (entry["worker"], entry["attempts"]) == (1, 1), "no retry spent"
+
+
+async def test_when_every_worker_is_busy_elsewhere_the_request_waits_then_runs(
+    autojump_clock, client, upstream, gateway
+) -> None:
+    upstream.behaviour = dict.fromkeys(WORKERS, "busy")
+
+    async def free_them_later() -> None:
+        await trio.sleep(2.5)
+        upstream.behaviour = dict.fromkeys(WORKERS, "ok")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(free_them_later)
+        response = await client.post(MEASURE, content=b"{}")
+    assert response.json()["code"] == Code.OK
+    assert 2.5 <= trio.current_time() < 5, "retried each second, within queue_wait_seconds"
+    assert all(worker.online for worker in gateway.pool.workers[:2])

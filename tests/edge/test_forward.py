@@ -11,7 +11,7 @@ import pytest
 import trio
 from hypercorn.config import Config
 
-from edge.forward import FailureKind, ForwardRequest, RetryPolicy, Upstream, WorkerFailure, WorkerRefusal
+from edge.forward import FailureKind, ForwardRequest, RetryPolicy, Upstream, WorkerBusy, WorkerFailure, WorkerRefusal
 from shared.contract import envelope
 
 TOKEN = "forward-test-token"
@@ -46,6 +46,8 @@ async def worker_app(scope, receive, send) -> None:
         payload = b'{"result": 1}'
     elif path == "/slow":
         await trio.sleep(5)
+    elif path == "/busy":  # what a GPU host answers while another gateway's job runs
+        status, payload = 503, b'{"code": 1007, "message": "busy", "busy": true}'
     elif path == "/health":
         payload = b'{"status": "ok", "busy": false}'
     await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", content_type)]})
@@ -166,3 +168,11 @@ async def test_a_url_httpcore_cannot_send_to_is_a_connect_failure(upstream: Upst
     with pytest.raises(WorkerFailure) as caught:
         await upstream.forward("ftp://127.0.0.1:1", request(), 5)
     assert caught.value.kind is FailureKind.CONNECT
+
+
+
+async def test_503_busy_is_busy_elsewhere_and_a_plain_503_a_failure(upstream: Upstream, worker_url: str) -> None:
+    with pytest.raises(WorkerBusy):
+        await upstream.forward(worker_url, request("/busy"), 5)
+    with pytest.raises(WorkerFailure):
+        await upstream.forward(worker_url, request("/status?503"), 5)

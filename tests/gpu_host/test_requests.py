@@ -1,6 +1,7 @@
 """Request bodies through the GPU host app: multipart and JSON, the contract's validation
-order (1001 before 1003 before the child), request ids, and envelopes for errors outside the
-handlers. A real spawned fake child answers whatever gets through."""
+order (1001 before 1003 before 1002 before the child), request ids, and envelopes for errors
+outside the handlers. A real spawned fake child answers whatever gets through. The rules
+themselves are `shared.uploads`' (tests/shared/test_uploads.py); these show the host applies them."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from gpu_host.app import create_app
 from gpu_host.auth import TokenGuard
 from shared.contract import Code
 from tests.gpu_host.conftest import LIMITS, MEASURE, TOKEN, auth, fake_model, image_file, post_image, serving
+from tests.gpu_host.fake_child import scripted
 
 
 async def test_multipart_and_json_bodies_reach_the_child_alike() -> None:
-    image = b"\x89PNG fake image bytes \x00\xff"
+    image = scripted(b"fake image bytes \x00\xff")
     encoded = base64.b64encode(image).decode()
     model = fake_model()
     async with serving(model) as client:
@@ -49,6 +51,9 @@ async def test_multipart_and_json_bodies_reach_the_child_alike() -> None:
         ({"data": b"{not json", "headers": {"Content-Type": "application/json"}}, 1001, "JSON"),
         ({"data": b"raw", "headers": {"Content-Type": "image/jpeg"}}, 1001, "Content-Type"),
         ({"files": image_file(b"ok"), "form": {"gender": "robot"}}, 1001, "gender"),
+        # the magic bytes come last: not a JPEG, PNG or WebP
+        ({"files": image_file(b"%PDF-1.4 not a photo")}, 1002, "图片格式不支持"),
+        ({"json": {"image_base64": base64.b64encode(b"GIF89a....").decode()}}, 1002, "图片格式不支持"),
         # fields before bytes: a bad field wins over an oversize image
         ({"files": image_file(b"x" * (LIMITS.max_image_bytes + 1)), "form": {"gender": "robot"}}, 1001, "gender"),
         ({"files": image_file(b"x" * (LIMITS.max_image_bytes + 1))}, 1003, "图片过大"),
@@ -89,7 +94,7 @@ async def test_request_id_is_echoed_when_valid_and_generated_otherwise() -> None
         ok = await client.post(
             MEASURE,
             headers=auth(**{"X-Request-ID": "req-43"}),
-            json={"image_base64": base64.b64encode(b"ok").decode()},
+            json={"image_base64": base64.b64encode(scripted(b"ok")).decode()},
         )
     assert (await given.get_json())["request_id"] == "req.42-a_b" == given.headers["X-Request-ID"]
     generated = (await bad.get_json())["request_id"]
