@@ -3,8 +3,11 @@
 Checks run cheapest first (analysis.md § Image input): byte size (1003), format (1002), pixel
 count and resolution read from the header before anything is decoded (1004: a 109 KB PNG can
 describe a 30000×30000 image), full decode (1002 for truncated or corrupt files), then EXIF
-orientation and colour mode. Pillow is the only decoder: it is
-told to recognise JPEG, PNG and WebP and nothing else.
+orientation and colour mode. Pillow reads every header and is told to recognise JPEG, PNG and
+WebP and nothing else. The pixels are decoded once: those of an RGB or gray JPEG (nearly
+every photo) by simplejpeg, the same libjpeg-turbo with the same settings as Pillow but
+straight into a numpy array (12 MP: 26 ms against Pillow's 60-90 ms of decoding and then
+copying out its own 4-byte pixels); everything else by Pillow.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from __future__ import annotations
 import io
 import re
 import warnings
+from collections.abc import Callable
 
 import numpy as np
-from PIL import Image, ImageOps
+import simplejpeg
+from PIL import ExifTags, Image, ImageOps
 
 from shared.contract import MSG_IMAGE_TOO_LARGE, MSG_UNSUPPORTED_IMAGE_FORMAT, Code, ContractError
 from shared.settings import AnalysisSettings
@@ -32,6 +37,19 @@ warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _WHITE = (255, 255, 255)
+# JPEG colour modes libjpeg-turbo turns into RGB itself (CMYK is left to Pillow)
+_DIRECT_JPEG_MODES = ("RGB", "L")
+# EXIF orientation -> the array view that shows the photo upright: Pillow's
+# `ImageOps.exif_transpose` table (2 FLIP_LEFT_RIGHT ... 8 ROTATE_90) on (H, W, 3) arrays
+_UPRIGHT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
+    2: lambda rgb: rgb[:, ::-1],
+    3: lambda rgb: rgb[::-1, ::-1],
+    4: lambda rgb: rgb[::-1],
+    5: lambda rgb: rgb.transpose(1, 0, 2),
+    6: lambda rgb: np.rot90(rgb, -1),
+    7: lambda rgb: rgb[::-1, ::-1].transpose(1, 0, 2),
+    8: lambda rgb: np.rot90(rgb),
+}
 
 
 def decode_image(data: bytes, limits: AnalysisSettings) -> np.ndarray:
@@ -42,6 +60,8 @@ def decode_image(data: bytes, limits: AnalysisSettings) -> np.ndarray:
     # EXIF orientation only swaps width and height, which the rule on the shortest and
     # longest side does not see: checking the header spares decoding a photo bound for 1004.
     check_image_size(image.width, image.height, limits)
+    if image.format == "JPEG" and image.mode in _DIRECT_JPEG_MODES:
+        return _upright(_decode_jpeg(data), _orientation(image))
     _load_pixels(image)
     return _to_rgb8(_apply_orientation(image))
 
@@ -102,6 +122,26 @@ def _load_pixels(image: Image.Image) -> None:
         image.load()
     except Exception:  # truncated data, bad Huffman tables, CRC errors...: all "corrupt"
         raise ContractError(Code.UNSUPPORTED_IMAGE, _MSG_CORRUPT) from None
+
+
+def _decode_jpeg(data: bytes) -> np.ndarray:
+    try:  # strict: a truncated file or bad Huffman data raises instead of coming back grey-filled
+        return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False, strict=True)
+    except Exception:
+        raise ContractError(Code.UNSUPPORTED_IMAGE, _MSG_CORRUPT) from None
+
+
+def _orientation(image: Image.Image) -> int:
+    """The EXIF orientation tag from the parsed header (1, as stored, when unreadable)."""
+    try:
+        return int(image.getexif().get(ExifTags.Base.Orientation, 1))
+    except Exception:  # unreadable EXIF: the pixels are fine, show them as stored
+        return 1
+
+
+def _upright(rgb: np.ndarray, orientation: int) -> np.ndarray:
+    turn = _UPRIGHT.get(orientation)
+    return rgb if turn is None else np.ascontiguousarray(turn(rgb))
 
 
 def _apply_orientation(image: Image.Image) -> Image.Image:

@@ -9,7 +9,6 @@ markers and labels are moved inside the image so they stay visible.
 
 from __future__ import annotations
 
-import base64
 import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +16,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+import pybase64
 
 from .designs import Design, FaceFrame, canthal_u, has_hairline
 from .types import Calibration, Face, Hairline, LandmarkId
@@ -32,12 +32,13 @@ TEMPLE = (0, 255, 255)
 TEXT = (255, 255, 255)
 TEXT_BACKGROUND = (0, 0, 0)
 
-# libvips' PNG encoder (libspng + zlib-ng), deflate level 1 and the SUB filter: measured
-# at 12 MP (the astronaut scaled to 4000×3000) on a 2-core EPYC, 150 ms and 13 MB against
-# 470 ms and 6.5 MB for OpenCV's libpng at level 1 (run-length strategy); level 2 is 210 ms
-# and 8.6 MB. The GPU host's time is what is scarce (analysis.md § Rendering); the larger
-# file only crosses the local network once.
-_PNG_OPTIONS = {"compression": 1, "filter": "sub"}
+# libvips' PNG encoder (libspng + zlib-ng), deflate level 1 and the UP filter. At 12 MP on a
+# 2-core EPYC: the benchmark's smooth upscaled astronaut 115 ms and 11.5 MB (SUB: 120 ms,
+# 13 MB; OpenCV's libpng at level 1: 470 ms, 6.5 MB); real photos cost 14-18 ms/MP and come
+# out at 54-57 % of the raw pixels (SUB: 16-19 ms/MP, 59-66 %). Level 0 (stored) would be
+# 60 ms and 36 MB, but every megabyte of PNG costs the host ~5 ms again in base64 JSON and
+# the pipe from the model process, so the smaller file is the cheaper one overall.
+_PNG_OPTIONS = {"compression": 1, "filter": "up"}
 _COORDINATE_BOUND = 1 << 20
 
 
@@ -196,7 +197,8 @@ def _pyvips() -> Any:
 
 
 def png_base64(image: np.ndarray) -> str:
-    return base64.b64encode(encode_png(image)).decode("ascii")
+    """Base64 of `encode_png` (pybase64: SIMD, 1 ms for a 13 MB PNG against 15 ms)."""
+    return pybase64.b64encode_as_string(encode_png(image))
 
 
 def png_base64_all(images: list[np.ndarray]) -> list[str]:

@@ -52,6 +52,7 @@ _MULTIPART_CHUNK_BYTES = 256 * 1024
 _MAX_FORM_PARTS = 100  # a business request has at most a handful of fields
 
 _DATA_URL_PREFIX = re.compile(r"\s*data:image/[A-Za-z0-9.+-]+;base64,", re.IGNORECASE)
+_BASE64_WHITESPACE = (" ", "\n", "\r", "\t")  # line-wrapped base64 (MIME, PEM) and stray spaces
 _MAGIC_HEAD_BYTES = 12  # "RIFF" + size + "WEBP" is the longest signature
 _MAGIC_HEAD_BASE64_CHARS = 16  # decodes to exactly 12 bytes
 
@@ -223,7 +224,11 @@ def _base64_text(upload: Upload) -> str:
     prefix = _DATA_URL_PREFIX.match(text)
     if prefix:
         text = text[prefix.end() :]
-    return "".join(text.split())  # C-speed; a regex substitution costs ~30 ms on 2 MB
+    # Copies megabytes only when there is whitespace; each `in` is a memchr. (A regex
+    # substitution costs ~30 ms on 2 MB.)
+    if any(space in text for space in _BASE64_WHITESPACE):
+        text = "".join(text.split())
+    return text
 
 
 def _decoded_length(text: str) -> int:

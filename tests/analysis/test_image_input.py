@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
-from PIL import Image, PngImagePlugin
+from PIL import Image, ImageOps, PngImagePlugin
 
 from analysis.image_input import check_image_size, decode_image
 from shared.contract import Code, ContractError
@@ -52,6 +54,20 @@ def test_exif_orientation_is_applied(portrait, limits):
     decoded = decode_image(encode(stored, "JPEG", quality=95, exif=exif.tobytes()), limits)
     assert decoded.shape == portrait.shape
     assert np.abs(decoded.astype(int) - portrait).mean() < 3
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_jpeg_pixels_and_orientation_are_pillows(portrait, limits, mode, orientation):
+    """JPEGs skip Pillow's decoder: the pixels and every EXIF orientation must still be
+    exactly what Pillow (and so every image viewer) shows."""
+    exif = Image.Exif()
+    exif[EXIF_ORIENTATION] = orientation
+    upload = encode(Image.fromarray(portrait).convert(mode), "JPEG", quality=90, exif=exif.tobytes())
+    shown = ImageOps.exif_transpose(Image.open(io.BytesIO(upload))).convert("RGB")
+    decoded = decode_image(upload, limits)
+    assert decoded.flags.c_contiguous
+    np.testing.assert_array_equal(decoded, np.asarray(shown))
 
 
 def test_cmyk_jpeg_becomes_rgb(limits):

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 
-from shared.contract import GPU_ENDPOINT_PATHS, MSG_BACKEND_UNAVAILABLE
+from shared.contract import GPU_ENDPOINT_PATHS, MSG_BACKEND_UNAVAILABLE, MSG_HOST_BUSY
 from shared.settings import token_fingerprint
 from tests.gpu_host.conftest import OLD_TOKEN, TOKEN, Fifos, auth, fake_model, image_file, post_image, serving
 
@@ -117,6 +117,35 @@ async def test_health_answers_while_an_inference_runs(fifos: Fifos) -> None:
     assert (during.status_code, (await during.get_json())["busy"]) == (200, True)
     assert (await answers[0].get_json())["code"] == 0
     assert (await after.get_json())["busy"] is False
+
+
+async def test_a_request_while_a_job_runs_is_answered_503_busy_at_once(fifos: Fifos) -> None:
+    model = fake_model()
+    async with serving(model) as client:
+        await model.wait_ready()
+        answers: list[Any] = []
+        done = trio.Event()
+
+        async def running_job() -> None:
+            answers.append(await post_image(client, fifos.command))
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(running_job)
+            with trio.fail_after(WAIT):
+                await fifos.wait_entered()
+            with trio.fail_after(5):  # at once: a host that queued would wait for the release below
+                second = await post_image(client, b"ok", **{"X-Request-ID": "r-busy"})
+            await fifos.release_child()
+            with trio.fail_after(WAIT):
+                await done.wait()
+        after = await post_image(client, b"ok")
+    busy = await second.get_json()
+    assert second.status_code == 503
+    assert (busy["code"], busy["message"], busy["busy"], busy["data"]) == (1007, MSG_HOST_BUSY, True, None)
+    assert busy["request_id"] == second.headers["X-Request-ID"]
+    assert (await answers[0].get_json())["code"] == 0  # the job that ran was not disturbed
+    assert (after.status_code, (await after.get_json())["code"]) == (200, 0)
 
 
 async def test_health_says_why_when_the_models_cannot_load() -> None:

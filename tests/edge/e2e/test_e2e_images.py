@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from shared.contract import MSG_BACKEND_UNAVAILABLE, Code, envelope
-from tests.edge.e2e.harness import NOT_BUILT_YET, Cluster, gateway_health, measure, wait_until
+from tests.edge.e2e.harness import Cluster, gateway_health, measure, wait_until
 from tests.fakes.fake_worker import PNG_BYTES, Knobs, job_data
 
 ANNOTATIONS = "/static/annotations/"
@@ -150,7 +150,6 @@ async def test_static_serves_annotations_only_and_no_path_traversal(cluster: Clu
 
 
 @pytest.mark.slow
-@NOT_BUILT_YET
 async def test_annotations_older_than_max_age_are_deleted(cluster: Cluster) -> None:
     cluster.start_fakes(1)
     cleanup = {"interval_seconds": 0.2, "max_age_hours": 1 / 3600}  # one second
@@ -164,3 +163,25 @@ async def test_annotations_older_than_max_age_are_deleted(cluster: Cluster) -> N
 
         await wait_until(deleted, 10, "the cleanup task to delete a file past max_age_hours")
     assert cluster.annotation_files() == []
+
+
+@pytest.mark.slow
+async def test_the_oldest_annotations_go_when_the_folder_is_over_its_size(cluster: Cluster) -> None:
+    cluster.start_fakes(1)
+    gateway = cluster.start_gateway(edge={"static_cleanup": {"interval_seconds": 0.2}})
+    async with cluster.client() as client:
+        urls = []
+        for _ in range(4):
+            urls.append((await measure(client)).json()["data"]["annotated_image_url"].removeprefix(gateway.url))
+        total = sum(path.stat().st_size for path in cluster.annotation_files())
+        cap_bytes = total / 2
+        # the cap comes with a reload, which the clean-up task reads at its next sweep
+        cluster.write_settings(edge={"static_cleanup": {"interval_seconds": 0.2, "max_total_mb": cap_bytes / 2**20}})
+        gateway.reload()
+
+        async def within_the_cap() -> bool:
+            return sum(path.stat().st_size for path in cluster.annotation_files()) <= cap_bytes
+
+        await wait_until(within_the_cap, 10, "the cleanup task to bring the folder under max_total_mb")
+        assert (await client.get(urls[-1])).status_code == 200, "the newest file stays"
+        assert (await client.get(urls[0])).status_code == 404, "the oldest goes first"

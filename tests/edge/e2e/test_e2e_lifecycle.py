@@ -12,7 +12,7 @@ import trio
 
 from cluster.launcher import REPO_ROOT, child_env, free_port, hairgate_argv
 from shared.contract import Code
-from tests.edge.e2e.harness import MEASURE, NOT_BUILT_YET, Cluster, measure, wait_until
+from tests.edge.e2e.harness import MEASURE, Cluster, measure, wait_until
 
 REQUEST_LOG_FIELDS = {
     "ts", "request_id", "method", "path", "client_ip", "worker", "attempts", "queue_ms", "duration_ms",
