@@ -111,7 +111,7 @@ def measure(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: An
         **measure_face(face, found.hairline, calibration, options.get("gender", "unknown"), limits),
         "segmenter": found.segmentation.segmenter,
     }
-    annotated = render.annotate_measurement(rgb, face, found.hairline, calibration, data)
+    annotated = render.annotate_measurement(rgb, face, found.hairline, calibration, data)  # draws on rgb
     data["annotated_image_base64"] = render.png_base64(annotated)
     return data
 

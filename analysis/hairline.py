@@ -53,7 +53,7 @@ def trace_hairline(rgb: np.ndarray, face: Face, segmentation: HairSegmentation, 
     crop = HeadCrop.around(face)
     work_face = crop.face_in_work(face)
     person = crop.mask_in_work(segmentation.person) >= 0.5
-    lab = to_lab(crop.cut(rgb))
+    lab = to_lab(segmentation.work_rgb(crop, rgb))
     evidence = assess_hair(lab, person, work_face, segmentation, crop)
     if evidence.verdict != "hair":
         return Hairline(status=evidence.verdict, notes=evidence.notes)

@@ -53,7 +53,8 @@ _UPRIGHT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
 
 
 def decode_image(data: bytes, limits: AnalysisSettings) -> np.ndarray:
-    """Decode an upload into an upright RGB uint8 (H, W, 3) array; EXIF and alpha are dropped."""
+    """Decode an upload into an upright RGB uint8 (H, W, 3) array, writable and the caller's
+    own (the measure endpoint draws its picture on it); EXIF and alpha are dropped."""
     _check_byte_size(len(data), limits)
     image = _open_header(data)
     _check_pixel_count(image.width, image.height, limits)
@@ -166,7 +167,7 @@ def _to_rgb8(image: Image.Image) -> np.ndarray:
         background = Image.new("RGBA", rgba.size, _WHITE + (255,))
         image = Image.alpha_composite(background, rgba)
     rgb = image if image.mode == "RGB" else image.convert("RGB")  # convert() copies even RGB
-    return np.ascontiguousarray(np.asarray(rgb, dtype=np.uint8))
+    return np.array(rgb, dtype=np.uint8)  # a copy: Pillow's own array view is read-only
 
 
 def _has_alpha(image: Image.Image) -> bool:

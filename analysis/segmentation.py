@@ -54,6 +54,7 @@ class FallbackSegmenter:
             segmenter="fallback",
             hair=crop.paste(hair, shape),
             person=crop.paste(person_probability >= PERSON_THRESHOLD, shape),
+            work=(crop, work),
         )
 
 

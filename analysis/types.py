@@ -4,9 +4,12 @@ orientation-corrected input image, origin top-left, x to the right, y down."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .head_crop import HeadCrop
 
 HairlineStatus = Literal["ok", "uncertain", "no_hairline", "occluded"]
 HairlineShape = Literal["straight", "rounded", "m_shape", "widows_peak", "receding"]
@@ -103,6 +106,15 @@ class HairSegmentation:
     hair: np.ndarray  # bool (H, W)
     person: np.ndarray  # bool (H, W): head and body; its top outline is the head outline
     hat: np.ndarray | None = None  # bool (H, W) where the segmenter can tell (BiSeNet label 18)
+    # the head crop at working scale, where the segmenter cut one (the fallback): the hairline
+    # takes it instead of resizing the photo's head again (12 ms at 12 MP)
+    work: tuple[HeadCrop, np.ndarray] | None = None
+
+    def work_rgb(self, crop: HeadCrop, rgb: np.ndarray) -> np.ndarray:
+        """`crop.cut(rgb)`, reusing the segmenter's own cut of the same crop."""
+        if self.work is not None and self.work[0] == crop:
+            return self.work[1]
+        return crop.cut(rgb)
 
 
 class HairSegmenter(Protocol):

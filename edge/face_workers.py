@@ -63,7 +63,8 @@ class FaceWorkers:
         return FaceWorkersStatistics(self._workers, stats.borrowed_tokens, stats.tasks_waiting)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start the workers, serve jobs until cancelled, then end the workers."""
+        """Start every worker (started once they are up: ~1-3 s), serve jobs until
+        cancelled, then end the workers (waiting for running jobs)."""
         async with trio_parallel.open_worker_context(
             idle_timeout=math.inf,
             init=face_jobs.load_detector,
@@ -71,9 +72,9 @@ class FaceWorkers:
             worker_type=trio_parallel.WorkerType.SPAWN,
         ) as context:
             self._context = context
-            task_status.started()
             try:
                 await self._start_every_worker()
+                task_status.started()
                 await trio.sleep_forever()
             finally:
                 self._context = None

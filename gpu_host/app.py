@@ -25,11 +25,9 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from gpu_host import admin
-from gpu_host.admin import HostTokens
 from gpu_host.auth import TokenGuard
 from gpu_host.comfyui import ComfyUIClient, draw_grown, grown_targets
-from gpu_host.metrics import GENERATION_FAILED, GENERATION_NO_HAIR, HostMetrics
-from gpu_host.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gpu_host.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, GENERATION_FAILED, GENERATION_NO_HAIR, HostMetrics
 from gpu_host.model_process import ModelBusy, ModelProcess, ModelUnavailable
 from gpu_host.supervisor import Phase
 from shared.contract import (
@@ -75,7 +73,7 @@ def create_app(
     limits: AnalysisSettings,
     *,
     comfyui: ComfyUIClient | None = None,
-    tokens: HostTokens | None = None,
+    tokens: admin.HostTokens | None = None,
 ) -> QuartTrio:
     """The app; `model.run` must be running in a nursery of the caller's while it serves.
     `comfyui`: draw grown images there (else the model process's built-in preview does);

@@ -1,13 +1,16 @@
 """`hairgate gpu-host`: the whole serving lifecycle of one GPU host, in one place.
 
-settings -> token guard -> the listening socket (bound before anything starts, so a bind
-error is reported as itself) -> one nursery that owns the signal handler, the model
-supervisor and Hypercorn (trio worker) with a shutdown trigger.
+settings, token guard, ComfyUI workflow, TLS certificate (any of them wrong: exit 2) -> the
+listening socket (bound before anything starts, so a bind error is reported as itself) ->
+one nursery that owns the signal handler, the model supervisor, the ComfyUI client (when
+`comfyui_url` is set) and Hypercorn (trio worker) with a shutdown trigger.
 
 SIGTERM/SIGINT: graceful stop, exit 0. Idle kept-alive connections close at once; requests
-in flight get `inference_timeout_seconds` + `GRACE_MARGIN_SECONDS` to finish; then the
-model child is killed. SIGHUP: re-read the settings and swap the accepted tokens (token
-rotation without a model reload); bad settings keep the old ones.
+in flight get `inference_timeout_seconds` (+ `comfyui_timeout_seconds` with ComfyUI) +
+`GRACE_MARGIN_SECONDS` to finish; then the model child is killed. SIGHUP: re-read the
+settings and swap the accepted tokens (token rotation without a model reload); bad
+settings keep the old ones. The tokens also change at run time through `/admin/tokens`
+(`gpu_host.admin`), which persists them to the secrets file.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import ssl
 import sys
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from functools import partial
+from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -26,13 +32,16 @@ from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
 from gpu_host import child
+from gpu_host.admin import HostTokens
 from gpu_host.app import create_app
 from gpu_host.auth import TokenGuard
+from gpu_host.comfyui import ComfyUIClient, load_workflow
 from gpu_host.connections import close_idle_connections_on_shutdown
 from gpu_host.model_process import ModelProcess
 from gpu_host.protocol import ChildConfig, ChildEntry
 from shared.logs import configure_logging
-from shared.settings import GpuHostSettings, Settings, SettingsError, load_settings
+from shared.secrets_file import SecretsSource
+from shared.settings import ENV_ACCEPT_PASSWORDS, GpuHostSettings, Settings, SettingsError, load_settings
 
 log = logging.getLogger("gpu_host.main")
 
@@ -50,16 +59,23 @@ def run(args: argparse.Namespace) -> int:
         settings = reload()
         bind = check_bind(args.bind or settings.gpu_host.bind)
         guard = TokenGuard(settings.auth.accept_passwords)
+        workflow = load_workflow(settings.gpu_host.comfyui_workflow)
+        config = hypercorn_config(settings.gpu_host, bind)
+        check_tls(config)
     except (SettingsError, ValueError) as error:
         print(f"hairgate gpu-host: {error}", file=sys.stderr)
         return 2
-    config = hypercorn_config(settings.gpu_host, bind)
+    tokens = HostTokens(
+        guard,
+        settings.auth.accept_passwords,
+        SecretsSource.locate(args.config, args.secrets, ENV_ACCEPT_PASSWORDS),
+    )
     try:
         sockets = listen(config)
     except OSError as error:  # e.g. the port is taken, the address is not ours, no permission
         print(f"hairgate gpu-host: cannot serve on {bind}: {error}", file=sys.stderr)
         return 1
-    trio.run(serve, settings, config, sockets, guard, reload)
+    trio.run(serve, settings, config, sockets, guard, tokens, reload, workflow)
     return 0
 
 
@@ -82,12 +98,29 @@ def child_config(settings: Settings) -> ChildConfig:
 def hypercorn_config(host: GpuHostSettings, bind: str) -> HypercornConfig:
     config = HypercornConfig()
     config.bind = [bind]
-    # A SIGTERM must not cut an inference short: the longest one may run to its timeout.
-    config.graceful_timeout = host.inference_timeout_seconds + GRACE_MARGIN_SECONDS
+    # A SIGTERM must not cut a request short: the longest one may run its inference to the
+    # timeout, then wait for ComfyUI to its own.
+    generation_seconds = host.comfyui_timeout_seconds if host.comfyui_url else 0
+    config.graceful_timeout = host.inference_timeout_seconds + generation_seconds + GRACE_MARGIN_SECONDS
+    if host.certfile:
+        config.certfile, config.keyfile = host.certfile, host.keyfile
     config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_SECONDS
     config.accesslog = None  # one line per request comes from the app, with its request_id
     config.errorlog = logging.getLogger("hypercorn.error")
     return config
+
+
+def check_tls(config: HypercornConfig) -> None:
+    """Load the certificate and key now, so a wrong file stops the start (ValueError naming
+    the keys) instead of failing every handshake later."""
+    if not config.ssl_enabled:
+        return
+    try:
+        config.create_ssl_context()
+    except (OSError, ssl.SSLError) as error:
+        raise ValueError(
+            f"gpu_host.certfile / gpu_host.keyfile ({config.certfile}, {config.keyfile}): cannot load: {error}"
+        ) from None
 
 
 def listen(config: HypercornConfig) -> Sockets:
@@ -103,31 +136,42 @@ async def serve(
     config: HypercornConfig,
     sockets: Sockets,
     guard: TokenGuard,
+    tokens: HostTokens,
     reload: Callable[[], Settings],
+    workflow: dict[str, Any],
     *,
     entry: ChildEntry = child.serve,
 ) -> None:
-    """The host's one nursery: signals, the model supervisor, Hypercorn; returns once stopped."""
+    """The host's one nursery: signals, the model supervisor, Hypercorn; returns once stopped.
+    `workflow`: the ComfyUI graph, used when `gpu_host.comfyui_url` is set."""
+    host = settings.gpu_host
     model = ModelProcess(
         child_config(settings),
-        inference_timeout_seconds=settings.gpu_host.inference_timeout_seconds,
-        model_load_timeout_seconds=settings.gpu_host.model_load_timeout_seconds,
+        inference_timeout_seconds=host.inference_timeout_seconds,
+        model_load_timeout_seconds=host.model_load_timeout_seconds,
         entry=entry,
     )
-    app = close_idle_connections_on_shutdown(create_app(model, guard, settings.analysis))
     shutdown = trio.Event()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(_handle_signals, shutdown, guard, reload)
+    async with AsyncExitStack() as resources, trio.open_nursery() as nursery:
+        comfyui = None
+        if host.comfyui_url:
+            comfyui = await resources.enter_async_context(
+                ComfyUIClient(host.comfyui_url, workflow, host.comfyui_timeout_seconds)
+            )
+        app = create_app(model, guard, settings.analysis, comfyui=comfyui, tokens=tokens)
+        await nursery.start(_handle_signals, shutdown, tokens, reload)
         log.info(
-            "GPU host starting | bind=%s device=%s bisenet_weights=%s tokens=%d",
+            "GPU host starting | bind=%s tls=%s device=%s bisenet_weights=%s generator=%s tokens=%d",
             ",".join(config.bind),
-            settings.gpu_host.device,
-            settings.gpu_host.bisenet_weights or "(fallback segmenter)",
+            "on" if config.ssl_enabled else "off",
+            host.device,
+            host.bisenet_weights or "(fallback segmenter)",
+            f"comfyui at {host.comfyui_url}" if comfyui else "preview",
             len(settings.auth.accept_passwords),
         )
         await nursery.start(model.run)
         # Returns after the graceful stop: requests in flight have finished (or hit the grace).
-        asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
+        asgi = wrap_app(close_idle_connections_on_shutdown(app), config.wsgi_max_body_size, "asgi")
         await worker_serve(asgi, config, sockets=sockets, shutdown_trigger=shutdown.wait)
         nursery.cancel_scope.cancel()  # the supervisor kills and reaps the child on its way out
     log.info("GPU host stopped")
@@ -135,7 +179,7 @@ async def serve(
 
 async def _handle_signals(
     shutdown: trio.Event,
-    guard: TokenGuard,
+    tokens: HostTokens,
     reload: Callable[[], Settings],
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
@@ -144,14 +188,14 @@ async def _handle_signals(
         task_status.started()
         async for signum in signals:
             if signum == signal.SIGHUP:
-                _reload_tokens(guard, reload)
+                _reload_tokens(tokens, reload)
             else:
                 log.info("%s received: stopping", signal.Signals(signum).name)
                 shutdown.set()
 
 
-def _reload_tokens(guard: TokenGuard, reload: Callable[[], Settings]) -> None:
+def _reload_tokens(tokens: HostTokens, reload: Callable[[], Settings]) -> None:
     try:
-        guard.replace(reload().auth.accept_passwords)
+        tokens.reload(reload().auth.accept_passwords)
     except (SettingsError, ValueError) as error:
         log.error("SIGHUP: settings not reloaded, keeping the current tokens: %s", error)

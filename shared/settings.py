@@ -199,6 +199,14 @@ class GpuHostSettings(_Section):
     comfyui_url: str = ""
     comfyui_workflow: str = ""
     comfyui_timeout_seconds: PositiveSeconds = 120
+    certfile: str = ""  # with keyfile: serve HTTPS (PEM files)
+    keyfile: str = ""
+
+    @model_validator(mode="after")
+    def _tls_files_come_together(self) -> GpuHostSettings:
+        if bool(self.certfile) != bool(self.keyfile):
+            raise ValueError("certfile and keyfile must be set together (HTTPS) or both left empty")
+        return self
 
 
 class AnalysisSettings(_Section):

@@ -18,7 +18,7 @@ from PIL import Image
 from analysis import command
 from analysis.native_logs import CHATTER_WARNINGS
 from shared.cli import build_parser
-from shared.contract import is_envelope
+from shared.contract import GENERATOR_PREVIEW, is_envelope
 
 from .images import encode
 
@@ -63,8 +63,9 @@ def test_measure_prints_data_with_urls_of_written_pngs(astronaut_file: Path, tmp
     assert annotated.parent == out.resolve()
     with Image.open(annotated) as image:
         assert image.format == "PNG" and image.size == (512, 512)
-    # MediaPipe's native start-up chatter (TFLite INFO, absl banner, per-graph warnings) is filtered
-    for chatter in ("TensorFlow Lite", "absl::InitializeLog", *CHATTER_WARNINGS):
+    # MediaPipe's native start-up chatter (TFLite INFO, absl banner, per-graph warnings) is
+    # filtered, and so are libvips' INFO lines of each PNG encoded
+    for chatter in ("TensorFlow Lite", "absl::InitializeLog", "threadpool completed", *CHATTER_WARNINGS):
         assert chatter not in result.stderr, result.stderr[-3000:]
 
 
@@ -85,8 +86,10 @@ def test_mark_without_out_writes_to_a_temporary_folder_named_on_stderr(astronaut
     result = hairgate("analyze", astronaut_file, "--endpoint", "mark", "--points", points)
     assert result.returncode == 0, result.stderr[-3000:]
     data = stdout_json(result)
-    assert set(data) == {"marked_image_url", "grown_image_url"} and data["grown_image_url"] is None
-    marked = png_file(data["marked_image_url"])
+    assert set(data) == {"marked_image_url", "grown_image_url", "generator"}
+    assert data["generator"] == GENERATOR_PREVIEW  # no ComfyUI here: the built-in preview grows it
+    marked, grown = png_file(data["marked_image_url"]), png_file(data["grown_image_url"])
+    assert grown.parent == marked.parent
     assert f"images written to {marked.parent}" in result.stderr
     for leftover in marked.parent.iterdir():
         leftover.unlink()

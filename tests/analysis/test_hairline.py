@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import cv2
 import numpy as np
 import pytest
@@ -10,10 +12,11 @@ from analysis.calibration import calibrate
 from analysis.hair_evidence import NOTE_BALD, NOTE_HAT
 from analysis.hairline import trace_hairline
 from analysis.hairline_checks import NOTE_FRINGE
+from analysis.head_crop import HeadCrop
 from analysis.landmarks import FaceMeshDetector
 from analysis.measurements import measure_face
 from analysis.segmentation import FallbackSegmenter
-from analysis.types import HairSegmentation, Hairline
+from analysis.types import Calibration, Face, HairSegmentation, Hairline
 from shared.settings import AnalysisSettings
 
 from .images import encode, mirrored, rotated
@@ -25,6 +28,21 @@ ASTRONAUT_FRINGE_ROW = 81.6
 def analyse(rgb: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter) -> Hairline:
     face = detector.detect(rgb)
     return trace_hairline(rgb, face, segmenter.segment(rgb, face), calibrate(face))
+
+
+def test_the_segmenters_head_crop_is_reused_only_for_the_same_crop(
+    astronaut: np.ndarray, face: Face, segmenter: FallbackSegmenter, calibration: Calibration
+) -> None:
+    segmentation = segmenter.segment(astronaut, face)
+    assert segmentation.work is not None
+    crop, work = segmentation.work
+    assert crop == HeadCrop.around(face) and segmentation.work_rgb(crop, astronaut) is work
+    other = replace(crop, x0=crop.x0 + 8)
+    np.testing.assert_array_equal(segmentation.work_rgb(other, astronaut), other.cut(astronaut))
+    reused = trace_hairline(astronaut, face, segmentation, calibration)
+    recut = trace_hairline(astronaut, face, replace(segmentation, work=None), calibration)
+    assert (reused.status, reused.notes) == (recut.status, recut.notes)
+    np.testing.assert_array_equal(reused.points, recut.points)
 
 
 @pytest.mark.parametrize("size", [512, 256, 1024, 2048])

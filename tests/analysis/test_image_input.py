@@ -36,7 +36,7 @@ def portrait(astronaut: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("format, options", [("PNG", {}), ("WEBP", {"lossless": True})])
 def test_lossless_formats_decode_exactly(portrait, limits, format, options):
     decoded = decode_image(encode(portrait, format, **options), limits)
-    assert decoded.dtype == np.uint8 and decoded.flags.c_contiguous
+    assert decoded.dtype == np.uint8 and decoded.flags.c_contiguous and decoded.flags.writeable
     np.testing.assert_array_equal(decoded, portrait)
 
 
@@ -66,7 +66,7 @@ def test_jpeg_pixels_and_orientation_are_pillows(portrait, limits, mode, orienta
     upload = encode(Image.fromarray(portrait).convert(mode), "JPEG", quality=90, exif=exif.tobytes())
     shown = ImageOps.exif_transpose(Image.open(io.BytesIO(upload))).convert("RGB")
     decoded = decode_image(upload, limits)
-    assert decoded.flags.c_contiguous
+    assert decoded.flags.c_contiguous and decoded.flags.writeable  # measure draws on it
     np.testing.assert_array_equal(decoded, np.asarray(shown))
 
 

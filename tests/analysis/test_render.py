@@ -45,7 +45,7 @@ def test_png_round_trip_is_lossless_and_keeps_rgb_order(astronaut: np.ndarray) -
 
 
 def test_measurement_annotation_at_input_size(astronaut, face, hairline, calibration) -> None:
-    annotated = render.annotate_measurement(astronaut, face, hairline, calibration, MEASURE_DATA)
+    annotated = render.annotate_measurement(astronaut.copy(), face, hairline, calibration, MEASURE_DATA)
     assert decoded(render.encode_png(annotated)).shape == astronaut.shape
     changed = np.any(annotated != astronaut, axis=2)
     assert changed.mean() > 0.01  # something was drawn...
@@ -57,7 +57,7 @@ def test_measurement_annotation_at_input_size(astronaut, face, hairline, calibra
 def test_annotation_of_a_face_without_hairline(astronaut, face, calibration) -> None:
     data = {"measurements": {"middle_third_mm": 63.0, "lower_third_mm": 64.2, "forehead_height_mm": None},
             "assessment": {"forehead": None}, "segmenter": "bisenet"}
-    annotated = render.annotate_measurement(astronaut, face, Hairline(status="no_hairline"), calibration, data)
+    annotated = render.annotate_measurement(astronaut.copy(), face, Hairline(status="no_hairline"), calibration, data)
     assert annotated.shape == astronaut.shape and np.any(annotated != astronaut)
 
 
@@ -86,7 +86,7 @@ def test_points_outside_the_image_never_raise_nor_resize(astronaut, face, calibr
     before = astronaut.copy()
     outside = Hairline(status="uncertain", points=HOSTILE, trichion=(-80.0, 9e9), shape="straight", uncertainty_mm=9.0,
                        left_temple=(-1e6, 5.0), right_temple=(1e6, np.nan))
-    annotated = render.annotate_measurement(astronaut, face, outside, calibration, MEASURE_DATA)
+    annotated = render.annotate_measurement(astronaut.copy(), face, outside, calibration, MEASURE_DATA)
     design = designs.Design("mark", HOSTILE.copy(), None)
     marked = render.draw_design(astronaut, outside, design, "x" * 500)  # a caption wider than the image
     for image in (annotated, marked):

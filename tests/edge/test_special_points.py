@@ -10,13 +10,15 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import AsyncIterator
+import struct
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import trio
+import trio.testing
 from PIL import Image
 from skimage import data
 
@@ -89,77 +91,82 @@ async def test_points_of_a_real_face_and_the_hosts_refusals(special_points: Spec
     assert "text/plain" in answer.envelope["message"]
 
 
-# --- a pool held busy: jobs that wait on a named pipe the test opens --------------------
+# --- a pool held busy: jobs that wait on a named pipe the test writes to -------------
 
 
 def started_then_blocked(started: str, gate: str) -> int:
-    """A job for the workers: say it started, then wait until the test opens `gate`."""
-    with open(started, "w") as pipe:
-        pipe.write(f"{os.getpid()}\n")
-    with open(gate) as pipe:
-        pipe.read()
+    """A job for the workers: announce its pid on `started`, then wait for a byte on `gate`."""
+    with open(started, "wb") as pipe:
+        pipe.write(struct.pack("<q", os.getpid()))  # 8 bytes: one atomic FIFO write
+    with open(gate, "rb") as pipe:
+        pipe.read(1)
     return os.getpid()
 
 
 class BlockedJobs:
-    """Named pipes: a job announces itself on `started` and runs until `release()`."""
+    """Named pipes, held open read-write by the test so no open() on either side blocks:
+    a job announces itself on `started` and runs until `release()` writes it a byte."""
 
     def __init__(self, directory: Path) -> None:
         self.started, self.gate = str(directory / "started"), str(directory / "gate")
         os.mkfifo(self.started)
         os.mkfifo(self.gate)
+        self._started_fd = os.open(self.started, os.O_RDWR)
+        self._gate_fd = os.open(self.gate, os.O_RDWR)
 
     async def wait_started(self) -> int:
-        return await trio.to_thread.run_sync(self._read_started)
+        """The pid of the next job to start (abandoned, not hung, if the test fails first)."""
+        record = await trio.to_thread.run_sync(os.read, self._started_fd, 8, abandon_on_cancel=True)
+        return struct.unpack("<q", record)[0]
 
-    def _read_started(self) -> int:
-        with open(self.started) as pipe:
-            return int(pipe.readline())
+    def release(self, jobs: int = 1) -> None:
+        os.write(self._gate_fd, b"x" * jobs)
 
-    async def release(self) -> None:
-        await trio.to_thread.run_sync(self._open_gate)
+    def close(self) -> None:
+        os.close(self._started_fd)
+        os.close(self._gate_fd)
 
-    def _open_gate(self) -> None:
-        with open(self.gate, "w"):
-            pass  # opening and closing is the signal: every blocked reader gets end-of-file
+
+@pytest.fixture
+def blocked_jobs(tmp_path: Path) -> Iterator[BlockedJobs]:
+    jobs = BlockedJobs(tmp_path)
+    yield jobs
+    jobs.close()
 
 
 @pytest.mark.slow
-async def test_no_more_jobs_run_at_once_than_workers(tmp_path: Path) -> None:
-    jobs = BlockedJobs(tmp_path)
+async def test_no_more_jobs_run_at_once_than_workers(blocked_jobs: BlockedJobs) -> None:
     workers = FaceWorkers(2, queue_wait_seconds=60)
     pids: list[int] = []
 
     async def call() -> None:
-        pids.append(await workers.call("r", started_then_blocked, jobs.started, jobs.gate))
+        pids.append(await workers.call("r", started_then_blocked, blocked_jobs.started, blocked_jobs.gate))
 
     async with trio.open_nursery() as nursery:
         await nursery.start(workers.run)
         async with trio.open_nursery() as calls:
             for _ in range(5):
                 calls.start_soon(call)
-            running = {await jobs.wait_started(), await jobs.wait_started()}  # two at once: both workers
+            running = {await blocked_jobs.wait_started(), await blocked_jobs.wait_started()}
             await trio.testing.wait_all_tasks_blocked()
             stats = workers.statistics()
             assert (stats.running, stats.waiting) == (2, 3)
-            while len(pids) < 5:
-                await jobs.release()
-                await trio.testing.wait_all_tasks_blocked()
-        assert len(running) == 2 and set(pids) == running  # the same two processes ran all five
+            assert len(running) == 2  # two jobs at once, in two processes
+            blocked_jobs.release(5)
+        assert len(pids) == 5 and set(pids) == running  # the same two processes ran all five
         nursery.cancel_scope.cancel()
 
 
 @pytest.mark.slow
-async def test_a_pool_busy_past_the_queue_wait_answers_1007_busy_with_retry_after(tmp_path: Path) -> None:
-    jobs = BlockedJobs(tmp_path)
-    workers = FaceWorkers(1, queue_wait_seconds=0.2)
+async def test_a_pool_busy_past_the_queue_wait_answers_1007_busy_with_retry_after(blocked_jobs: BlockedJobs) -> None:
+    workers = FaceWorkers(1, queue_wait_seconds=0.5)
     special_points = SpecialPoints(workers, LIMITS)
     async with trio.open_nursery() as nursery:
         await nursery.start(workers.run)
-        nursery.start_soon(workers.call, "r", started_then_blocked, jobs.started, jobs.gate)
-        await jobs.wait_started()
+        nursery.start_soon(workers.call, "r", started_then_blocked, blocked_jobs.started, blocked_jobs.gate)
+        await blocked_jobs.wait_started()
         answer = await special_points.answer(*multipart(encode(data.astronaut(), "PNG")), "r-busy")
         assert (answer.envelope["code"], answer.envelope["message"]) == (Code.SYSTEM_ERROR, MSG_BACKEND_BUSY)
         assert answer.retry_after == RETRY_AFTER_SECONDS
-        await jobs.release()
+        blocked_jobs.release()
         nursery.cancel_scope.cancel()

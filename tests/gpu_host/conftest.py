@@ -15,11 +15,14 @@ import pytest
 import trio
 from werkzeug.datastructures import FileStorage
 
+from gpu_host.admin import HostTokens
 from gpu_host.app import create_app
 from gpu_host.auth import TokenGuard
+from gpu_host.comfyui import ComfyUIClient
 from gpu_host.model_process import ModelProcess
 from gpu_host.protocol import ChildConfig
 from gpu_host.supervisor import Backoff
+from shared.secrets_file import SecretsSource
 from shared.settings import AnalysisSettings
 from tests.gpu_host import fake_child
 
@@ -27,6 +30,7 @@ TOKEN = "tok-current-7f3a9c"
 OLD_TOKEN = "tok-previous-51d2e8"
 LIMITS = AnalysisSettings(max_image_bytes=64 * 1024)
 MEASURE = "/api/v1/hair/measure"
+WAIT_SECONDS = 30  # generous for a spawn on a loaded 2-core machine; never reached when healthy
 
 
 def fake_config(**extra: Any) -> ChildConfig:
@@ -47,10 +51,17 @@ def fake_model(
 
 
 @asynccontextmanager
-async def serving(model: ModelProcess, limits: AnalysisSettings = LIMITS) -> AsyncIterator[Any]:
+async def serving(
+    model: ModelProcess,
+    limits: AnalysisSettings = LIMITS,
+    comfyui: ComfyUIClient | None = None,
+    secrets: SecretsSource | None = None,
+) -> AsyncIterator[Any]:
     """The app with its lifespan running and the model supervisor beside it, as `main.serve`
-    runs them; yields a test client."""
-    app = create_app(model, TokenGuard((TOKEN, OLD_TOKEN)), limits)
+    runs them; yields a test client. `secrets`: mount `/admin/tokens`, persisting there."""
+    guard = TokenGuard((TOKEN, OLD_TOKEN))
+    tokens = None if secrets is None else HostTokens(guard, (TOKEN, OLD_TOKEN), secrets)
+    app = create_app(model, guard, limits, comfyui=comfyui, tokens=tokens)
     async with trio.open_nursery() as nursery:
         await nursery.start(model.run)
         async with app.test_app() as test_app:
@@ -71,6 +82,23 @@ async def post_image(client: Any, command: bytes, path: str = MEASURE, **form: s
     """Post a fake child's script (`fake_child`) as the image, signature first unless it has one."""
     content = command if command.startswith(fake_child.SIGNATURE) else fake_child.scripted(command)
     return await client.post(path, headers=auth(), files=image_file(content), form=form)
+
+
+@asynccontextmanager
+async def job_running(client: Any, fifos: Fifos) -> AsyncIterator[list[Any]]:
+    """Inside: a business request is running in the (fake) child, blocked there. On exit
+    the child is released and the request's response is in the yielded list."""
+    answers: list[Any] = []
+    async with trio.open_nursery() as nursery:
+
+        async def job() -> None:
+            answers.append(await post_image(client, fifos.command))
+
+        nursery.start_soon(job)
+        with trio.fail_after(WAIT_SECONDS):
+            await fifos.wait_entered()
+        yield answers
+        await fifos.release_child()
 
 
 class Fifos:

@@ -6,16 +6,29 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
 from shared.contract import GPU_ENDPOINT_PATHS, MSG_BACKEND_UNAVAILABLE, MSG_HOST_BUSY
-from shared.settings import token_fingerprint
-from tests.gpu_host.conftest import OLD_TOKEN, TOKEN, Fifos, auth, fake_model, image_file, post_image, serving
+from shared.secrets_file import SecretsSource
+from shared.settings import ENV_ACCEPT_PASSWORDS, token_fingerprint
+from tests.gpu_host.conftest import (
+    OLD_TOKEN,
+    TOKEN,
+    WAIT_SECONDS,
+    Fifos,
+    auth,
+    fake_model,
+    image_file,
+    job_running,
+    post_image,
+    serving,
+)
 
-WAIT = 30
+WAIT = WAIT_SECONDS
 
 
 # -- auth ---------------------------------------------------------------------------------
@@ -96,23 +109,10 @@ async def test_health_answers_while_an_inference_runs(fifos: Fifos) -> None:
     model = fake_model()
     async with serving(model) as client:
         await model.wait_ready()
-        answers: list[Any] = []
-        done = trio.Event()
-
-        async def slow_request() -> None:
-            answers.append(await post_image(client, fifos.command))
-            done.set()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(slow_request)
-            with trio.fail_after(WAIT):
-                await fifos.wait_entered()  # the child is inside the inference now
+        async with job_running(client, fifos) as answers:
             with trio.fail_after(WAIT):  # a health check that waited for the inference would hang here
                 during = await client.get("/health", headers=auth())
             assert answers == []  # ... and the inference is still running: health did not wait for it
-            await fifos.release_child()
-            with trio.fail_after(WAIT):
-                await done.wait()
         after = await client.get("/health", headers=auth())
     assert (during.status_code, (await during.get_json())["busy"]) == (200, True)
     assert (await answers[0].get_json())["code"] == 0
@@ -123,22 +123,9 @@ async def test_a_request_while_a_job_runs_is_answered_503_busy_at_once(fifos: Fi
     model = fake_model()
     async with serving(model) as client:
         await model.wait_ready()
-        answers: list[Any] = []
-        done = trio.Event()
-
-        async def running_job() -> None:
-            answers.append(await post_image(client, fifos.command))
-            done.set()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(running_job)
-            with trio.fail_after(WAIT):
-                await fifos.wait_entered()
-            with trio.fail_after(5):  # at once: a host that queued would wait for the release below
-                second = await post_image(client, b"ok", **{"X-Request-ID": "r-busy"})
-            await fifos.release_child()
-            with trio.fail_after(WAIT):
-                await done.wait()
+        async with job_running(client, fifos) as answers:
+            with trio.fail_after(5):  # at once: a host that queued would wait until the job is released
+                second = await post_image(client, b"ok")
         after = await post_image(client, b"ok")
     busy = await second.get_json()
     assert second.status_code == 503
@@ -232,3 +219,32 @@ async def test_a_result_that_cannot_be_json_encoded_is_a_1007_answer_that_ejects
     assert body["request_id"] == response.headers["X-Request-ID"]
     assert "internal error" in caplog.text and body["request_id"] in caplog.text
     assert (await following.get_json())["code"] == 0
+
+
+# -- admin --------------------------------------------------------------------------------
+
+
+async def test_admin_tokens_are_mounted_behind_the_token_and_see_business_requests(tmp_path: Path) -> None:
+    secrets = SecretsSource(tmp_path / "secrets.toml", ENV_ACCEPT_PASSWORDS, from_environment=False)
+    secrets.path.write_text(f'[auth]\naccept_passwords = ["{TOKEN}", "{OLD_TOKEN}"]\n')
+    new_token = "tok-next-0123456789abcdef"
+    model = fake_model()
+    async with serving(model, secrets=secrets) as client:
+        await model.wait_ready()
+        refused = await client.get("/admin/tokens", headers={"X-Internal-Token": "wrong"})
+        await post_image(client, b"ok")  # authenticated with TOKEN
+        listing = await (await client.get("/admin/tokens", headers=auth())).get_json()
+        added = await client.post("/admin/tokens", headers=auth(), json={"add": new_token})
+        with_new = await client.get("/health", headers={"X-Internal-Token": new_token})
+    assert refused.status_code == 401
+    used = {entry["fingerprint"]: entry["last_used_seconds_ago"] for entry in listing["tokens"]}
+    assert used[token_fingerprint(TOKEN)] is not None and used[token_fingerprint(OLD_TOKEN)] is None
+    assert (added.status_code, with_new.status_code) == (200, 200)
+    assert new_token in secrets.path.read_text()
+
+
+async def test_without_a_secrets_source_there_is_no_admin_route() -> None:
+    model = fake_model()
+    async with serving(model) as client:
+        response = await client.get("/admin/tokens", headers=auth())
+    assert response.status_code == 404

@@ -64,14 +64,16 @@ def test_real_host_opens_at_once_loads_in_the_child_serves_and_stops_cleanly(tmp
 def test_web_process_modules_never_include_torch_or_mediapipe() -> None:
     script = """
 import sys
-from gpu_host import app, auth, connections, main, model_process, protocol, supervisor, uploads
+from gpu_host import admin, app, auth, comfyui, connections, main, metrics, model_process, protocol, supervisor
 from gpu_host.auth import TokenGuard
+from shared import uploads
 from shared.settings import Settings
 settings = Settings()
 model = model_process.ModelProcess(
     main.child_config(settings), inference_timeout_seconds=1, model_load_timeout_seconds=1
 )
-app.create_app(model, TokenGuard(("t",)), settings.analysis)
+client = comfyui.ComfyUIClient("http://127.0.0.1:1", comfyui.load_workflow(""), 1)
+app.create_app(model, TokenGuard(("t",)), settings.analysis, comfyui=client)
 print(sorted(m for m in ("torch", "mediapipe", "cv2", "numpy") if m in sys.modules))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
@@ -85,6 +87,8 @@ print(sorted(m for m in ("torch", "mediapipe", "cv2", "numpy") if m in sys.modul
         ('[auth]\naccept_passwords = ["t"]\n', "[gpu_host]\ninference_timeout_seconds = -1\n", "127.0.0.1:20001", "gpu_host.inference_timeout_seconds"),
         ('[auth]\naccept_passwords = ["t"]\n', "[gpu_host]\nbogus = 1\n", "127.0.0.1:20001", "gpu_host.bogus"),
         ('[auth]\naccept_passwords = ["t"]\n', "", "nonsense", "bind"),
+        ('[auth]\naccept_passwords = ["t"]\n', '[gpu_host]\ncomfyui_workflow = "/nope/workflow.json"\n', "127.0.0.1:20001", "gpu_host.comfyui_workflow"),
+        ('[auth]\naccept_passwords = ["t"]\n', f'[gpu_host]\ncertfile = "{__file__}"\nkeyfile = "{__file__}"\n', "127.0.0.1:20001", "gpu_host.certfile"),
     ],
 )
 def test_bad_settings_exit_non_zero_with_one_line_naming_the_key(

@@ -5,66 +5,16 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
 import trio
 
-from gpu_host.auth import TokenGuard
-from gpu_host.main import hypercorn_config, listen, serve
-from shared.settings import AuthSettings, GpuHostSettings, Settings
-from tests.gpu_host import fake_child
-from tests.gpu_host.conftest import LIMITS, MEASURE, TOKEN, Fifos, auth, image_file
-
-WAIT = 30  # below the grace these tests run with (inference timeout 45 s + margin)
-
-
-@dataclass
-class Host:
-    url: str
-    port: int
-    stopped: trio.Event
-
-
-@asynccontextmanager
-async def running_host() -> AsyncIterator[Host]:
-    settings = Settings(
-        auth=AuthSettings(accept_passwords=(TOKEN,)),
-        gpu_host=GpuHostSettings(inference_timeout_seconds=45),
-        analysis=LIMITS,
-    )
-    config = hypercorn_config(settings.gpu_host, "127.0.0.1:0")
-    sockets = listen(config)
-    port = sockets.insecure_sockets[0].getsockname()[1]
-    stopped = trio.Event()
-
-    async def serve_then_note() -> None:
-        await serve(settings, config, sockets, TokenGuard((TOKEN,)), lambda: settings, entry=fake_child.serve)
-        stopped.set()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(serve_then_note)
-        host = Host(f"http://127.0.0.1:{port}", port, stopped)
-        await _wait_ready(host)
-        yield host
-        with trio.fail_after(WAIT):
-            await stopped.wait()
-
-
-async def _wait_ready(host: Host) -> None:
-    # The model is inside `serve`: no event to wait on from here, so poll with a deadline.
-    async with httpx.AsyncClient(base_url=host.url, headers=auth()) as client:
-        with trio.fail_after(WAIT):
-            while True:
-                try:
-                    if (await client.get("/health")).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                await trio.sleep(0.05)
+from gpu_host.main import hypercorn_config
+from shared.settings import GpuHostSettings
+from tests.gpu_host.conftest import MEASURE, TOKEN, Fifos, auth, image_file
+from tests.gpu_host.inprocess import WAIT, Host, running_host
 
 
 async def _kept_alive_connection(host: Host) -> trio.SocketStream:
@@ -98,8 +48,10 @@ async def _request_in_flight(host: Host, fifos: Fifos, nursery: trio.Nursery) ->
     return answers
 
 
-async def test_sigterm_closes_idle_kept_alive_connections_at_once_and_lets_a_request_finish(fifos: Fifos) -> None:
-    async with running_host() as host, trio.open_nursery() as nursery:
+async def test_sigterm_closes_idle_kept_alive_connections_at_once_and_lets_a_request_finish(
+    fifos: Fifos, tmp_path: Path
+) -> None:
+    async with running_host(tmp_path) as host, trio.open_nursery() as nursery:
         idle = await _kept_alive_connection(host)
         answers = await _request_in_flight(host, fifos, nursery)
         os.kill(os.getpid(), signal.SIGTERM)  # received by the host's signal handler
@@ -113,11 +65,18 @@ async def test_sigterm_closes_idle_kept_alive_connections_at_once_and_lets_a_req
 
 
 @pytest.mark.slow
-async def test_sigterm_lets_an_inference_longer_than_five_seconds_finish(fifos: Fifos) -> None:
-    async with running_host() as host, trio.open_nursery() as nursery:
+async def test_sigterm_lets_an_inference_longer_than_five_seconds_finish(fifos: Fifos, tmp_path: Path) -> None:
+    async with running_host(tmp_path) as host, trio.open_nursery() as nursery:
         answers = await _request_in_flight(host, fifos, nursery)
         os.kill(os.getpid(), signal.SIGTERM)
         await trio.sleep(6)  # the scenario itself: an inference that outlasts the old 5 s grace
         assert not host.stopped.is_set()  # (a stopped host has killed the child: nobody to release)
         await fifos.release_child()
     assert [(a.status_code, a.json()["code"]) for a in answers] == [(200, 0)]
+
+
+def test_the_grace_covers_the_inference_and_comfyui_when_it_draws() -> None:
+    plain = hypercorn_config(GpuHostSettings(inference_timeout_seconds=45), "127.0.0.1:0").graceful_timeout
+    drawing = GpuHostSettings(inference_timeout_seconds=45, comfyui_url="http://127.0.0.1:8188", comfyui_timeout_seconds=100)
+    assert plain > 45
+    assert hypercorn_config(drawing, "127.0.0.1:0").graceful_timeout == plain + 100

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
-
 from shared.contract import HEADER_IDEMPOTENCY_KEY, Code
 from tests.edge.e2e.harness import MEASURE, Cluster, measure, metrics_listener, scrape, wait_until
 
@@ -31,7 +29,6 @@ def _family(name: str) -> str:
     return name.removesuffix("_total")
 
 
-@pytest.mark.slow
 async def test_metrics_count_what_was_sent_and_name_workers_by_index(cluster: Cluster) -> None:
     fakes = cluster.start_fakes(2)
     edge, metrics_url = metrics_listener()
