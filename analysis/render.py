@@ -2,9 +2,10 @@
 
 Every image is drawn at the input size, on a copy of the input (endpoint 1's one picture on
 the decoded photo itself). Labels are ASCII (cv2.putText has no CJK glyphs, and a CJK font
-is not guaranteed on a host). Nothing is drawn outside the image: polylines go through OpenCV's own clipping with coordinates
-bounded first (huge or non-finite values would overflow its fixed-point maths), and point
-markers and labels are moved inside the image so they stay visible.
+is not guaranteed on a host). Nothing is drawn outside the image: polylines go through
+OpenCV's own clipping with coordinates bounded first (huge or non-finite values would
+overflow its fixed-point maths), and point markers and labels are moved inside the image
+so they stay visible.
 """
 
 from __future__ import annotations

@@ -39,14 +39,19 @@ from shared.contract import (
     MSG_REFUSED_BY_HOST,
     MSG_UNKNOWN_ENDPOINT,
     Code,
+    ContractError,
     envelope,
 )
+from shared.contract import failure as failure_envelope
+from shared.settings import AnalysisSettings
+from shared.uploads import check_request
 
 log = logging.getLogger("edge.api")
 
 # Endpoints 4 and 99 run on the gateway itself (contract.md); not built yet, never forwarded.
 GATEWAY_ENDPOINT_PATHS = frozenset({"/api/v1/face/features", "/api/v1/face/special-points"})
 BUSY_RETRY_AFTER_SECONDS = 2
+CHECK_INLINE_BYTES = 64 * 1024  # larger bodies are checked in a worker thread
 
 
 @dataclass
@@ -87,9 +92,11 @@ class ApiService:
         slow_request_timeout_seconds: float,
         probe_interval_seconds: float,
         metrics: GatewayMetrics,
+        limits: AnalysisSettings,
     ) -> None:
         self._dispatcher = dispatcher
         self._metrics = metrics
+        self._limits = limits
         self._upstream = upstream
         self._images = images
         self._policy = policy
@@ -105,9 +112,10 @@ class ApiService:
         request_timeout_seconds: float,
         slow_request_timeout_seconds: float,
         probe_interval_seconds: float,
+        limits: AnalysisSettings,
     ) -> None:
         """Reloaded settings, for requests that start from now on."""
-        self._images, self._policy = images, policy
+        self._images, self._policy, self._limits = images, policy, limits
         self._request_timeout_seconds = request_timeout_seconds
         self._slow_request_timeout_seconds = slow_request_timeout_seconds
         self._probe_interval_seconds = probe_interval_seconds
@@ -127,6 +135,10 @@ class ApiService:
         if request.path not in GPU_ENDPOINT_PATHS or request.method != "POST":
             message = MSG_UNKNOWN_ENDPOINT.format(method=request.method, path=request.path)
             return self.gateway_failure(request.request_id, Code.INVALID_PARAMETER, message)
+        try:
+            await self._check(request)
+        except ContractError as error:  # refused before taking a slot or a worker
+            return ApiAnswer(encode(failure_envelope(error, request.request_id)), int(error.code))
         progress = _Progress(trio.current_time())
         try:
             async with self._dispatcher.slot(watch):
@@ -147,7 +159,6 @@ class ApiService:
         timeout_seconds = self._timeout_for(request.path)
         tried: set[int] = set()
         while True:
-            progress.attempts += 1
             try:
                 answer, images = await self._attempt(request, timeout_seconds, tried, progress, watch)
             except WorkerBusy:  # shared with another gateway: not an attempt, not a failure
@@ -186,6 +197,7 @@ class ApiService:
         waiting_since = trio.current_time()
         async with self._dispatcher.worker(frozenset(tried), watch) as lease:
             progress.queue_seconds += trio.current_time() - waiting_since
+            progress.attempts += 1  # an attempt is a worker tried, not a wait for one
             progress.worker = lease.index
             tried.add(lease.index)
             try:
@@ -199,6 +211,15 @@ class ApiService:
                 self._eject(lease.index, failure)
                 raise failure from None
         return answer, images
+
+    async def _check(self, request: ForwardRequest) -> None:
+        """The GPU host's own checks of fields, image size and format (gateway.md § Parameter
+        checks at the edge): a request it would refuse never takes a queue slot or a GPU."""
+        arguments = (request.path, request.body, request.content_type, self._limits)
+        if len(request.body) <= CHECK_INLINE_BYTES:
+            check_request(*arguments)
+        else:  # a few ms of parsing for megabytes: not on the event loop
+            await trio.to_thread.run_sync(check_request, *arguments)
 
     def _eject(self, index: int, failure: WorkerFailure) -> None:
         self._dispatcher.eject(index, str(failure))

@@ -95,6 +95,7 @@ def build_gateway(
         slow_request_timeout_seconds=edge.dispatch.slow_request_timeout_seconds,
         probe_interval_seconds=checks.interval_seconds,
         metrics=metrics,
+        limits=settings.analysis,
     )
     request_log = RequestLog(edge.request_log, edge.request_log_max_bytes)
     limiter = build_rate_limiter(edge.rate_limit, redis)

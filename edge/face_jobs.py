@@ -3,7 +3,7 @@
 Each job takes the client's buffered body and Content-Type and does everything CPU-bound
 off the gateway's event loop, in the GPU host's order and with its messages: the upload
 (1001/1003, `shared.uploads`), decoding (1002/1003/1004, `analysis.image_input`), one
-frontal face (1005/1006/1008). Parsing a 2 MB multipart body alone costs ~18 ms, too much
+frontal face (1005/1006/1008). Parsing a 2 MB multipart body alone costs ~4-8 ms, too much
 for the loop that answers `/monitor`.
 
 The analysis is imported inside the functions: the gateway's main process imports this

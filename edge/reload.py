@@ -57,6 +57,7 @@ def apply_settings(gateway: Gateway, router: Router, prober: Prober, new: Settin
         request_timeout_seconds=edge.dispatch.request_timeout_seconds,
         slow_request_timeout_seconds=edge.dispatch.slow_request_timeout_seconds,
         probe_interval_seconds=checks.interval_seconds,
+        limits=settings.analysis,
     )
     gateway.upstream.set_token(settings.auth.shared_password)
     if rate_limit_changed:  # a new limiter starts with full buckets: only when asked for

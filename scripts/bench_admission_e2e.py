@@ -13,9 +13,10 @@ real gateways (`hairgate edge`), and stops them on exit.
       straight to the fake too, so "added" = through a gateway - straight;
 (ii)  the same features-on gateway, every request with a fresh Idempotency-Key (SQLite)
       vs without;
-(iii) edge rejections, server-side (the request log's `duration_ms`): a 1.9 MB body over
-      a 1 MB `max_body_bytes` (1003), and a bad field (`drop_mm: 1000`; 1001 once the edge
-      checks it — the code seen is printed);
+(iii) edge rejections under a 2 MB `max_body_bytes`, server-side (the request log's
+      `duration_ms`): a 4 MB body (1003), a bad field (`drop_mm: 1000`, 1001) in a 1.9 MB
+      body and in a small one (the codes seen are printed); and client-side, the time from
+      sending the 4 MB body's head to its answer;
 (iv)  `/admin/stats` latency after --stats-requests real requests over four paths, and the
       gateway's RSS (VmRSS) after warm-up and after those requests.
 
@@ -25,7 +26,9 @@ Client, gateways and fakes share this machine's cores: compare runs on the same 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import os
 import secrets
 import sys
 import tempfile
@@ -40,16 +43,19 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.fakes
 
-from bench_gateway import BLOCK, PATH, summary_ms, timed_post  # noqa: E402
+from bench_gateway import BLOCK, BODY, PATH, summary_ms, timed_post  # noqa: E402
 
 from cluster.files import write_secrets  # noqa: E402
 from cluster.launcher import LOOPBACK, Process, free_port, start_gateway  # noqa: E402
-from shared.contract import HEADER_IDEMPOTENCY_KEY, HEADER_TOKEN  # noqa: E402
+from shared.contract import HEADER_IDEMPOTENCY_KEY, HEADER_REQUEST_ID, HEADER_TOKEN  # noqa: E402
 from tests.fakes.launch import FakeWorkerProcess, write_gateway_settings  # noqa: E402
 
 FEATURES_OFF = {"rate_limit": {"enabled": False}, "idempotency": {"enabled": False}, "metrics_bind": ""}
 STATS_PATHS = ["/api/v1/hair/measure", "/api/v1/hair/mask", "/api/v1/hair/hairline", "/api/v1/hair/grow"]
 MARK = "/api/v1/hair/mark"
+BODY_LIMIT_BYTES = 2 * 1024 * 1024
+OVERSIZE_BYTES = 4 * 1024 * 1024  # seed 002 §5.4's upload
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def features_on() -> dict[str, Any]:
@@ -121,17 +127,17 @@ async def interleaved(client: httpx.AsyncClient, series: dict[str, Series], requ
     return {name: summary_ms(values) for name, values in samples.items()}
 
 
-def log_durations(gateway_dir: Path, path: str) -> list[float]:
-    lines = (gateway_dir / "request_log.jsonl").read_text().splitlines()
-    return [entry["duration_ms"] for entry in map(json.loads, lines) if entry["path"] == path]
+def log_entries(gateway_dir: Path) -> list[dict[str, Any]]:
+    log = gateway_dir / "request_log.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-async def wait_logged(gateway_dir: Path, path: str, count: int) -> list[float]:
+async def wait_logged(gateway_dir: Path, count: int) -> list[dict[str, Any]]:
     for _ in range(200):
-        if (gateway_dir / "request_log.jsonl").exists() and len(durations := log_durations(gateway_dir, path)) >= count:
-            return durations
+        if len(entries := log_entries(gateway_dir)) >= count:
+            return entries
         await trio.sleep(0.05)
-    raise RuntimeError(f"the request log never showed {count} requests to {path}")
+    raise RuntimeError(f"the request log never showed {count} requests")
 
 
 async def time_to_answer(url: str, body_bytes: int) -> float:
@@ -158,25 +164,29 @@ async def time_to_answer(url: str, body_bytes: int) -> float:
 
 
 async def rejections(bench: Bench, fake: FakeWorkerProcess, count: int) -> dict[str, Any]:
-    gateway = bench.gateway("reject", [fake], {**features_on(), "max_body_bytes": 1024 * 1024})
-    big_bytes = int(1.9 * 1024 * 1024)
-    big = b"{" + b" " * (big_bytes - 2) + b"}"
-    codes: dict[str, set[int]] = {"oversize": set(), "bad field": set()}
-    async with httpx.AsyncClient(timeout=30) as client:
-        for _ in range(count):
-            answer = await client.post(gateway.url + PATH, content=big, headers={"Content-Type": "application/json"})
-            codes["oversize"].add(answer.json()["code"])
-            answer = await client.post(gateway.url + MARK, json={"image_base64": "iVBORw0KGgo=", "drop_mm": 1000})
-            codes["bad field"].add(answer.json()["code"])
-    directory = bench.directory / "reject"
-    oversize = await wait_logged(directory, PATH, count)
-    bad_field = await wait_logged(directory, MARK, count)
-    answered = [await time_to_answer(gateway.url, big_bytes) for _ in range(count)]
-    return {
-        "oversize": {**_ms(oversize), "codes": sorted(codes["oversize"])},
-        "oversize, answer": {**summary_ms(answered), "codes": sorted(codes["oversize"])},
-        "bad field": {**_ms(bad_field), "codes": sorted(codes["bad field"])},
+    """Each case `count` times, in turns; server-side times from the log, by request-id prefix."""
+    gateway = bench.gateway("reject", [fake], {**features_on(), "max_body_bytes": BODY_LIMIT_BYTES})
+    big_image = base64.b64encode(PNG_SIGNATURE + os.urandom(int(1.9 * 1024 * 1024 * 3 / 4) - 300)).decode()
+    cases = {  # name: (path, body); every body a JSON object
+        "oversize 4 MB": (PATH, b'{"image_base64": "' + b"A" * OVERSIZE_BYTES + b'"}'),
+        "bad field, 1.9 MB": (MARK, json.dumps({"image_base64": big_image, "drop_mm": 1000}).encode()),
+        "bad field, small": (MARK, json.dumps({"image_base64": "iVBORw0KGgo=", "drop_mm": 1000}).encode()),
     }
+    codes: dict[str, set[int]] = {name: set() for name in cases}
+    async with httpx.AsyncClient(timeout=30) as client:
+        for serial in range(count):
+            for index, (name, (path, body)) in enumerate(cases.items()):
+                headers = {"Content-Type": "application/json", HEADER_REQUEST_ID: f"case{index}-{serial}"}
+                answer = await client.post(gateway.url + path, content=body, headers=headers)
+                codes[name].add(answer.json()["code"])
+    entries = await wait_logged(bench.directory / "reject", count * len(cases))
+    results = {}
+    for index, name in enumerate(cases):
+        durations = [e["duration_ms"] for e in entries if e["request_id"].startswith(f"case{index}-")]
+        results[name] = {**_ms(durations), "codes": sorted(codes[name])}
+    answered = [await time_to_answer(gateway.url, OVERSIZE_BYTES) for _ in range(count)]
+    results["oversize 4 MB, answer"] = {**summary_ms(answered), "codes": sorted(codes["oversize 4 MB"])}
+    return results
 
 
 def _ms(durations_ms: list[float]) -> dict[str, float]:
@@ -200,7 +210,7 @@ async def long_run(bench: Bench, fakes: list[FakeWorkerProcess], requests: int, 
             while remaining > 0:
                 remaining -= 1
                 path = STATS_PATHS[remaining % len(STATS_PATHS)]
-                response = await client.post(gateway.url + path, json={"image_base64": "AAAA"})
+                response = await client.post(gateway.url + path, json=BODY)
                 if response.json()["code"] != 0:
                     raise RuntimeError(f"{path}: {response.text[:200]}")
 
@@ -266,11 +276,11 @@ def print_report(args: argparse.Namespace, latency: dict, rejected: dict, long: 
         print(f"    {name:14} " + " ".join(f"{row[k]:8.3f}" for k in ("p50", "p99", "mean")) + f" {added:10.3f}")
     print(f"    features on - off, p50: {latency['features on']['p50'] - latency['features off']['p50']:+.3f} ms; "
           f"key - no key, p50: {latency['on + key']['p50'] - latency['features on']['p50']:+.3f} ms")
-    print(f"(iii) edge rejections, {args.rejections} each: server-side duration_ms from the request log (for the")
-    print("    oversize body it includes reading and dropping the rest of the 1.9 MB after answering), and")
-    print("    'oversize, answer': client-side, head + 64 KiB sent -> status line received")
+    print(f"(iii) edge rejections under a 2 MB limit, {args.rejections} each: server-side duration_ms from the")
+    print("    request log (for the oversize body it includes reading and dropping the rest after answering),")
+    print("    and 'answer': client-side, head + 64 KiB sent -> status line received")
     for name, row in rejected.items():
-        print(f"    {name:16} p50 {row['p50']:.3f} ms  p99 {row['p99']:.3f} ms  codes seen {row['codes']}")
+        print(f"    {name:22} p50 {row['p50']:.3f} ms  p99 {row['p99']:.3f} ms  codes seen {row['codes']}")
     print(f"(iv) {args.stats_requests} requests, {args.clients} clients, {args.workers} fakes: {long['rate']:.0f} req/s; "
           f"/admin/stats counted {long['counted']} ({long['stats_bytes']} bytes)")
     stats = long["stats"]

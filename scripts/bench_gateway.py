@@ -38,10 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: t
 
 from cluster.files import write_secrets  # noqa: E402
 from cluster.launcher import Process, free_port, start_gateway as start_edge  # noqa: E402
+from tests.fakes.fake_worker import PNG_BASE64  # noqa: E402
 from tests.fakes.launch import FakeWorkerProcess, write_gateway_settings  # noqa: E402
 
 PATH = "/api/v1/hair/measure"
-BODY = {"image_base64": "AAAA", "gender": "unknown"}
+BODY = {"image_base64": PNG_BASE64, "gender": "unknown"}  # the gateway checks the magic bytes
 BLOCK = 250  # requests per interleaved block in (a)
 
 

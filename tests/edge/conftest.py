@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -10,8 +11,13 @@ import pytest
 from edge.app import Gateway, build_gateway, create_app
 from edge.pool import ProbeResult
 from shared.settings import Settings
+from tests.fakes.fake_worker import PNG_BASE64
 
 TOKEN = "unit-test-token-3f9a"
+# A request body the gateway's own checks accept (an image with PNG magic bytes); what the
+# fake workers answer does not depend on it.
+PHOTO = {"image_base64": PNG_BASE64}
+PHOTO_BODY = json.dumps(PHOTO).encode()
 WORKERS = ["http://127.0.0.1:18190", "http://127.0.0.1:18191", "http://127.0.0.1:18192"]
 
 

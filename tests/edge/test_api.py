@@ -21,7 +21,8 @@ from PIL import Image
 from edge.app import Gateway, build_gateway, create_app
 from edge.forward import FailureKind, ForwardRequest, WorkerAnswer, WorkerBusy, WorkerFailure, WorkerRefusal
 from shared.contract import MSG_BACKEND_BUSY, MSG_BACKEND_UNAVAILABLE, Code, envelope
-from tests.edge.conftest import WORKERS, bring_online, make_settings
+from tests.fakes.fake_worker import PNG_BASE64
+from tests.edge.conftest import PHOTO, PHOTO_BODY, PHOTO_BODY, WORKERS, bring_online, make_settings
 
 MEASURE, GROW = "/api/v1/hair/measure", "/api/v1/hair/grow"
 
@@ -107,7 +108,7 @@ async def logged(gateway: Gateway) -> list[dict]:
 async def test_success_passes_through_with_request_id(client, upstream: FakeUpstream, gateway: Gateway) -> None:
     response = await client.post(
         MEASURE + "?debug=1",
-        json={"image_base64": "AAAA"},
+        json={"image_base64": PNG_BASE64},
         headers={"X-Request-ID": "client-id.1", "X-Internal-Token": "client-guess", "X-Forwarded-For": "198.51.100.1"},
     )
     assert response.status_code == 200
@@ -117,7 +118,7 @@ async def test_success_passes_through_with_request_id(client, upstream: FakeUpst
     assert forwarded.request_id == "client-id.1"
     assert forwarded.forwarded_for == "198.51.100.1, 203.0.113.7"
     assert forwarded.content_type == "application/json"
-    assert json.loads(forwarded.body) == {"image_base64": "AAAA"}
+    assert json.loads(forwarded.body) == {"image_base64": PNG_BASE64}
     (entry,) = await logged(gateway)
     assert {k: entry[k] for k in ("request_id", "method", "path", "client_ip", "worker", "attempts", "http_status", "code")} == {
         "request_id": "client-id.1", "method": "POST", "path": MEASURE, "client_ip": "203.0.113.7",
@@ -128,13 +129,13 @@ async def test_success_passes_through_with_request_id(client, upstream: FakeUpst
         "ts", "request_id", "method", "path", "client_ip", "worker", "attempts", "queue_ms",
         "duration_ms", "http_status", "code", "bytes_in", "bytes_out", "idempotent_replay", "rate_limited",
     }
-    assert "AAAA" not in gateway.request_log.path.read_text()
+    assert PNG_BASE64 not in gateway.request_log.path.read_text()
 
 
 @pytest.mark.parametrize("given", [None, "", "has space", "x" * 65, "a/b", "id;drop"])
 async def test_invalid_request_id_is_replaced(client, given) -> None:
     headers = {"X-Request-ID": given} if given is not None else {}
-    response = await client.post(MEASURE, content=b"{}", headers=headers)
+    response = await client.post(MEASURE, json=PHOTO, headers=headers)
     generated = response.headers["X-Request-ID"]
     assert generated != given and 1 <= len(generated) <= 64
     assert response.json()["request_id"] == generated
@@ -145,7 +146,7 @@ async def test_failed_worker_is_ejected_and_request_retried_elsewhere(client, up
     upstream.behaviour[WORKERS[0]] = failure
     upstream.behaviour[WORKERS[1]] = "ok"
     gateway.pool.workers[1].idle_since = 1.0  # make worker 0 the first choice
-    response = await client.post(MEASURE, content=b"{}")
+    response = await client.post(MEASURE, json=PHOTO)
     assert response.json()["code"] == 0
     assert [url for url, _ in upstream.forwards] == WORKERS[:2]
     assert [w.online for w in gateway.pool.workers] == [False, True]
@@ -155,7 +156,7 @@ async def test_failed_worker_is_ejected_and_request_retried_elsewhere(client, up
 
 async def test_retries_exhausted_answer_unavailable(client, upstream, gateway) -> None:
     upstream.behaviour = dict.fromkeys(WORKERS, "http500")
-    response = await client.post(MEASURE, content=b"{}", headers={"X-Request-ID": "doomed"})
+    response = await client.post(MEASURE, json=PHOTO, headers={"X-Request-ID": "doomed"})
     assert response.json() == {"code": 1007, "message": MSG_BACKEND_UNAVAILABLE, "request_id": "doomed", "data": None}
     assert response.headers["Retry-After"] == "8"  # nothing online any more: one probe interval
     assert len(upstream.forwards) == 2
@@ -165,7 +166,7 @@ async def test_retries_exhausted_answer_unavailable(client, upstream, gateway) -
 async def test_timeout_is_retried_except_on_slow_paths(autojump_clock, client, upstream, gateway, path, retried) -> None:
     upstream.behaviour[WORKERS[0]] = "hang"
     gateway.pool.workers[1].idle_since = 1.0
-    response = await client.post(path, content=b"{}")
+    response = await client.post(path, json=PHOTO)
     assert response.json()["code"] == (0 if retried else 1007)
     assert len(upstream.forwards) == (2 if retried else 1)
     assert not gateway.pool.workers[0].online, "a timeout ejects the worker either way"
@@ -173,7 +174,7 @@ async def test_timeout_is_retried_except_on_slow_paths(autojump_clock, client, u
 
 async def test_image_is_rewritten_to_a_url(client, upstream, gateway) -> None:
     upstream.behaviour = dict.fromkeys(WORKERS, "ok_image")
-    data = (await client.post(MEASURE, content=b"{}")).json()["data"]
+    data = (await client.post(MEASURE, json=PHOTO)).json()["data"]
     assert data["mask_image_url"].startswith("http://gateway.test/static/annotations/")
     served = await client.get(data["mask_image_url"].removeprefix("http://gateway.test"))
     assert served.status_code == 200 and served.content.startswith(b"\x89PNG")
@@ -183,9 +184,9 @@ async def test_queue_timeout_answers_busy(autojump_clock, client, upstream, gate
     upstream.behaviour = dict.fromkeys(WORKERS, "hang")
     async with trio.open_nursery() as nursery:
         for _ in range(2):
-            nursery.start_soon(partial(client.post, GROW, content=b"{}"))
+            nursery.start_soon(partial(client.post, GROW, json=PHOTO))
         await trio.testing.wait_all_tasks_blocked()
-        response = await client.post(MEASURE, content=b"{}")
+        response = await client.post(MEASURE, json=PHOTO)
         assert response.json()["message"] == MSG_BACKEND_BUSY
         assert response.headers["Retry-After"] == "2"
         nursery.cancel_scope.cancel()
@@ -196,7 +197,7 @@ async def test_burst_never_overlaps_on_a_worker(autojump_clock, client, upstream
     codes = []
 
     async def one() -> None:
-        codes.append((await client.post(MEASURE, content=b"{}")).json()["code"])
+        codes.append((await client.post(MEASURE, json=PHOTO)).json()["code"])
 
     async with trio.open_nursery() as nursery:
         for _ in range(8):
@@ -206,7 +207,7 @@ async def test_burst_never_overlaps_on_a_worker(autojump_clock, client, upstream
 
 @pytest.mark.parametrize("path", ["/api/v1/face/features", "/api/v1/face/special-points"])
 async def test_gateway_endpoints_are_not_forwarded(client, upstream, path) -> None:
-    response = await client.post(path, content=b"{}")
+    response = await client.post(path, json=PHOTO)
     assert response.json()["code"] == 1007 and path in response.json()["message"]
     assert "Retry-After" in response.headers
     assert upstream.forwards == []
@@ -223,7 +224,9 @@ async def test_body_over_the_limit_is_1003_without_touching_a_worker(client, ups
     response = await client.post(MEASURE, content=b"x" * 1001)
     assert response.json()["code"] == 1003 and "1000" in response.json()["message"]
     assert upstream.forwards == []
-    assert (await client.post(MEASURE, content=b"x" * 1000)).json()["code"] == 0
+    at_the_limit = PHOTO_BODY[:-1] + b" " * (1000 - len(PHOTO_BODY)) + b"}"
+    headers = {"Content-Type": "application/json"}
+    assert (await client.post(MEASURE, content=at_the_limit, headers=headers)).json()["code"] == 0
 
 
 async def test_chunked_body_over_the_limit_is_1003(client, upstream) -> None:
@@ -240,7 +243,7 @@ async def test_no_online_worker_answers_unavailable_at_once(autojump_clock, clie
     for index in (0, 1):
         gateway.dispatcher.eject(index, "test")
     started = trio.current_time()
-    response = await client.post(MEASURE, content=b"{}")
+    response = await client.post(MEASURE, json=PHOTO)
     assert response.json()["message"] == MSG_BACKEND_UNAVAILABLE
     assert trio.current_time() == started
 
@@ -248,14 +251,14 @@ async def test_no_online_worker_answers_unavailable_at_once(autojump_clock, clie
 async def test_only_api_requests_are_logged(client, gateway) -> None:
     for path in ("/health", "/gateway-health", "/monitor", "/static/annotations/x.png"):
         await client.get(path)
-    await client.post(MEASURE, content=b"{}")
+    await client.post(MEASURE, json=PHOTO)
     assert [entry["path"] for entry in await logged(gateway)] == [MEASURE]
 
 
 async def test_a_worker_refusing_the_request_is_not_ejected_nor_retried(client, upstream, gateway) -> None:
     # e.g. a host answering 431 to a header block the gateway let through: the client's fault
     upstream.behaviour = dict.fromkeys(WORKERS, "refuse431")
-    body = (await client.post(MEASURE, content=b"{}")).json()
+    body = (await client.post(MEASURE, json=PHOTO)).json()
     assert body["code"] == Code.INVALID_PARAMETER and "431" in body["message"]
     assert len(upstream.forwards) == 1
     assert all(worker.online for worker in gateway.pool.workers)
@@ -269,7 +272,7 @@ async def test_a_bad_image_ejects_its_worker_before_anyone_else_is_handed_it(
     answers: dict[str, dict] = {}
 
     async def post(name: str) -> None:
-        answers[name] = (await client.post(MEASURE, content=b"{}")).json()
+        answers[name] = (await client.post(MEASURE, json=PHOTO)).json()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(post, "first")  # to worker 0, which answers a broken image
@@ -286,7 +289,7 @@ async def test_a_worker_busy_with_another_gateways_job_is_skipped_not_ejected(
     autojump_clock, client, upstream, gateway
 ) -> None:
     upstream.behaviour[WORKERS[0]] = "busy"
-    response = await client.post(MEASURE, content=b"{}")
+    response = await client.post(MEASURE, json=PHOTO)
     assert response.json()["code"] == Code.OK
     assert [url for url, _ in upstream.forwards] == [WORKERS[0], WORKERS[1]]
     assert gateway.pool.workers[0].online, "busy elsewhere is not a failure"
@@ -305,7 +308,7 @@ async def test_when_every_worker_is_busy_elsewhere_the_request_waits_then_runs(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(free_them_later)
-        response = await client.post(MEASURE, content=b"{}")
+        response = await client.post(MEASURE, json=PHOTO)
     assert response.json()["code"] == Code.OK
     assert 2.5 <= trio.current_time() < 5, "retried each second, within queue_wait_seconds"
     assert all(worker.online for worker in gateway.pool.workers[:2])

@@ -16,7 +16,7 @@ import trio.testing
 
 from edge.app import Gateway, build_gateway, create_app
 from shared.contract import MSG_BODY_TOO_SLOW, MSG_HEADERS_TOO_LARGE, Code
-from tests.edge.conftest import WORKERS, bring_online, make_settings
+from tests.edge.conftest import PHOTO_BODY, WORKERS, bring_online, make_settings
 from tests.edge.test_api import FakeUpstream
 
 MEASURE = "/api/v1/hair/measure"
@@ -92,10 +92,10 @@ async def test_a_client_that_leaves_while_queued_frees_its_place_and_its_job_nev
     upstream.delay[WORKERS[0]] = 10.0
     busy, leaver = Exchange(), Exchange()
     async with trio.open_nursery() as nursery:
-        busy.client_sends(b"{}")
+        busy.client_sends(PHOTO_BODY)
         nursery.start_soon(busy.run, app)  # holds the only worker for 10 s
         await trio.testing.wait_all_tasks_blocked()
-        leaver.client_sends(b"{}")
+        leaver.client_sends(PHOTO_BODY)
         nursery.start_soon(leaver.run, app)
         await trio.testing.wait_all_tasks_blocked()
         assert gateway.dispatcher.statistics().waiting_for_worker == 1
@@ -119,7 +119,7 @@ async def test_a_client_that_leaves_during_its_forward_lets_it_finish(
     upstream.behaviour[WORKERS[0]] = "ok_image"
     exchange = Exchange()
     async with trio.open_nursery() as nursery:
-        exchange.client_sends(b"{}")
+        exchange.client_sends(PHOTO_BODY)
         nursery.start_soon(exchange.run, app)
         await trio.testing.wait_all_tasks_blocked()
         exchange.client_leaves()
@@ -163,7 +163,7 @@ async def test_an_oversized_header_block_is_refused_before_any_worker(gateway: G
     # the gateway adds headers: a client head that fits the gateway but not a host's read
     # limit got a 431 from every host in turn and ejected them all
     exchange = Exchange(headers=[(b"x-forwarded-for", b"198.51.100.1, " * 400)])
-    exchange.client_sends(b"{}")
+    exchange.client_sends(PHOTO_BODY)
     await exchange.run(create_app(gateway))
     assert exchange.json()["code"] == Code.INVALID_PARAMETER
     assert exchange.json()["message"] == MSG_HEADERS_TOO_LARGE.format(limit_bytes=4096)
@@ -173,6 +173,6 @@ async def test_an_oversized_header_block_is_refused_before_any_worker(gateway: G
 async def test_an_oversized_query_string_counts_too(gateway: Gateway, upstream) -> None:
     exchange = Exchange()
     exchange.scope["query_string"] = b"q=" + b"x" * 5000
-    exchange.client_sends(b"{}")
+    exchange.client_sends(PHOTO_BODY)
     await exchange.run(create_app(gateway))
     assert exchange.json()["code"] == Code.INVALID_PARAMETER and upstream.forwards == []

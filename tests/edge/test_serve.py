@@ -16,7 +16,7 @@ from hypercorn.config import Config
 
 from edge.main import serve
 from shared.contract import envelope
-from tests.edge.conftest import make_settings
+from tests.edge.conftest import PHOTO, PHOTO_BODY, make_settings
 
 GATEWAY_PORT = 18150
 MEASURE = "/api/v1/hair/measure"
@@ -131,7 +131,7 @@ async def test_stop_drains_in_flight_requests_then_returns(tmp_path: Path, worke
 
     async def client_request() -> None:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{GATEWAY_PORT}", timeout=10) as client:
-            answers.append((await client.post(MEASURE, content=b"{}")).json())
+            answers.append((await client.post(MEASURE, json=PHOTO)).json())
 
     with trio.fail_after(15):
         async with trio.open_nursery() as nursery:
@@ -181,11 +181,12 @@ async def test_a_client_that_leaves_while_queued_never_reaches_a_worker(tmp_path
     worker.health_open.set()
     worker.job_may_finish = trio.Event()
     stop = trio.Event()
-    request = f"POST {MEASURE} HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n\r\n{{}}".encode()
+    head = f"POST {MEASURE} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: {len(PHOTO_BODY)}\r\n\r\n"
+    request = head.encode() + PHOTO_BODY
     async with trio.open_nursery() as nursery:
         await nursery.start(serve, settings_for(tmp_path, worker), stop.wait)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{GATEWAY_PORT}") as client:
-            nursery.start_soon(partial(client.post, MEASURE, content=b"{}"))  # holds the only worker
+            nursery.start_soon(partial(client.post, MEASURE, json=PHOTO))  # holds the only worker
             await worker.job_started.wait()
             leaver = await trio.open_tcp_stream("127.0.0.1", GATEWAY_PORT)
             await leaver.send_all(request)
@@ -226,10 +227,10 @@ async def test_an_oversized_header_block_is_refused_and_every_worker_stays_onlin
         await nursery.start(serve, settings_for(tmp_path, worker), stop.wait)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{GATEWAY_PORT}") as client:
             huge = {"X-Forwarded-For": ", ".join(["198.51.100.1"] * 4000)}  # ~56 KB
-            answer = await client.post(MEASURE, content=b"{}", headers=huge)
+            answer = await client.post(MEASURE, json=PHOTO, headers=huge)
             assert answer.json()["code"] == 1001
             assert (await client.get("/monitor")).status_code == 200
-            assert (await client.post(MEASURE, content=b"{}")).json()["code"] == 0
+            assert (await client.post(MEASURE, json=PHOTO)).json()["code"] == 0
         assert worker.jobs == 1
         stop.set()
 

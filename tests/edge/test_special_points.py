@@ -96,9 +96,9 @@ async def test_points_of_a_real_face_and_the_hosts_refusals(special_points: Spec
 
 def started_then_blocked(started: str, gate: str) -> int:
     """A job for the workers: announce its pid on `started`, then wait for a byte on `gate`."""
-    with open(started, "wb") as pipe:
+    with open(started, "wb", buffering=0) as pipe:
         pipe.write(struct.pack("<q", os.getpid()))  # 8 bytes: one atomic FIFO write
-    with open(gate, "rb") as pipe:
+    with open(gate, "rb", buffering=0) as pipe:  # unbuffered: take one byte, leave the rest
         pipe.read(1)
     return os.getpid()
 

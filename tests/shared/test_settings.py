@@ -113,3 +113,23 @@ def test_shipped_defaults_obey_the_timeout_rule():
 
     Settings()  # the model's defaults
     load_settings(REPO_SETTINGS, environ={})
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ("[edge.cpu]\nworkers = 0", r"edge\.cpu\.workers"),
+        ("[edge.features]\nbase_url = 'ark.example/api/v3'\nmodel = 'm'", r"edge\.features\.base_url"),
+        ("[edge.features]\nbase_url = 'https://ark.example/api/v3'", r"edge\.features: .*model must be named"),
+    ],
+)
+def test_gateway_cpu_and_features_settings_are_checked(tmp_path, section, key):
+    with pytest.raises(SettingsError, match=key):
+        load_text(tmp_path, section + "\n")
+
+
+def test_features_api_key_comes_from_the_secrets_file(tmp_path):
+    config = write(tmp_path / "s.toml", "[edge.features]\nbase_url = 'https://ark.example/api/v3/'\nmodel = 'm'\n")
+    secrets = write(tmp_path / "secrets.toml", "[edge.features]\napi_key = 'sk-1'\n")
+    features = load_settings(config, secrets, environ={}).edge.features
+    assert (features.base_url, features.api_key) == ("https://ark.example/api/v3", "sk-1")

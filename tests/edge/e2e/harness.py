@@ -22,9 +22,12 @@ from prometheus_client.samples import Sample
 
 from cluster.files import write_secrets
 from cluster.launcher import LOOPBACK, Process, free_port, start_gateway
+from tests.fakes.fake_worker import PNG_BASE64
 from tests.fakes.launch import FakeWorkerProcess, write_gateway_settings
 
 MEASURE = "/api/v1/hair/measure"
+# a real PNG: the gateway checks an image's magic bytes before it takes a worker
+MEASURE_BODY = {"image_base64": PNG_BASE64, "gender": "unknown"}
 # The keys of a 200 /monitor answer (seed 001 §4); a 503 adds `message`, a drill `simulated`.
 MONITOR_KEYS = frozenset(
     {"status", "service", "workers_total", "workers_healthy", "workers_primary_total", "workers_primary_healthy"}
@@ -156,7 +159,7 @@ async def gateway_health(client: httpx.AsyncClient) -> dict[str, Any]:
 
 async def measure(client: httpx.AsyncClient, **kwargs: Any) -> httpx.Response:
     """One business request with a small JSON body, as a client sends it."""
-    kwargs.setdefault("json", {"image_base64": "AAAA", "gender": "unknown"})
+    kwargs.setdefault("json", MEASURE_BODY)
     return await client.post(MEASURE, **kwargs)
 
 

@@ -89,7 +89,9 @@ async def test_two_gateways_sharing_redis_behave_as_one(cluster: Cluster, redis_
 
 
 @pytest.mark.slow
-async def test_redis_killed_mid_run_refuses_keyed_requests_only(cluster: Cluster, redis_server: RedisServer) -> None:  # noqa: F811
+async def test_redis_killed_mid_run_refuses_keyed_requests_only(
+    cluster: Cluster, redis_server: RedisServer  # noqa: F811
+) -> None:
     (fake,) = cluster.start_fakes(1)
     cluster.start_gateway(edge={"shared_state": {"redis_url": redis_server.url}})
     async with cluster.client() as client:

@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from shared.contract import MSG_BACKEND_BUSY, Code, envelope, is_valid_request_id
+from tests.fakes.fake_worker import PNG_BYTES
 from tests.edge.e2e.harness import Cluster, gateway_health, measure, wait_until
 
 
@@ -163,7 +164,7 @@ async def test_worker_reporting_busy_gets_no_request_until_a_probe_sees_it_free(
 async def test_forward_keeps_path_query_body_and_content_type(cluster: Cluster) -> None:
     (fake,) = cluster.start_fakes(1)
     cluster.start_gateway()
-    photo = bytes(range(256)) * 40
+    photo = PNG_BYTES + bytes(range(256)) * 40  # PNG magic bytes: the gateway checks those
     async with cluster.client() as client:
         request = client.build_request(
             "POST", "/api/v1/hair/mark?drop_mm=12", files={"image": ("face.jpg", photo, "image/jpeg")},

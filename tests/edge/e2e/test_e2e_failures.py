@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from shared.contract import MSG_BACKEND_UNAVAILABLE, Code, envelope
-from tests.edge.e2e.harness import MONITOR_KEYS, Cluster, gateway_health, measure, wait_until
+from tests.edge.e2e.harness import MEASURE_BODY, MONITOR_KEYS, Cluster, gateway_health, measure, wait_until
 from tests.fakes.launch import FakeWorkerProcess
 
 
@@ -171,7 +171,7 @@ async def test_timeout_is_retried_except_on_slow_paths(cluster: Cluster, path: s
         for i in range(4):
             request_id = f"timeout-{i}"
             headers = {"X-Request-ID": request_id}
-            answers[request_id] = await client.post(path, json={"image_base64": "AAAA"}, headers=headers)
+            answers[request_id] = await client.post(path, json=MEASURE_BODY, headers=headers)
             if await _jobs(slow):
                 break
         assert await _healthy_count(client) == 1, "a timeout ejects the worker"

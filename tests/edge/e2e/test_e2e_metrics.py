@@ -6,6 +6,7 @@ from collections import Counter
 
 from shared.contract import HEADER_IDEMPOTENCY_KEY, Code
 from tests.edge.e2e.harness import MEASURE, Cluster, measure, metrics_listener, scrape, wait_until
+from tests.fakes.fake_worker import PNG_BASE64
 
 MASK = "/api/v1/hair/mask"
 # gateway.md § Metrics, as written there (a counter's family is its name without `_total`)
@@ -38,7 +39,7 @@ async def test_metrics_count_what_was_sent_and_name_workers_by_index(cluster: Cl
         for _ in range(3):
             sent[MEASURE, str((await measure(client)).json()["code"])] += 1
         for _ in range(2):
-            sent[MASK, str((await client.post(MASK, json={"image_base64": "AAAA"})).json()["code"])] += 1
+            sent[MASK, str((await client.post(MASK, json={"image_base64": PNG_BASE64})).json()["code"])] += 1
         for _ in range(2):  # stored, then replayed
             sent[MEASURE, str((await measure(client, headers={HEADER_IDEMPOTENCY_KEY: "m-1"})).json()["code"])] += 1
         for fake in fakes:
