@@ -35,7 +35,6 @@ from shared.contract import (
     GPU_ENDPOINT_PATHS,
     MSG_BACKEND_BUSY,
     MSG_BACKEND_UNAVAILABLE,
-    MSG_ENDPOINT_NOT_AVAILABLE,
     MSG_REFUSED_BY_HOST,
     MSG_UNKNOWN_ENDPOINT,
     Code,
@@ -48,8 +47,6 @@ from shared.uploads import check_request
 
 log = logging.getLogger("edge.api")
 
-# Endpoints 4 and 99 run on the gateway itself (contract.md); not built yet, never forwarded.
-GATEWAY_ENDPOINT_PATHS = frozenset({"/api/v1/face/features", "/api/v1/face/special-points"})
 BUSY_RETRY_AFTER_SECONDS = 2
 CHECK_INLINE_BYTES = 64 * 1024  # larger bodies are checked in a worker thread
 
@@ -129,9 +126,6 @@ class ApiService:
         return ApiAnswer(encode(envelope(code, request_id, None, message)), int(code), retry_after, gateway_made=True)
 
     async def handle(self, request: ForwardRequest, watch: ClientWatch | None = None) -> ApiAnswer:
-        if request.path in GATEWAY_ENDPOINT_PATHS:
-            message = MSG_ENDPOINT_NOT_AVAILABLE.format(path=request.path)
-            return self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, message)
         if request.path not in GPU_ENDPOINT_PATHS or request.method != "POST":
             message = MSG_UNKNOWN_ENDPOINT.format(method=request.method, path=request.path)
             return self.gateway_failure(request.request_id, Code.INVALID_PARAMETER, message)

@@ -13,11 +13,14 @@ from dataclasses import dataclass
 from importlib.metadata import version
 
 import coredis
+import httpx
 import trio
 
 from edge.admission import Admission
 from edge.api import ApiService
 from edge.dispatch import Dispatcher
+from edge.face_workers import FaceWorkers
+from edge.features import Features
 from edge.forward import RetryPolicy, Upstream
 from edge.http import Limits, Router
 from edge.idempotency import Idempotency
@@ -27,6 +30,7 @@ from edge.rate_limit import ClientKeys, build_rate_limiter
 from edge.request_log import RequestLog, RequestRecord
 from edge.rewrite import ImageStore
 from edge.routes import not_found, routes
+from edge.special_points import SpecialPoints
 from edge.stats import RequestStats
 from shared.secrets_file import SecretsSource
 from shared.settings import Settings
@@ -47,6 +51,9 @@ class Gateway:
     stats: RequestStats
     metrics: GatewayMetrics
     admission: Admission
+    face_workers: FaceWorkers
+    special_points: SpecialPoints
+    features: Features
     idempotency: Idempotency | None = None
     secrets: SecretsSource | None = None  # where `POST /admin/token` persists the token
     redis: coredis.Redis[bytes] | None = None  # the shared state, when configured
@@ -63,8 +70,10 @@ def build_gateway(
     idempotency: Idempotency | None = None,
     redis: coredis.Redis[bytes] | None = None,
     secrets: SecretsSource | None = None,
+    features_transport: httpx.AsyncBaseTransport | None = None,
 ) -> Gateway:
-    """The object graph of one gateway; tests pass a fake `upstream` (as httpx takes a transport).
+    """The object graph of one gateway; tests pass a fake `upstream` (as httpx takes a transport)
+    and may pass the vision LLM's transport likewise.
 
     `idempotency` (None: keys are ignored) and `redis` (None: rate limits in memory) are
     opened by the caller, who closes them.
@@ -100,8 +109,15 @@ def build_gateway(
     request_log = RequestLog(edge.request_log, edge.request_log_max_bytes)
     limiter = build_rate_limiter(edge.rate_limit, redis)
     admission = Admission(limiter, ClientKeys(edge.rate_limit), idempotency, metrics)
+    face_workers = FaceWorkers(
+        edge.cpu.workers,
+        queue_wait_seconds=edge.dispatch.queue_wait_seconds,
+        start_at_start=edge.cpu.start_workers_at_start,
+    )
     return Gateway(
         settings, dispatcher, upstream, request_log, api, file_threads, RequestStats(), metrics, admission,
+        face_workers, SpecialPoints(face_workers, settings.analysis),
+        Features(edge.features, face_workers, settings.analysis, transport=features_transport),
         idempotency, secrets, redis,
     )  # fmt: skip
 

@@ -3,7 +3,9 @@
 Processes, not threads, by measurement (docs/edge.md § Endpoint 99): the face mesh and the
 upload parsing hold the GIL for milliseconds at a time, which a thread would take from the
 event loop that answers `/monitor` and forwards `/api`. A process costs ~150 MB and a
-second to start; the workers are started (spawn) when `run` starts and kept for good.
+second to start; the workers are started (spawn) in the background when `run` starts
+(`start_at_start`, so the gateway's port never waits for them) or at their first job, and
+kept for good.
 
 `run()` belongs in the gateway's nursery; it owns the processes and ends them when it is
 cancelled. `call()` runs one job from `edge.face_jobs` behind this pool's own
@@ -49,8 +51,9 @@ class FaceWorkersStatistics:
 class FaceWorkers:
     """A pool of face worker processes; `run()` must be started in a nursery before `call()`."""
 
-    def __init__(self, workers: int, *, queue_wait_seconds: float) -> None:
+    def __init__(self, workers: int, *, queue_wait_seconds: float, start_at_start: bool = True) -> None:
         self._workers = workers
+        self._start_at_start = start_at_start
         self._queue_wait_seconds = queue_wait_seconds
         self._limiter = trio.CapacityLimiter(workers)
         # The jobs are already bounded by `_limiter` (acquired with a deadline, which
@@ -63,8 +66,8 @@ class FaceWorkers:
         return FaceWorkersStatistics(self._workers, stats.borrowed_tokens, stats.tasks_waiting)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start every worker (started once they are up: ~1-3 s), serve jobs until
-        cancelled, then end the workers (waiting for running jobs)."""
+        """Serve jobs until cancelled (workers start in the background, ~1-3 s), then end
+        the workers (waiting for running jobs)."""
         async with trio_parallel.open_worker_context(
             idle_timeout=math.inf,
             init=face_jobs.load_detector,
@@ -73,8 +76,9 @@ class FaceWorkers:
         ) as context:
             self._context = context
             try:
-                await self._start_every_worker()
                 task_status.started()
+                if self._start_at_start:
+                    await self._start_every_worker()
                 await trio.sleep_forever()
             finally:
                 self._context = None

@@ -126,6 +126,8 @@ async def serve(
                 if idempotency is not None:
                     await background.start(idempotency.run)
                 await background.start(cleanup.run)
+                await background.start(gateway.face_workers.run)  # endpoints 4 and 99
+                await background.start(gateway.features.run)
                 await background.start(prober.run)  # returns after the first probe round
                 router = create_app(gateway)
                 if shutdown_trigger is None:

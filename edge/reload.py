@@ -3,7 +3,7 @@
 What changes live: the worker list and primaries (a new worker is probed before it gets
 traffic; a removed one finishes its request and gets nothing new), health-check and
 dispatch timings, the shared password, rate limits, body and header limits, the public
-URL of images, the static clean-up numbers. What cannot change while serving — the
+URL of images, the static clean-up numbers, endpoint 4's LLM settings. What cannot change while serving — the
 listeners, the files and stores opened at start — keeps its old value, with one warning
 naming the keys. Invalid new settings never get here: the caller logs one error line and
 keeps serving with the old ones.
@@ -23,7 +23,9 @@ from shared.settings import Settings
 log = logging.getLogger("edge.reload")
 
 # `edge` keys that take a restart: listeners, files and stores opened at start.
-RESTART_KEYS = ("bind", "metrics_bind", "certfile", "keyfile", "static_dir", "request_log", "shared_state", "idempotency")
+RESTART_KEYS = (
+    "bind", "metrics_bind", "certfile", "keyfile", "static_dir", "request_log", "shared_state", "idempotency", "cpu",
+)  # fmt: skip
 
 
 def keep_restart_keys(current: Settings, new: Settings) -> tuple[Settings, list[str]]:
@@ -63,6 +65,8 @@ def apply_settings(gateway: Gateway, router: Router, prober: Prober, new: Settin
     if rate_limit_changed:  # a new limiter starts with full buckets: only when asked for
         gateway.admission.limiter = build_rate_limiter(edge.rate_limit, gateway.redis)
         gateway.admission.client_keys = ClientKeys(edge.rate_limit)
+    gateway.features.settings = edge.features
+    gateway.features.limits = gateway.special_points.limits = settings.analysis
     router.reconfigure(routes(gateway), router_limits(settings))
     stats = gateway.pool.statistics()
     log.info("SIGHUP：配置已重新加载 | 总数=%d | 在线=%d | 主worker=%d", stats.workers_total, stats.workers_healthy, stats.workers_primary_total)

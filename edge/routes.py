@@ -22,6 +22,7 @@ the `Gateway` passed in, never module globals.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from edge import monitor
@@ -29,6 +30,7 @@ from edge.admin import ADMIN_BODY_LIMIT_BYTES, TokenAdmin
 from edge.api import ApiAnswer, encode
 from edge.forward import ForwardRequest
 from edge.http import CLIENT_CLOSED, Outcome, Refusals, Request, Response, Route
+from edge.local_answer import LocalAnswer
 from edge.static_files import read_annotation
 from shared.contract import (
     API_PREFIX,
@@ -37,6 +39,7 @@ from shared.contract import (
     MSG_BODY_TOO_LARGE,
     MSG_BODY_TOO_SLOW,
     MSG_HEADERS_TOO_LARGE,
+    MSG_UNKNOWN_ENDPOINT,
     Code,
     envelope,
 )
@@ -48,6 +51,8 @@ log = logging.getLogger("edge.routes")
 
 FAULT_BODY_LIMIT_BYTES = 64 * 1024
 _READ_ONLY = frozenset({"GET", "HEAD"})
+SPECIAL_POINTS_PATH = "/api/v1/face/special-points"  # endpoint 99
+FEATURES_PATH = "/api/v1/face/features"  # endpoint 4
 _RETRY_AFTER = HEADER_RETRY_AFTER.lower().encode()
 # Annotation names are random and the files never change; they are someone's face.
 _PNG_HEADERS = [(b"cache-control", b"private, max-age=86400"), (b"x-content-type-options", b"nosniff")]
@@ -57,17 +62,9 @@ def routes(gateway: Gateway) -> list[Route]:
     pool = gateway.pool
     admin = TokenAdmin(gateway, gateway.secrets)
     return [
-        Route(
-            API_PREFIX,
-            None,  # ApiService answers a wrong method with its own envelope
-            lambda request: gateway.admission.around(request, lambda: _api(gateway, request)),
-            _ENVELOPE_REFUSALS,
-            max_body_bytes=gateway.settings.edge.max_body_bytes,
-            logged=True,
-            drain_refused_body=True,
-            watch_departure=True,
-            admit=gateway.admission.before_body,
-        ),
+        _api_route(gateway, API_PREFIX, _api),  # forwarded to a GPU host
+        _api_route(gateway, SPECIAL_POINTS_PATH, _answered_here(lambda g: g.special_points.answer)),
+        _api_route(gateway, FEATURES_PATH, _answered_here(lambda g: g.features.answer)),
         _status_page("/health", lambda: (200, monitor.health())),
         _status_page("/gateway-health", lambda: (200, monitor.gateway_health(pool.statistics()))),
         _status_page("/monitor", lambda: monitor.monitor(pool.statistics())),
@@ -107,7 +104,40 @@ async def not_found(request: Request) -> Response:
 # --- /api/ -----------------------------------------------------------------------------
 
 
+def _api_route(gateway: Gateway, path: str, handle: Callable[[Gateway, Request], Awaitable[Response]]) -> Route:
+    """A business endpoint: rate limit and Idempotency-Key, envelope refusals, the request log."""
+    return Route(
+        path,
+        None,  # a wrong method gets the contract's envelope from the handler, not a 405
+        lambda request: gateway.admission.around(request, lambda: handle(gateway, request)),
+        _ENVELOPE_REFUSALS,
+        max_body_bytes=gateway.settings.edge.max_body_bytes,
+        logged=True,
+        drain_refused_body=True,
+        watch_departure=True,
+        admit=gateway.admission.before_body,
+    )
+
+
+LocalEndpoint = Callable[[bytes, "str | None", str], Awaitable[LocalAnswer]]
+
+
+def _answered_here(endpoint: Callable[[Gateway], LocalEndpoint]) -> Callable[[Gateway, Request], Awaitable[Response]]:
+    """Endpoints 4 and 99, run by the gateway itself (never a GPU host, never a pool slot)."""
+
+    async def handle(gateway: Gateway, request: Request) -> Response:
+        if request.method != "POST":
+            message = MSG_UNKNOWN_ENDPOINT.format(method=request.method, path=request.path)
+            return _api_response(gateway.api.gateway_failure(request.request_id, Code.INVALID_PARAMETER, message))
+        answer = await endpoint(gateway)(request.body, request.header(b"content-type"), request.request_id)
+        body = encode(answer.envelope)
+        return _api_response(ApiAnswer(body, answer.code, answer.retry_after, gateway_made=True))
+
+    return handle
+
+
 async def _api(gateway: Gateway, request: Request) -> Response:
+    """A GPU endpoint: checked, queued, forwarded, its images rewritten (`edge.api`)."""
     forward = ForwardRequest(
         method=request.method,
         path=request.path,

@@ -57,7 +57,6 @@ MSG_UNSUPPORTED_IMAGE_FORMAT = "图片格式不支持：请上传 JPEG、PNG 或
 MSG_HOST_BUSY = "GPU 主机正在处理另一个请求（主机不排队），请改投其他主机"
 BUSY_KEY = "busy"
 # Gateway answers for /api/ requests it cannot route.
-MSG_ENDPOINT_NOT_AVAILABLE = "该接口暂未在本网关开放：{path}"
 MSG_UNKNOWN_ENDPOINT = "接口不存在：{method} {path}（业务接口均为 POST）"
 # Requests the gateway refuses before reading or forwarding them (1001).
 MSG_HEADERS_TOO_LARGE = "请求头过大：上限 {limit_bytes} 字节（含查询字符串）"

@@ -135,6 +135,8 @@ class CpuSettings(_Section):
     """The gateway's own CPU work (endpoint 99, the image checks of endpoint 4)."""
 
     workers: int = Field(1, ge=1, le=64)  # processes, each with its own face-mesh detector
+    # false: start them at the first endpoint 4/99 request instead (a test rig, a small box)
+    start_workers_at_start: bool = True
 
 
 class FeaturesSettings(_Section):

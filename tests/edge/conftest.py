@@ -30,6 +30,7 @@ def make_settings(tmp_path: Path, **edge: object) -> Settings:
         "metrics_bind": "",
         "rate_limit": {"enabled": False},
         "idempotency": {"enabled": False},
+        "cpu": {"start_workers_at_start": False},
         **edge,
     }
     # The hosts' inference timeout must sit below the gateway's request timeout (checked).

@@ -205,11 +205,17 @@ async def test_burst_never_overlaps_on_a_worker(autojump_clock, client, upstream
     assert codes == [0] * 8 and upstream.overlaps == 0
 
 
-@pytest.mark.parametrize("path", ["/api/v1/face/features", "/api/v1/face/special-points"])
-async def test_gateway_endpoints_are_not_forwarded(client, upstream, path) -> None:
-    response = await client.post(path, json=PHOTO)
-    assert response.json()["code"] == 1007 and path in response.json()["message"]
+async def test_endpoint_4_unconfigured_answers_here_and_is_never_forwarded(client, upstream) -> None:
+    response = await client.post("/api/v1/face/features", json=PHOTO)
+    assert (response.json()["code"], response.json()["message"]) == (1007, "面部特征分析未配置")
     assert "Retry-After" in response.headers
+    assert upstream.forwards == []
+
+
+@pytest.mark.parametrize("path", ["/api/v1/face/features", "/api/v1/face/special-points"])
+async def test_endpoints_answered_here_take_post_only(client, upstream, path) -> None:
+    response = await client.get(path)
+    assert response.status_code == 200 and response.json()["code"] == 1001
     assert upstream.forwards == []
 
 

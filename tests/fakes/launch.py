@@ -100,6 +100,7 @@ def write_gateway_settings(
         # every test client is 127.0.0.1: tests of the limit turn it on with their own numbers
         "rate_limit": {"enabled": False},
         "metrics_bind": "",  # tests that read metrics name a free port
+        "cpu": {"start_workers_at_start": False},  # face workers (4, 99) only when a test uses them
     }
     # The loader refuses a host inference timeout not well below the gateway's request timeout.
     hosts = {"inference_timeout_seconds": 0.5}
