@@ -38,7 +38,7 @@ from edge.idempotency_stores import (
     State,
     StoredResponse,
 )
-from edge.shared_state import FailureLog
+from shared.logs import FailureLog
 from shared.contract import MSG_IDEMPOTENCY_KEY_INVALID, Code, ContractError
 from shared.settings import IdempotencySettings
 

@@ -32,7 +32,8 @@ from typing import Protocol
 
 import coredis
 
-from edge.shared_state import REDIS_ERRORS, FailureLog
+from edge.shared_state import REDIS_ERRORS
+from shared.logs import FailureLog
 from shared.settings import RateLimitSettings
 
 log = logging.getLogger("edge.rate_limit")

@@ -1,4 +1,4 @@
-"""State several gateways share (`[edge.shared_state]`): the Redis client, and how its failures are logged.
+"""State several gateways share (`[edge.shared_state]`): the Redis client.
 
 coredis is anyio-based and runs on trio; its client must be entered once by the task that
 owns the serving nursery (`async with redis_client(url) as redis:` around it) and can then
@@ -6,15 +6,13 @@ be used by every request task. Connecting is lazy: a Redis that is down at start
 stop the gateway; the features that need it fail their own way (keyed requests 1007,
 rate limits fall back to memory).
 
-A store that is down fails every request that touches it; `FailureLog` keeps that to one
-log line a minute, saying how many failures it did not log.
+A store that is down fails every request that touches it; `shared.logs.FailureLog` keeps
+that to one log line a minute, saying how many failures it did not log.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import coredis
@@ -38,28 +36,3 @@ async def redis_client(url: str) -> AsyncIterator[coredis.Redis[bytes] | None]:
     )
     async with client:
         yield client
-
-
-class FailureLog:
-    """Logs a recurring failure at most once per `interval_seconds`, counting the ones it skipped."""
-
-    def __init__(
-        self, logger: logging.Logger, what: str, interval_seconds: float = 60, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self._logger = logger
-        self._what = what
-        self._interval_seconds = interval_seconds
-        self._clock = clock
-        self._last_logged: float | None = None
-        self._skipped = 0
-
-    def report(self, error: BaseException) -> None:
-        now = self._clock()
-        if self._last_logged is not None and now - self._last_logged < self._interval_seconds:
-            self._skipped += 1
-            return
-        self._logger.error(
-            "%s | 错误=%s: %s | 上次记录后又失败 %d 次", self._what, type(error).__name__, error, self._skipped
-        )
-        self._last_logged = now
-        self._skipped = 0

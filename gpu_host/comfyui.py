@@ -31,6 +31,7 @@ import httpx
 import trio
 
 from shared.contract import GENERATOR_COMFYUI
+from shared.logs import FailureLog
 from shared.options import INPAINT_MASK_KEY
 from shared.settings import SettingsError
 
@@ -122,24 +123,6 @@ def seed_for(image: bytes, plan: str) -> int:
     return int.from_bytes(digest[: SEED_BITS // 8], "big")
 
 
-class FailureLog:
-    """Logs a generation failure at most once per interval, counting the ones it held back."""
-
-    def __init__(self, interval_seconds: float = FAILURE_LOG_INTERVAL_SECONDS) -> None:
-        self._interval = interval_seconds
-        self._last: float | None = None
-        self._held_back = 0
-
-    def failed(self, reason: str) -> None:
-        now = time.monotonic()
-        if self._last is not None and now - self._last < self._interval:
-            self._held_back += 1
-            return
-        log.warning("ComfyUI generation failed: %s (%d more failures in the last minute not logged)",
-                    reason, self._held_back)
-        self._last, self._held_back = now, 0
-
-
 class ComfyUIClient:
     """One ComfyUI server; `draw` never raises for ComfyUI's failures, it answers None."""
 
@@ -155,7 +138,9 @@ class ComfyUIClient:
         self._workflow = workflow
         self._timeout = timeout_seconds
         self._poll = poll_seconds
-        self._failures = failures or FailureLog()
+        self._failures = failures or FailureLog(
+            log, "ComfyUI generation failed", FAILURE_LOG_INTERVAL_SECONDS, level=logging.WARNING
+        )
         self._client_id = uuid.uuid4().hex
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=REQUEST_TIMEOUT_SECONDS)
 
@@ -179,7 +164,7 @@ class ComfyUIClient:
             try:
                 image_name = await self._upload(image, f"hairgate-{_digest(image)}{_extension(image)}")
             except Exception as error:  # whatever ComfyUI does wrong, the request still answers
-                self._failures.failed(f"uploading the photo: {_describe(error)}")
+                self._failures.report(f"uploading the photo: {_describe(error)}")
                 return drawn
 
             async def one(plan: str, mask: bytes) -> None:
@@ -189,7 +174,7 @@ class ComfyUIClient:
                 for plan, mask in masks.items():
                     nursery.start_soon(one, plan, mask)
         if deadline.cancelled_caught:
-            self._failures.failed(f"not done within {self._timeout:g} s")
+            self._failures.report(f"not done within {self._timeout:g} s")
         return drawn
 
     async def _draw_plan(self, image: bytes, image_name: str, plan: str, mask: bytes) -> bytes | None:
@@ -207,7 +192,7 @@ class ComfyUIClient:
                 await self._abandon(prompt_id)
             raise
         except Exception as error:  # whatever ComfyUI does wrong, the request still answers
-            self._failures.failed(f"plan {plan}: {_describe(error)}")
+            self._failures.report(f"plan {plan}: {_describe(error)}")
             return None
 
     async def _upload(self, content: bytes, name: str) -> str:
@@ -261,7 +246,7 @@ class ComfyUIClient:
                 await self._http.post("/interrupt", json={"prompt_id": prompt_id})
                 await self._http.post("/queue", json={"delete": [prompt_id]})
             except httpx.HTTPError as error:
-                self._failures.failed(f"dropping prompt {prompt_id}: {_describe(error)}")
+                self._failures.report(f"dropping prompt {prompt_id}: {_describe(error)}")
 
 
 async def draw_grown(client: ComfyUIClient, image: bytes, data: dict[str, Any]) -> dict[str, Any]:

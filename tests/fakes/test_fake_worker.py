@@ -57,3 +57,19 @@ async def test_answers_an_envelope_with_a_real_png_and_fails_on_demand() -> None
     assert (await client.post("/api/v1/hair/measure", headers=AUTH)).status_code == 200
     forged = await client.post("/api/v1/hair/measure", headers={"X-Internal-Token": "other"})
     assert forged.status_code == 401 and worker.stats.unauthorized == 1
+
+
+async def test_refuse_when_busy_answers_a_second_job_503_busy_without_running_it() -> None:
+    worker = FakeWorker(TOKEN)
+    worker.knobs.update({"hold": True, "refuse_when_busy": True})
+    client = create_app(worker).test_client()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(client.post, "/api/v1/hair/measure", headers=AUTH))
+        await trio.testing.wait_all_tasks_blocked()  # the first job is held
+        second = await client.post("/api/v1/hair/measure", headers={**AUTH, "X-Request-ID": "second"})
+        worker.release()
+    body = await second.get_json()
+    assert second.status_code == 503
+    assert (body["code"], body["busy"], body["request_id"]) == (1007, True, "second")
+    assert (worker.stats.busy_refused, worker.stats.overlaps, len(worker.stats.jobs)) == (1, 0, 1)
+    assert (await client.post("/api/v1/hair/measure", headers=AUTH)).status_code == 200  # idle again

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from shared.logs import FailureLog
 import trio
 from PIL import Image
 
 from gpu_host.comfyui import (
     PLACEHOLDERS,
     ComfyUIClient,
-    FailureLog,
     draw_grown,
     load_workflow,
     placeholders_in,
@@ -214,10 +215,10 @@ async def test_failing_comfyui_leaves_grow_answer_null_without_masks(fake: FakeC
 
 
 def test_failures_are_logged_at_most_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
-    failures = FailureLog(interval_seconds=3600)
+    failures = FailureLog(logging.getLogger("gpu_host.comfyui"), "ComfyUI generation failed", 3600, level=logging.WARNING)
     with caplog.at_level(logging.WARNING, "gpu_host.comfyui"):
         for attempt in range(5):
-            failures.failed(f"attempt {attempt}")
+            failures.report(f"attempt {attempt}")
     assert [record.getMessage() for record in caplog.records if "attempt" in record.getMessage()] == [
-        "ComfyUI generation failed: attempt 0 (0 more failures in the last minute not logged)"
+        "ComfyUI generation failed | attempt 0 | 上次记录后又失败 0 次"
     ]
