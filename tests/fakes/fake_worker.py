@@ -4,7 +4,10 @@ It speaks what `gpu_host/` speaks to the gateway (gpu_host.md): `GET /health` an
 `POST /api/v1/hair/*` endpoints, both behind `X-Internal-Token`, answering envelopes whose
 images are `*_base64` PNGs. A test-only control API under `/_fake/` turns the knobs and
 reads what the fake saw: the order of the jobs it received and how often two of them
-overlapped — the gateway promises that never happens on one worker.
+overlapped — the gateway promises that never happens on one worker. With `refuse_when_busy`
+it answers a job that arrives while another runs as a real GPU host does (503, 1007,
+`"busy": true`) and counts it in `busy_refused`; off by default, so that a gateway that
+sends one worker two jobs shows up in `overlaps` instead of being saved by the refusal.
 
 Run as a real process (the gateway under test must cross a process boundary):
 
@@ -35,7 +38,16 @@ from PIL import Image
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from shared.contract import HEADER_FORWARDED_FOR, HEADER_REQUEST_ID, HEADER_TOKEN, success
+from shared.contract import (
+    BUSY_KEY,
+    HEADER_FORWARDED_FOR,
+    HEADER_REQUEST_ID,
+    HEADER_TOKEN,
+    MSG_HOST_BUSY,
+    Code,
+    envelope,
+    success,
+)
 
 ImageMode = Literal["png", "none", "bad_base64", "not_png"]
 Shape = Literal["flat", "nested"]
@@ -65,6 +77,7 @@ class Knobs:
     health_busy: bool = False  # /health says busy although no job runs
     hold: bool = False  # jobs wait for `POST /_fake/release`
     crash: bool = False  # the next job kills the process mid-request (os._exit)
+    refuse_when_busy: bool = False  # a job while another runs: 503 busy, like a real host
     image: ImageMode = "png"  # "none": a small envelope without images (benchmarks)
     shape: Shape = "flat"  # "nested": images in objects in arrays, and nulls
 
@@ -85,6 +98,7 @@ class Stats:
     in_flight: int = 0
     max_concurrent: int = 0
     overlaps: int = 0
+    busy_refused: int = 0  # jobs answered 503 busy (`refuse_when_busy`): they never ran
     completed: int = 0
     health_checks: int = 0
     probes_before_first_job: int | None = None
@@ -209,6 +223,10 @@ def create_app(worker: FakeWorker) -> QuartTrio:
         if not worker.authorized():
             return unauthorized()
         body = await request.get_data()
+        if worker.knobs.refuse_when_busy and worker.stats.in_flight > 0:
+            worker.stats.busy_refused += 1
+            request_id = request.headers.get(HEADER_REQUEST_ID) or "fake-without-request-id"
+            return {**envelope(Code.SYSTEM_ERROR, request_id, message=MSG_HOST_BUSY), BUSY_KEY: True}, 503
         worker.begin_job(request.path, body)
         try:
             if worker.knobs.crash:
