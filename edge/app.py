@@ -27,7 +27,7 @@ from edge.idempotency import Idempotency
 from edge.metrics import GatewayMetrics, pool_gauges
 from edge.pool import Pool, Thresholds
 from edge.rate_limit import ClientKeys, build_rate_limiter
-from edge.request_log import RequestLog, RequestRecord
+from edge.request_log import RequestLog
 from edge.rewrite import ImageStore
 from edge.routes import not_found, routes
 from edge.special_points import SpecialPoints
@@ -106,7 +106,10 @@ def build_gateway(
         metrics=metrics,
         limits=settings.analysis,
     )
-    request_log = RequestLog(edge.request_log, edge.request_log_max_bytes)
+    stats = RequestStats()
+    request_log = RequestLog(
+        edge.request_log, edge.request_log_max_bytes, observers=(stats.record, metrics.observe_request)
+    )
     limiter = build_rate_limiter(edge.rate_limit, redis)
     admission = Admission(limiter, ClientKeys(edge.rate_limit), idempotency, metrics)
     face_workers = FaceWorkers(
@@ -115,7 +118,7 @@ def build_gateway(
         start_at_start=edge.cpu.start_workers_at_start,
     )
     return Gateway(
-        settings, dispatcher, upstream, request_log, api, file_threads, RequestStats(), metrics, admission,
+        settings, dispatcher, upstream, request_log, api, file_threads, stats, metrics, admission,
         face_workers, SpecialPoints(face_workers, settings.analysis),
         Features(edge.features, face_workers, settings.analysis, transport=features_transport),
         idempotency, secrets, redis,
@@ -151,15 +154,10 @@ def _queue_length(dispatcher: Dispatcher) -> int:
 
 
 def create_app(gateway: Gateway) -> Router:
-    def record(entry: RequestRecord) -> None:
-        gateway.request_log.record(entry)
-        gateway.stats.record(entry)
-        gateway.metrics.observe_request(entry)
-
     return Router(
         routes(gateway),
         not_found,
-        record,
+        gateway.request_log.record,
         router_limits(gateway.settings),
         token=lambda: gateway.settings.auth.shared_password,
     )

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager, nullcontext
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import trio
@@ -53,32 +53,44 @@ class ClientLeft(DispatchError):
 class ClientWatch:
     """Lets a request's client end the request's queue waits, and only those.
 
-    Hypercorn does not cancel an application whose client disconnects, so the ASGI
-    layer reports the departure here; every wait entered through `cancellable_wait()`
-    then ends with `ClientLeft` and gives back its place.
+    Hypercorn does not cancel an application whose client disconnects. While a request
+    waits for a slot or a worker, `departure()` (the ASGI layer's "wait until the client
+    disconnects") is awaited beside the wait, and a departure ends the wait with
+    `ClientLeft`, giving back the place. Nothing listens outside the waits: a request
+    that never waits pays nothing, and a forward under way is never interrupted.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, departure: Callable[[], Awaitable[None]] | None = None) -> None:
         self.left = False
-        self._waits: set[trio.CancelScope] = set()
+        self._departure = departure
 
     def mark_left(self) -> None:
         self.left = True
-        for scope in self._waits:
-            scope.cancel()
 
-    @contextmanager
-    def cancellable_wait(self) -> Iterator[None]:
+    @asynccontextmanager
+    async def cancellable_wait(self) -> AsyncIterator[None]:
         if self.left:
             raise ClientLeft
-        with trio.CancelScope() as scope:
-            self._waits.add(scope)
-            try:
-                yield
-            finally:
-                self._waits.discard(scope)
-        if scope.cancelled_caught:
+        if self._departure is None:
+            yield
+            return
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._end_on_departure, nursery.cancel_scope)
+                try:
+                    yield
+                finally:
+                    nursery.cancel_scope.cancel()  # the wait is over: stop listening
+        except BaseExceptionGroup as group:
+            # the listener never raises: what is inside is the wait's own outcome (Busy, …)
+            raise group.exceptions[0] if len(group.exceptions) == 1 else group
+        if self.left:
             raise ClientLeft
+
+    async def _end_on_departure(self, wait: trio.CancelScope) -> None:
+        await self._departure()  # type: ignore[misc]
+        self.left = True
+        wait.cancel()
 
 
 @dataclass(frozen=True)
@@ -134,7 +146,7 @@ class Dispatcher:
         try:
             self._slots.acquire_on_behalf_of_nowait(token)
         except trio.WouldBlock:
-            with watch.cancellable_wait() if watch else nullcontext():
+            async with watch.cancellable_wait() if watch else nullcontext():
                 await self._wait_for_slot(token)
         try:
             yield
@@ -187,12 +199,13 @@ class Dispatcher:
         self._waiters.append(waiter)
         self._hand_over()
         try:
-            with watch.cancellable_wait() if watch else nullcontext(), trio.move_on_after(self._queue_wait_seconds):
-                while not waiter.event.is_set():
-                    # a worker marked busy elsewhere frees itself by time alone, not by an event
-                    with trio.move_on_after(BUSY_ELSEWHERE_SECONDS):
-                        await waiter.event.wait()
-                    self._hand_over()
+            async with watch.cancellable_wait() if watch else nullcontext():
+                with trio.move_on_after(self._queue_wait_seconds):
+                    while not waiter.event.is_set():
+                        # a worker marked busy elsewhere frees itself by time alone, not by an event
+                        with trio.move_on_after(BUSY_ELSEWHERE_SECONDS):
+                            await waiter.event.wait()
+                        self._hand_over()
         except BaseException:
             self._abandon(waiter)
             raise

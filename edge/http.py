@@ -15,6 +15,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from functools import partial
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -118,7 +119,7 @@ class Route:
     token: bool = False
     logged: bool = False  # one request-log line per request (the `/api/` routes)
     drain_refused_body: bool = False  # answer an over-limit body, then read and drop the rest
-    watch_departure: bool = False  # tell the handler (`Request.watch`) when the client leaves
+    watch_departure: bool = False  # a client that leaves ends its request's queue waits (`Request.watch`)
     # Runs after the token check and before the body is read (a rate limit): an answer
     # refuses the request without reading its body, None lets it in.
     admit: Handler | None = None
@@ -147,14 +148,14 @@ class Router:
         self,
         routes: Sequence[Route],
         not_found: Handler,
-        record: Callable[[RequestRecord], None],
+        record: Callable[[RequestRecord], None],  # the request log
         limits: Limits,
         token: Callable[[], str],
     ) -> None:
         self._exact = {route.path: route for route in routes if not route.is_prefix}
         self._prefixes = [route for route in routes if route.is_prefix]
         self._not_found = not_found
-        self._record = record  # the request log, the stats, the metrics
+        self._record = record
         self._limits = limits
         self._token = token  # read per request: the shared password can change while serving
 
@@ -188,7 +189,7 @@ class Router:
             client_ip=scope["client"][0] if scope.get("client") else "",
             request_id=request_id,
             body=b"",
-            watch=ClientWatch(),
+            watch=ClientWatch(partial(_departure, receive) if route is not None and route.watch_departure else None),
         )
         response: Response | None = None
         try:
@@ -224,13 +225,7 @@ class Router:
             request.watch.mark_left()
             return Response(CLIENT_CLOSED, b"")
         request.body = body
-        if not route.watch_departure:
-            return await route.handler(request)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_departure, receive, request.watch)
-            response = await route.handler(request)
-            nursery.cancel_scope.cancel()
-        return response
+        return await route.handler(request)
 
     async def _read_body(self, headers: dict[bytes, bytes], receive: Receive, limit: int) -> bytes:
         """The whole body within the limits; raises as soon as one is exceeded."""
@@ -241,24 +236,22 @@ class Router:
         size = 0
         limits = self._limits
         # A body that trickles holds a connection and a descriptor: bound both the gaps
-        # between chunks and the whole read.
-        with trio.move_on_after(limits.body_timeout_seconds) as whole:
-            while True:
-                with trio.move_on_after(limits.body_idle_timeout_seconds) as idle:
-                    message = await receive()
-                if idle.cancelled_caught:
-                    raise _BodyTooSlow
-                if message["type"] == "http.disconnect":
-                    raise _ClientGone
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    raise _BodyTooLarge
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    return b"".join(chunks)
-        assert whole.cancelled_caught
-        raise _BodyTooSlow
+        # between chunks and the whole read (one cancel scope per chunk: the nearer deadline).
+        whole_deadline = trio.current_time() + limits.body_timeout_seconds
+        while True:
+            with trio.move_on_at(min(whole_deadline, trio.current_time() + limits.body_idle_timeout_seconds)) as wait:
+                message = await receive()
+            if wait.cancelled_caught:
+                raise _BodyTooSlow
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _BodyTooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
 
     def _log(self, request: Request, response: Response | None, started: float) -> None:
         outcome = response.outcome if response else None
@@ -295,11 +288,10 @@ def _method_not_allowed(methods: frozenset[str]) -> Response:
     return Response(405, b"", content_type=b"text/plain", headers=[(b"allow", allow)])
 
 
-async def _watch_departure(receive: Receive, watch: ClientWatch) -> None:
-    """After the body, the only message left to receive is the client's disconnect."""
+async def _departure(receive: Receive) -> None:
+    """Return when the client disconnects: after the body, the only message left to receive."""
     while (await receive())["type"] != "http.disconnect":
         pass
-    watch.mark_left()
 
 
 async def _send(send: Send, response: Response, request_id: str, drain: Receive | None) -> None:

@@ -7,6 +7,8 @@ the `Gateway` passed in, never module globals.
 | path                          | methods   | token | body    | what                           |
 |-------------------------------|-----------|-------|---------|--------------------------------|
 | /api/…                        | any       | no    | max_body_bytes | forwarded to a GPU host |
+| /api/v1/face/special-points   | POST      | no    | max_body_bytes | endpoint 99, answered here |
+| /api/v1/face/features         | POST      | no    | max_body_bytes | endpoint 4, answered here  |
 | /health, /gateway-health      | GET, HEAD | no    | none    | liveness, pool counts          |
 | /monitor                      | GET, HEAD | no    | none    | external alerting (seed 001)   |
 | /monitor/fault                | POST      | yes   | 64 KiB  | the alert drill switch         |
@@ -15,8 +17,8 @@ the `Gateway` passed in, never module globals.
 | /admin/workers                | GET, HEAD | yes   | none    | the pool, with addresses       |
 | /admin/token                  | POST      | yes   | 4 KiB   | switch the shared token        |
 
-`/api/` POSTs are rate-limited before their body is read and honour `Idempotency-Key`
-(`edge.admission`).
+Every `/api/` route is a business endpoint (`_api_route`): rate-limited before its body is
+read, `Idempotency-Key` honoured (`edge.admission`), refused with envelopes, logged.
 """
 
 from __future__ import annotations
