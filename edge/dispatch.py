@@ -308,5 +308,7 @@ def _log_event(event: PoolEvent | None) -> None:
         log.info("Worker 已移除（不再分配新请求） | worker=%d | url=%s", event.index, event.url)
     elif event.transition is Transition.WENT_OFFLINE:
         log.warning("Worker 下线 | worker=%d | url=%s | 原因=%s", event.index, event.url, event.reason)
+    elif event.transition is Transition.UNREACHABLE:
+        log.warning("Worker 探活失败，未上线 | worker=%d | url=%s | 原因=%s", event.index, event.url, event.reason)
     else:
         log.warning("Worker 下线（转发失败，进入隔离期） | worker=%d | url=%s | 原因=%s", event.index, event.url, event.reason)

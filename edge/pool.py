@@ -70,6 +70,7 @@ class Transition(Enum):
     EJECTED = "ejected"
     ADDED = "added"
     RETIRED = "retired"
+    UNREACHABLE = "unreachable"  # not online and failing its probes: logged once per streak, with why
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,10 @@ class Pool:
         if worker.online and worker.failures >= self.thresholds.unhealthy_threshold:
             worker.online = False
             return PoolEvent(Transition.WENT_OFFLINE, worker.index, worker.url, reason)
+        if not worker.online and worker.failures == self.thresholds.unhealthy_threshold:
+            # A worker that never came online (a certificate the CA did not sign, a wrong
+            # port) would otherwise fail silently: its operator needs the reason once.
+            return PoolEvent(Transition.UNREACHABLE, worker.index, worker.url, reason)
         return None
 
     # --- requests -----------------------------------------------------------------------

@@ -49,6 +49,7 @@ from shared.settings import ENV_SHARED_PASSWORD, token_fingerprint
 STEPS = 8
 SHARED_PASSWORD_KEY = "auth.shared_password"
 PENDING_KEY = "pending.new_token"
+PENDING_OLD_KEY = "pending.old_token"  # --secrets may be a gateway's own, which it rewrites at step 4
 PENDING_FILE = ".rotate_token.pending.toml"
 REQUEST_TIMEOUT_SECONDS = 10.0
 VERIFY_SECONDS = 30.0  # for a gateway to show its hosts online again after the switch
@@ -259,11 +260,15 @@ def options_from(args: argparse.Namespace) -> Options:
     secrets_path = Path(args.secrets) if args.secrets else None
     old = _old_token(args, secrets_path)
     pending = secrets_path.with_name(secrets_path.name + ".pending") if secrets_path else Path(PENDING_FILE)
-    new = _new_token(args, pending)
+    new = _new_token(args, pending, old)
     if new == old:
-        if pending.exists():  # the last run updated --secrets, then stopped before its clean-up
+        saved_old = read_secret(pending, PENDING_OLD_KEY) if pending.exists() else None
+        if isinstance(saved_old, str) and saved_old != new:
+            old = saved_old  # --secrets already holds the new token: a switched gateway wrote it
+        elif pending.exists():  # the last run updated --secrets, then stopped before its clean-up
             raise UsageError(f"the rotation saved in {pending} is complete: delete that file")
-        raise UsageError("the new token is the current one")
+        else:
+            raise UsageError("the new token is the current one")
     return Options(
         gateways=tuple(url.rstrip("/") for url in args.gateway),
         old=old,
@@ -289,7 +294,7 @@ def _old_token(args: argparse.Namespace, secrets_path: Path | None) -> str:
     raise UsageError(f"give --token, --secrets FILE or set {ENV_SHARED_PASSWORD}")
 
 
-def _new_token(args: argparse.Namespace, pending: Path) -> str:
+def _new_token(args: argparse.Namespace, pending: Path, old: str) -> str:
     saved = read_secret(pending, PENDING_KEY) if pending.exists() else None
     if args.new_token:
         if saved is not None and saved != args.new_token:
@@ -306,6 +311,7 @@ def _new_token(args: argparse.Namespace, pending: Path) -> str:
         raise UsageError("the new token must be at least 16 printable ASCII characters without spaces")
     if not args.dry_run and saved is None:
         write_secret(pending, PENDING_KEY, token)  # before any change: a re-run must find it
+        write_secret(pending, PENDING_OLD_KEY, old)
     return token
 
 

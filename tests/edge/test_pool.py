@@ -30,8 +30,10 @@ def online_pool(*urls: str, primaries: tuple[str, ...] = (), thresholds: Thresho
         # unhealthy_threshold=2: one blip does not take an online worker down
         (Thresholds(2, 1, 60), [OK, FAIL, OK, FAIL, FAIL], [True, True, True, True, False],
          [Transition.CAME_ONLINE, Transition.WENT_OFFLINE]),
-        # a worker that never came online logs no "went offline", however often it fails
-        (Thresholds(1, 1, 60), [FAIL, FAIL, FAIL], [False, False, False], []),
+        # a worker that never came online: no "went offline", but "unreachable" once per streak
+        (Thresholds(2, 1, 60), [FAIL, FAIL, FAIL, FAIL], [False] * 4, [Transition.UNREACHABLE]),
+        (Thresholds(1, 1, 60), [FAIL, FAIL, OK, FAIL, FAIL], [False, False, True, False, False],
+         [Transition.UNREACHABLE, Transition.CAME_ONLINE, Transition.WENT_OFFLINE]),
     ],
 )
 def test_probe_sequences(thresholds, probes, online_after, transitions) -> None:

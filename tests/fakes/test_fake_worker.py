@@ -72,4 +72,5 @@ async def test_refuse_when_busy_answers_a_second_job_503_busy_without_running_it
     assert second.status_code == 503
     assert (body["code"], body["busy"], body["request_id"]) == (1007, True, "second")
     assert (worker.stats.busy_refused, worker.stats.overlaps, len(worker.stats.jobs)) == (1, 0, 1)
+    worker.knobs.update({"hold": False})
     assert (await client.post("/api/v1/hair/measure", headers=AUTH)).status_code == 200  # idle again

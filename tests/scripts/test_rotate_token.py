@@ -27,7 +27,7 @@ from quart_trio import QuartTrio
 from gpu_host.admin import HostTokens
 from gpu_host.auth import TokenGuard
 from shared.contract import HEADER_TOKEN
-from shared.secrets_file import SecretsSource, read_secret
+from shared.secrets_file import SecretsSource, read_secret, write_secret
 from shared.settings import ENV_ACCEPT_PASSWORDS, token_fingerprint
 from tests.fakes.admin_host import host_app
 from tests.fakes.tls import TlsFiles, tls_files
@@ -178,6 +178,27 @@ async def test_a_rotation_failed_half_way_completes_when_run_again(tmp_path: Pat
         assert [g.token for g in c.gateways] == [first.new, first.new]
         assert all(not guard.is_accepted(OLD) for guard in c.guards)
         assert any("already sends" in line for line in lines)
+    assert not again.pending.exists()
+
+
+async def test_resumes_when_secrets_is_a_gateways_own_file_that_it_already_rewrote(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    secrets = tmp_path / "gateway-secrets.toml"
+    secrets.write_text(f'[auth]\nshared_password = "{OLD}"\n')
+    async with cluster(tmp_path) as c:
+        c.gateways[1].fail_switch = True
+        first = options(tmp_path, c.gateway_urls, secrets)
+        with pytest.raises(rotate_token.RotationFailed):
+            await rotate_token.run(first, lambda line: None)
+        write_secret(secrets, "auth.shared_password", first.new)  # the switched gateway persisted it
+        c.gateways[1].fail_switch = False
+        again = options(tmp_path, c.gateway_urls, secrets)  # the same command
+        assert (again.old, again.new) == (OLD, first.new)
+        await rotate_token.run(again, lambda line: None)
+        assert [g.token for g in c.gateways] == [first.new, first.new]
+        assert all(not guard.is_accepted(OLD) for guard in c.guards)
     assert not again.pending.exists()
 
 
