@@ -55,6 +55,7 @@ from shared.contract import (  # noqa: E402
     Code,
 )
 
+STATS_CATCH_UP_SECONDS = 3.0  # /admin/stats trails the request log by one flush (0.5 s)
 MEASURE = "/api/v1/hair/measure"
 MARK = "/api/v1/hair/mark"
 CONCURRENT_DUPLICATES = 4
@@ -144,8 +145,14 @@ class Prelaunch:
         return f"1003 in {elapsed_ms:.0f} ms round trip (includes sending 4 MB)"
 
     def request_log(self, before: dict[str, Any]) -> str:
-        after = self.stats()
-        requests, replays = after["requests"] - before["requests"], after["replays"] - before["replays"]
+        # the stats are fed from the request log's batches: up to a flush interval behind
+        deadline = time.monotonic() + STATS_CATCH_UP_SECONDS
+        while True:
+            after = self.stats()
+            requests, replays = after["requests"] - before["requests"], after["replays"] - before["replays"]
+            if (requests >= self.sent and replays >= self.replays) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         if requests < self.sent or replays < self.replays:
             raise CheckFailed(
                 f"sent {self.sent} requests ({self.replays} replays), /admin/stats counted {requests} ({replays}): "

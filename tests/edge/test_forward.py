@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import socket
 from functools import partial
 
@@ -11,6 +12,7 @@ import pytest
 import trio
 from hypercorn.config import Config
 
+import edge.forward as forward_module
 from edge.forward import FailureKind, ForwardRequest, RetryPolicy, Upstream, WorkerBusy, WorkerFailure, WorkerRefusal
 from shared.contract import envelope
 
@@ -42,6 +44,8 @@ async def worker_app(scope, receive, send) -> None:
         content_type = b"text/html"
     elif path == "/not-json":
         payload = b"<html>ok</html>"
+    elif path == "/large":  # an answer with megabytes of images
+        payload = json.dumps(envelope(0, "rid", {"mask_image_base64": "A" * 2_000_000})).encode()
     elif path == "/not-envelope":
         payload = b'{"result": 1}'
     elif path == "/slow":
@@ -176,3 +180,21 @@ async def test_503_busy_is_busy_elsewhere_and_a_plain_503_a_failure(upstream: Up
         await upstream.forward(worker_url, request("/busy"), 5)
     with pytest.raises(WorkerFailure):
         await upstream.forward(worker_url, request("/status?503"), 5)
+
+
+
+@pytest.mark.parametrize(("target", "off_the_loop"), [("/echo", False), ("/large", True)])
+async def test_a_large_answer_is_parsed_off_the_event_loop(
+    upstream: Upstream, worker_url: str, monkeypatch, target: str, off_the_loop: bool
+) -> None:
+    # parsing 12 MB of JSON held the loop (every other request, /monitor) for ~13 ms
+    threads: list[bool] = []
+    parse = forward_module._parse_envelope
+
+    def recording(raw: bytes):
+        threads.append(threading.current_thread() is not threading.main_thread())
+        return parse(raw)
+
+    monkeypatch.setattr(forward_module, "_parse_envelope", recording)
+    await upstream.forward(worker_url, request(target), 5)
+    assert threads == [off_the_loop]

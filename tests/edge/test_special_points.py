@@ -159,7 +159,7 @@ async def test_no_more_jobs_run_at_once_than_workers(blocked_jobs: BlockedJobs) 
 
 @pytest.mark.slow
 async def test_a_pool_busy_past_the_queue_wait_answers_1007_busy_with_retry_after(blocked_jobs: BlockedJobs) -> None:
-    workers = FaceWorkers(1, queue_wait_seconds=0.5)
+    workers = FaceWorkers(1, queue_wait_seconds=0.5, start_at_start=False)  # the blocked job is the first
     special_points = SpecialPoints(workers, LIMITS)
     async with trio.open_nursery() as nursery:
         await nursery.start(workers.run)
