@@ -94,7 +94,7 @@ class Admission:
         except ContractError as error:
             return _envelope(request.request_id, error.code, error.message)
         target = f"{request.path}?{request.query}" if request.query else request.path
-        print_ = fingerprint(request.method, target, request.body)
+        print_ = fingerprint(request.method, target, request.body, request.header(b"content-type"))
         try:
             if admitted is not None and admitted.limited_retry_after is not None:
                 stored = await self._idempotency.lookup(key, print_)

@@ -29,6 +29,7 @@ from typing import TypeVar
 
 import coredis
 import trio
+from werkzeug.http import parse_options_header
 
 from edge.idempotency_stores import (
     IdempotencyStore,
@@ -72,11 +73,17 @@ def validate_key(value: str) -> str:
     raise ContractError(Code.INVALID_PARAMETER, MSG_IDEMPOTENCY_KEY_INVALID)
 
 
-def fingerprint(method: str, path: str, body: bytes) -> str:
-    """SHA-256 of method + path + body (hex); the separators keep the parts from sliding."""
+def fingerprint(method: str, path: str, body: bytes, content_type: str | None = None) -> str:
+    """SHA-256 of method + path + body (hex); the separators keep the parts from sliding.
+
+    A multipart body is hashed without its boundary: clients (curl, mobile HTTP stacks)
+    draw a new random boundary for every attempt, and a retry of the same photo and
+    fields must match its first attempt."""
     digest = hashlib.sha256(method.upper().encode())
     digest.update(b"\0" + path.encode() + b"\0")
-    digest.update(body)
+    mimetype, options = parse_options_header(content_type or "")
+    boundary = options.get("boundary") if mimetype == "multipart/form-data" else None
+    digest.update(body.replace(boundary.encode("latin-1"), b"") if boundary else body)
     return digest.hexdigest()
 
 

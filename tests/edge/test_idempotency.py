@@ -127,6 +127,21 @@ def test_fingerprint_covers_method_path_and_body() -> None:
     assert fingerprint("POST", "/a", b"bc") != fingerprint("POST", "/ab", b"c")
 
 
+def test_a_multipart_retry_with_a_new_boundary_has_the_same_fingerprint() -> None:
+    # curl and mobile HTTP stacks draw a fresh boundary for every attempt
+    def form(boundary: str, photo: bytes) -> tuple[bytes, str]:
+        body = (
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n\r\n".encode()
+            + photo + f"\r\n--{boundary}--\r\n".encode()
+        )
+        return body, f"multipart/form-data; boundary={boundary}"
+
+    first = fingerprint("POST", "/api/v1/hair/measure", *form("----a1b2", b"PNGDATA"))
+    retry = fingerprint("POST", "/api/v1/hair/measure", *form("----z9y8x7", b"PNGDATA"))
+    other = fingerprint("POST", "/api/v1/hair/measure", *form("----z9y8x7", b"OTHER"))
+    assert first == retry != other
+
+
 # --- one gateway ----------------------------------------------------------------------------
 
 
