@@ -48,8 +48,17 @@ class DevCluster:
         return [*self.hosts, self.gateway]
 
 
-def prepare(base_config: Path, workers: int, port: int, first_worker_port: int, directory: Path = DEV_DIR) -> DevCluster:
-    """Write the dev settings and secrets; the services to start."""
+def prepare(
+    base_config: Path,
+    workers: int,
+    port: int,
+    first_worker_port: int,
+    directory: Path = DEV_DIR,
+    *,
+    metrics_port: int | None = None,
+) -> DevCluster:
+    """Write the dev settings and secrets; the services to start (no metrics listener
+    without `metrics_port`: the committed default port would clash between clusters)."""
     if workers < 1:
         raise ValueError("--workers must be at least 1")
     host_ports = [first_worker_port + index for index in range(workers)]
@@ -60,6 +69,7 @@ def prepare(base_config: Path, workers: int, port: int, first_worker_port: int, 
         "pool": {"workers": [f"http://127.0.0.1:{p}" for p in host_ports], "primary_workers": []},
         # Probe often: a dev cluster should show a host as soon as its models are loaded.
         "health_check": {"interval_seconds": 1},
+        "metrics_bind": f"127.0.0.1:{metrics_port}" if metrics_port else "",
     }
     settings = merge(tomlkit.parse(base_config.read_text()), {"edge": edge})
     settings_path = write_settings(directory / "settings.toml", settings)
@@ -179,7 +189,9 @@ def _is_ready(client: httpx.Client, service: Service, hosts: int) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        cluster = prepare(Path(args.config), args.workers, args.port, args.first_worker_port)
+        cluster = prepare(
+            Path(args.config), args.workers, args.port, args.first_worker_port, metrics_port=args.metrics_port
+        )
     except (OSError, ValueError, tomlkit.exceptions.ParseError) as error:
         print(f"hairgate dev: {error}", file=sys.stderr)
         return 2

@@ -54,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
         if bind_errors is None or others is not None:
             raise
         # the port is taken or not ours to bind: say so in one line
-        print(f"hairgate edge: cannot serve on {settings.edge.bind}: {_first_leaf(bind_errors)}", file=sys.stderr)
+        # the error does not say which listener: name both when there are two
+        binds = " or ".join(filter(None, (settings.edge.bind, settings.edge.metrics_bind)))
+        print(f"hairgate edge: cannot serve on {binds}: {_first_leaf(bind_errors)}", file=sys.stderr)
         return 1
     return 0
 

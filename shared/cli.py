@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--config", default="settings.toml")
     dev.add_argument("--port", type=int, default=8080, help="gateway port (default: %(default)s)")
     dev.add_argument("--first-worker-port", type=int, default=28187)
+    dev.add_argument("--metrics-port", type=int, default=9464, help="gateway metrics port, 0: none (default: %(default)s)")
     return parser
 
 
