@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from edge.api import encode
-from edge.http import Request, Response
+from edge.http import Request, Response, json_response
 from edge.monitor import error_answer
 from shared.secrets_file import MIN_TOKEN_CHARS, SecretsFileError, SecretsSource, is_acceptable_token, write_secret
 from shared.settings import token_fingerprint
@@ -52,25 +51,25 @@ class TokenAdmin:
             {"index": worker.index, "url": worker.url, "online": worker.online, "primary": worker.primary}
             for worker in pool.active
         ]
-        return _json(200, {"workers": listing})
+        return json_response(200, {"workers": listing})
 
     async def set_token(self, request: Request) -> Response:
         new = _parse_token(request.body)
         if new is None:
-            return _json(400, error_answer(MSG_BAD_TOKEN_BODY))
+            return json_response(400, error_answer(MSG_BAD_TOKEN_BODY))
         if self._secrets is None:
-            return _json(409, error_answer(MSG_NO_SECRETS_FILE))
+            return json_response(409, error_answer(MSG_NO_SECRETS_FILE))
         if self._secrets.from_environment:
             message = MSG_TOKEN_FROM_ENVIRONMENT.format(variable=self._secrets.environment_variable)
-            return _json(409, error_answer(message))
+            return json_response(409, error_answer(message))
         async with self._switching:
             try:
                 await trio.to_thread.run_sync(write_secret, self._secrets.path, SHARED_PASSWORD_KEY, new)
             except SecretsFileError as error:
                 log.error("切换 token 失败，继续使用旧 token | %s", error)
-                return _json(500, error_answer(MSG_NOT_PERSISTED.format(error=error)))
+                return json_response(500, error_answer(MSG_NOT_PERSISTED.format(error=error)))
             self._switch(new)
-        return _json(200, {"status": "ok", "fingerprint": token_fingerprint(new)})
+        return json_response(200, {"status": "ok", "fingerprint": token_fingerprint(new)})
 
     def _switch(self, new: str) -> None:
         gateway = self._gateway
@@ -96,6 +95,3 @@ def _parse_token(body: bytes) -> str | None:
     token = document["shared_password"]
     return token if is_acceptable_token(token) else None
 
-
-def _json(status: int, document: Any) -> Response:
-    return Response(status, encode(document) + b"\n")

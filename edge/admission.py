@@ -14,8 +14,7 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from edge.api import encode
-from edge.http import Outcome, Request, Response
+from edge.http import Outcome, Request, Response, encode
 from edge.idempotency import (
     Idempotency,
     IdempotencyUnavailable,
@@ -72,7 +71,7 @@ class Admission:
         if self.limiter is None or request.method != "POST":
             return None
         keys = self.client_keys
-        header = request.header(keys.key_header.lower().encode()) if keys.key_header else None
+        header = request.header(keys.key_header_name) if keys.key_header else None
         client_key = keys.key(request.client_ip, request.header(b"x-forwarded-for"), header)
         decision = await self.limiter.check(client_key)
         if decision.allowed:

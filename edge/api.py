@@ -9,11 +9,9 @@ gets nothing, and no worker ever sees its job.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 
@@ -29,6 +27,7 @@ from edge.forward import (
     WorkerRefusal,
 )
 from edge.metrics import GatewayMetrics
+from edge.http import encode
 from edge.rewrite import BadImage, DecodedImages, ImageStore, ImageWriteError, has_images
 from shared.contract import (
     DEFAULT_MESSAGES,
@@ -69,10 +68,6 @@ class ApiAnswer:
         """May be replayed to a retry with the same Idempotency-Key: never a gateway-made
         1007 (no worker, busy, retries exhausted), which the client should try again."""
         return not self.client_left and not (self.gateway_made and self.code == Code.SYSTEM_ERROR)
-
-
-def encode(document: Any) -> bytes:
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 class ApiService:

@@ -54,7 +54,6 @@ class Gateway:
     face_workers: FaceWorkers
     special_points: SpecialPoints
     features: Features
-    idempotency: Idempotency | None = None
     secrets: SecretsSource | None = None  # where `POST /admin/token` persists the token
     redis: coredis.Redis[bytes] | None = None  # the shared state, when configured
 
@@ -121,7 +120,7 @@ def build_gateway(
         settings, dispatcher, upstream, request_log, api, file_threads, stats, metrics, admission,
         face_workers, SpecialPoints(face_workers, settings.analysis),
         Features(edge.features, face_workers, settings.analysis, transport=features_transport),
-        idempotency, secrets, redis,
+        secrets, redis,
     )  # fmt: skip
 
 
@@ -143,6 +142,7 @@ def router_limits(settings: Settings) -> Limits:
     edge = settings.edge
     return Limits(
         max_header_bytes=edge.max_header_bytes,
+        max_api_body_bytes=edge.max_body_bytes,
         body_idle_timeout_seconds=edge.body_idle_timeout_seconds,
         body_timeout_seconds=edge.body_timeout_seconds,
     )

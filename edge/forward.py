@@ -25,7 +25,7 @@ from typing import Any
 import httpcore
 import trio
 
-from shared.contract import HEADER_FORWARDED_FOR, HEADER_REQUEST_ID, HEADER_TOKEN, is_envelope
+from shared.contract import BUSY_KEY, HEADER_FORWARDED_FOR, HEADER_REQUEST_ID, HEADER_TOKEN, is_envelope
 from shared.errors import reason
 
 KEEPALIVE_EXPIRY_SECONDS = 4.0
@@ -200,7 +200,7 @@ def _says_busy(raw: bytes) -> bool:
         body = json.loads(raw)
     except (ValueError, RecursionError):
         return False
-    return isinstance(body, dict) and body.get("busy") is True
+    return isinstance(body, dict) and body.get(BUSY_KEY) is True
 
 
 def _parse_envelope(raw: bytes) -> dict[str, Any]:

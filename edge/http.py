@@ -13,6 +13,7 @@ latency budget is a millisecond (docs/drill_and_bench.md has the measurements).
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import time
 from functools import partial
@@ -48,6 +49,7 @@ class Limits:
     """What the router bounds for every request (`edge` settings)."""
 
     max_header_bytes: int
+    max_api_body_bytes: int  # the body limit of the business endpoints (`Route.max_body_bytes` None)
     body_idle_timeout_seconds: float
     body_timeout_seconds: float
 
@@ -115,7 +117,7 @@ class Route:
     methods: frozenset[str] | None  # None: any method (the handler answers each)
     handler: Handler
     refusals: Refusals
-    max_body_bytes: int = 0
+    max_body_bytes: int | None = 0  # None: `Limits.max_api_body_bytes`, which a reload may change
     token: bool = False
     logged: bool = False  # one request-log line per request (the `/api/` routes)
     drain_refused_body: bool = False  # answer an over-limit body, then read and drop the rest
@@ -159,10 +161,8 @@ class Router:
         self._limits = limits
         self._token = token  # read per request: the shared password can change while serving
 
-    def reconfigure(self, routes: Sequence[Route], limits: Limits) -> None:
-        """Reloaded settings (body limits, timeouts): requests that start from now on see them."""
-        self._exact = {route.path: route for route in routes if not route.is_prefix}
-        self._prefixes = [route for route in routes if route.is_prefix]
+    def reconfigure(self, limits: Limits) -> None:
+        """Reloaded limits (body, head, timeouts): requests that start from now on see them."""
         self._limits = limits
 
     def match(self, path: str) -> Route | None:
@@ -212,10 +212,11 @@ class Router:
             return _unread(refusals.bad_token(request.request_id))
         if route.admit is not None and (refused := await route.admit(request)) is not None:
             return _unread(refused)
+        limit = self._limits.max_api_body_bytes if route.max_body_bytes is None else route.max_body_bytes
         try:
-            body = await self._read_body(request.headers, receive, route.max_body_bytes)
+            body = await self._read_body(request.headers, receive, limit)
         except _BodyTooLarge:
-            refused = _unread(refusals.body_too_large(request.request_id, route.max_body_bytes))
+            refused = _unread(refusals.body_too_large(request.request_id, limit))
             # a client that writes its whole body before reading must still get the answer
             refused.drain_body = route.drain_refused_body
             return refused
@@ -276,6 +277,16 @@ class Router:
                 rate_limited=outcome.rate_limited if outcome else False,
             )
         )
+
+
+def encode(document: Any) -> bytes:
+    """JSON as the gateway sends it: UTF-8, no spaces (an envelope's bytes are part of the contract)."""
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def json_response(status: int, document: Any) -> Response:
+    """A status page, admin or error answer: JSON plus a newline, as curl users like it."""
+    return Response(status, encode(document) + b"\n")
 
 
 def _unread(response: Response) -> Response:

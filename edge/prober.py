@@ -18,6 +18,7 @@ import trio
 from edge.dispatch import Dispatcher
 from edge.forward import HealthAnswer
 from edge.pool import ProbeResult
+from shared.contract import BUSY_KEY
 
 log = logging.getLogger("edge.pool")
 
@@ -33,7 +34,7 @@ def judge(answer: HealthAnswer, sent_at: float) -> ProbeResult:
         body = json.loads(answer.body)
     except ValueError:
         return ProbeResult(sent_at, ok=False, reason="health body is not JSON")
-    busy = isinstance(body, dict) and body.get("busy") is True
+    busy = isinstance(body, dict) and body.get(BUSY_KEY) is True
     return ProbeResult(sent_at, ok=True, busy=busy)
 
 

@@ -63,6 +63,7 @@ class ClientKeys:
 
     def __init__(self, settings: RateLimitSettings) -> None:
         self.key_header = settings.key_header  # the header the router passes the value of; "" for none
+        self.key_header_name = settings.key_header.lower().encode()  # as ASGI spells it
         networks = [ipaddress.ip_network(entry, strict=False) for entry in settings.trusted_proxies]
         self._trusted_addresses = frozenset(str(n.network_address) for n in networks if n.num_addresses == 1)
         self._trusted_networks = tuple(n for n in networks if n.num_addresses > 1)

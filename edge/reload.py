@@ -17,7 +17,6 @@ from edge.app import Gateway, image_store, retry_policy, router_limits, threshol
 from edge.http import Router
 from edge.prober import Prober
 from edge.rate_limit import ClientKeys, build_rate_limiter
-from edge.routes import routes
 from shared.settings import Settings
 
 log = logging.getLogger("edge.reload")
@@ -67,6 +66,6 @@ def apply_settings(gateway: Gateway, router: Router, prober: Prober, new: Settin
         gateway.admission.client_keys = ClientKeys(edge.rate_limit)
     gateway.features.settings = edge.features
     gateway.features.limits = gateway.special_points.limits = settings.analysis
-    router.reconfigure(routes(gateway), router_limits(settings))
+    router.reconfigure(router_limits(settings))  # the routes read everything else through `gateway`
     stats = gateway.pool.statistics()
     log.info("SIGHUP：配置已重新加载 | 总数=%d | 在线=%d | 主worker=%d", stats.workers_total, stats.workers_healthy, stats.workers_primary_total)

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from edge import monitor
 from edge.admin import ADMIN_BODY_LIMIT_BYTES, TokenAdmin
-from edge.api import ApiAnswer, encode
+from edge.api import ApiAnswer
 from edge.forward import ForwardRequest
-from edge.http import CLIENT_CLOSED, Outcome, Refusals, Request, Response, Route
+from edge.http import CLIENT_CLOSED, Outcome, Refusals, Request, Response, Route, encode, json_response
 from edge.local_answer import LocalAnswer
 from edge.static_files import read_annotation
 from shared.contract import (
@@ -100,7 +100,7 @@ def routes(gateway: Gateway) -> list[Route]:
 
 async def not_found(request: Request) -> Response:
     """A path no route serves; under `/api/` there is always a route (the envelope says why)."""
-    return _json(404, {"status": "not_found"})
+    return json_response(404, {"status": "not_found"})
 
 
 # --- /api/ -----------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def _api_route(gateway: Gateway, path: str, handle: Callable[[Gateway, Request],
         None,  # a wrong method gets the contract's envelope from the handler, not a 405
         lambda request: gateway.admission.around(request, lambda: handle(gateway, request)),
         _ENVELOPE_REFUSALS,
-        max_body_bytes=gateway.settings.edge.max_body_bytes,
+        max_body_bytes=None,  # edge.max_body_bytes, as the router's limits have it (reloadable)
         logged=True,
         drain_refused_body=True,
         watch_departure=True,
@@ -188,25 +188,21 @@ def _forwarded_for(existing: bytes | None, client_ip: str) -> str:
 # --- status pages and the drill switch -------------------------------------------------
 
 
-def _json(status: int, document: Any) -> Response:
-    return Response(status, encode(document) + b"\n")
-
-
 def _status_page(path: str, page: Any) -> Route:
     """A page read from memory only; GET or HEAD, no auth, never a worker call."""
 
     async def handler(request: Request) -> Response:
         status, document = page()
-        return _json(status, document)
+        return json_response(status, document)
 
     return Route(path, _READ_ONLY, handler, _STATUS_REFUSALS)
 
 
 _STATUS_REFUSALS = Refusals(
-    headers_too_large=lambda rid, limit: _json(431, monitor.error_answer(f"request header block over {limit} bytes")),
-    body_too_large=lambda rid, limit: _json(413, monitor.error_answer(f"request body over {limit} bytes")),
-    body_too_slow=lambda rid, seconds: _json(408, monitor.error_answer(f"request body not received within {seconds:g}s")),
-    bad_token=lambda rid: _json(401, monitor.error_answer(monitor.MSG_BAD_TOKEN)),
+    headers_too_large=lambda rid, limit: json_response(431, monitor.error_answer(f"request header block over {limit} bytes")),
+    body_too_large=lambda rid, limit: json_response(413, monitor.error_answer(f"request body over {limit} bytes")),
+    body_too_slow=lambda rid, seconds: json_response(408, monitor.error_answer(f"request body not received within {seconds:g}s")),
+    bad_token=lambda rid: json_response(401, monitor.error_answer(monitor.MSG_BAD_TOKEN)),
 )
 
 
@@ -214,16 +210,16 @@ async def _monitor_fault(gateway: Gateway, request: Request) -> Response:
     try:
         enabled = monitor.parse_fault_request(request.body)
     except monitor.FaultRequestError:
-        return _json(400, monitor.error_answer(monitor.MSG_BAD_FAULT_BODY))
+        return json_response(400, monitor.error_answer(monitor.MSG_BAD_FAULT_BODY))
     if gateway.pool.set_drill(enabled):
         logging.getLogger("edge.monitor").warning(
             "模拟故障%s | 来源=%s", "已开启" if enabled else "已关闭", request.client_ip
         )
-    return _json(200, monitor.fault_answer(enabled))
+    return json_response(200, monitor.fault_answer(enabled))
 
 
 async def _admin_stats(gateway: Gateway) -> Response:
-    return _json(200, gateway.stats.snapshot())
+    return json_response(200, gateway.stats.snapshot())
 
 
 # --- annotation files ------------------------------------------------------------------

@@ -32,16 +32,15 @@ from gpu_host.model_process import ModelBusy, ModelProcess, ModelUnavailable
 from gpu_host.supervisor import Phase
 from shared.contract import (
     API_PREFIX,
-    BUSY_KEY,
     GPU_ENDPOINT_PATHS,
     HEADER_REQUEST_ID,
     HEADER_TOKEN,
     MSG_BACKEND_UNAVAILABLE,
     MSG_BODY_TOO_LARGE,
-    MSG_HOST_BUSY,
     MSG_UNKNOWN_ENDPOINT,
     Code,
     ContractError,
+    busy_envelope,
     envelope,
     failure,
     request_id_from_header,
@@ -166,7 +165,7 @@ async def _business(endpoint: str, host: _Host) -> Any:
         body = failure(error, request_id)
     except ModelBusy:
         # Another gateway's job runs here; this gateway sends the request elsewhere.
-        body, status = {**envelope(Code.SYSTEM_ERROR, request_id, message=MSG_HOST_BUSY), BUSY_KEY: True}, 503
+        body, status = busy_envelope(request_id), 503
     except ModelUnavailable as error:
         # Not an answer about the photo: 503 lets the gateway retry on another host.
         log.warning("request refused, model not ready | request_id=%s reason=%s", request_id, error)

@@ -20,7 +20,6 @@ import hashlib
 import json
 import logging
 import re
-import time
 import uuid
 from collections.abc import Mapping
 from importlib import resources
@@ -119,7 +118,11 @@ def fill_placeholders(value: Any, values: Mapping[str, Any]) -> Any:
 
 def seed_for(image: bytes, plan: str) -> int:
     """The sampler seed of one (image, plan): a retried request draws the same picture."""
-    digest = hashlib.sha256(hashlib.sha256(image).digest() + plan.encode()).digest()
+    return _seed(hashlib.sha256(image).digest(), plan)
+
+
+def _seed(image_digest: bytes, plan: str) -> int:
+    digest = hashlib.sha256(image_digest + plan.encode()).digest()
     return int.from_bytes(digest[: SEED_BITS // 8], "big")
 
 
@@ -160,15 +163,16 @@ class ComfyUIClient:
         Plans are queued together and share one deadline; each comes back as the output
         image's bytes, or None."""
         drawn: dict[str, bytes | None] = dict.fromkeys(masks)
+        image_digest = hashlib.sha256(image).digest()  # megabytes: hashed once per request
         with trio.move_on_after(self._timeout) as deadline:
             try:
-                image_name = await self._upload(image, f"hairgate-{_digest(image)}{_extension(image)}")
+                image_name = await self._upload(image, f"hairgate-{image_digest.hex()[:16]}{_extension(image)}")
             except Exception as error:  # whatever ComfyUI does wrong, the request still answers
                 self._failures.report(f"uploading the photo: {_describe(error)}")
                 return drawn
 
             async def one(plan: str, mask: bytes) -> None:
-                drawn[plan] = await self._draw_plan(image, image_name, plan, mask)
+                drawn[plan] = await self._draw_plan(image_digest, image_name, plan, mask)
 
             async with trio.open_nursery() as nursery:
                 for plan, mask in masks.items():
@@ -177,13 +181,13 @@ class ComfyUIClient:
             self._failures.report(f"not done within {self._timeout:g} s")
         return drawn
 
-    async def _draw_plan(self, image: bytes, image_name: str, plan: str, mask: bytes) -> bytes | None:
+    async def _draw_plan(self, image_digest: bytes, image_name: str, plan: str, mask: bytes) -> bytes | None:
         prompt_id: str | None = None
         try:
-            mask_name = await self._upload(mask, f"hairgate-{_digest(image)}-{_digest(mask)}-mask.png")
+            mask_name = await self._upload(mask, f"hairgate-{image_digest.hex()[:16]}-{_digest(mask)}-mask.png")
             graph = fill_placeholders(self._workflow, {
                 "image": image_name, "mask": mask_name, "prompt": PROMPT,
-                "negative_prompt": NEGATIVE_PROMPT, "seed": seed_for(image, plan),
+                "negative_prompt": NEGATIVE_PROMPT, "seed": _seed(image_digest, plan),
             })
             prompt_id = await self._queue(graph)
             return await self._fetch(await self._outputs(prompt_id))

@@ -131,6 +131,11 @@ def failure(error: ContractError, request_id: str) -> dict:
     return envelope(error.code, request_id, None, error.message)
 
 
+def busy_envelope(request_id: str) -> dict:
+    """A GPU host's answer (HTTP 503) to a job arriving while another runs: "busy elsewhere"."""
+    return {**envelope(Code.SYSTEM_ERROR, request_id, message=MSG_HOST_BUSY), BUSY_KEY: True}
+
+
 def is_envelope(body: Any) -> bool:
     """True for a JSON object shaped like an envelope with a known code."""
     if not isinstance(body, dict) or set(body) != {"code", "message", "request_id", "data"}:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import httpx
 import pytest
 
 from edge.app import build_gateway, create_app
@@ -57,7 +58,9 @@ async def test_workers_token_limits_and_timings_change_live(tmp_path: Path, part
     assert not gateway.pool.workers[3].online, "a new worker waits for its first probe"
     assert gateway.pool.workers[1].retired and gateway.pool.workers[2].retired
     assert gateway.upstream.token == "rotated-token-1234567"
-    assert router.match("/api/v1/hair/measure").max_body_bytes == 123
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=router), base_url="http://gw") as client:
+        answer = (await client.post("/api/v1/hair/measure", content=b"x" * 124)).json()
+    assert answer["code"] == 1003 and "123" in answer["message"], "the new body limit applies"
     assert gateway.admission.limiter is not None
     assert gateway.dispatcher._queue_wait_seconds == 7
     assert gateway.settings.auth.shared_password == "rotated-token-1234567"

@@ -18,16 +18,15 @@ from __future__ import annotations
 import dataclasses
 import io
 import uuid
-from functools import partial
 from typing import Any
 
 import numpy as np
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
 from PIL import Image, ImageOps
 from quart import Response, jsonify, request
 from quart_trio import QuartTrio
+
+from tests.fakes.serve import serve_on_loopback
 
 PAINT = (255, 0, 255)
 IMAGE_LOADERS = ("LoadImage", "LoadImageMask")
@@ -143,12 +142,6 @@ async def serve_fake_comfyui(
     fake: FakeComfyUI, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Serve `fake` on a free loopback port until cancelled; `nursery.start` gives its URL."""
-    config = HypercornConfig()
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = None
-    config.errorlog = None
-
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(partial(serve, create_app(fake), config))
-        fake.url = binds[0]
+        fake.url = await nursery.start(serve_on_loopback, create_app(fake))
         task_status.started(fake.url)

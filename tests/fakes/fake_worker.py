@@ -39,13 +39,10 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from shared.contract import (
-    BUSY_KEY,
     HEADER_FORWARDED_FOR,
     HEADER_REQUEST_ID,
     HEADER_TOKEN,
-    MSG_HOST_BUSY,
-    Code,
-    envelope,
+    busy_envelope,
     success,
 )
 
@@ -226,7 +223,7 @@ def create_app(worker: FakeWorker) -> QuartTrio:
         if worker.knobs.refuse_when_busy and worker.stats.in_flight > 0:
             worker.stats.busy_refused += 1
             request_id = request.headers.get(HEADER_REQUEST_ID) or "fake-without-request-id"
-            return {**envelope(Code.SYSTEM_ERROR, request_id, message=MSG_HOST_BUSY), BUSY_KEY: True}, 503
+            return busy_envelope(request_id), 503
         worker.begin_job(request.path, body)
         try:
             if worker.knobs.crash:
