@@ -20,14 +20,15 @@ import hypercorn.trio
 import trio
 from hypercorn.config import Config
 
-from edge.app import Gateway, build_gateway, create_app
-from edge.http import Router
-from edge.idempotency import IdempotencyUnavailable, open_idempotency
-from edge.metrics import metrics_app
-from edge.prober import Prober
+from edge.gateway import Gateway, build_gateway
+from edge.app import create_app
+from edge.web.http import Router
+from edge.admission.idempotency import IdempotencyUnavailable, open_idempotency
+from edge.observe.metrics import metrics_app
+from edge.pool.prober import Prober
 from edge.reload import apply_settings
-from edge.shared_state import redis_client
-from edge.static_cleanup import StaticCleanup
+from edge.admission.shared_state import redis_client
+from edge.annotations.static_cleanup import StaticCleanup
 from shared.secrets_file import SecretsSource
 from shared.logs import configure_logging
 from shared.settings import ENV_SHARED_PASSWORD, Settings, SettingsError, load_settings

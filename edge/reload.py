@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 
-from edge.app import Gateway, image_store, retry_policy, router_limits, thresholds
-from edge.http import Router
-from edge.prober import Prober
-from edge.rate_limit import ClientKeys, build_rate_limiter
+from edge.gateway import Gateway, image_store, retry_policy, router_limits, thresholds
+from edge.web.http import Router
+from edge.pool.prober import Prober
+from edge.admission.rate_limit import ClientKeys, build_rate_limiter
 from shared.settings import Settings
 
 log = logging.getLogger("edge.reload")

@@ -28,13 +28,13 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.fakes
 
-from edge.idempotency import Idempotency, RunResult, StoredResponse, fingerprint  # noqa: E402
-from edge.idempotency_stores import RedisStore, SqliteStore  # noqa: E402
-from edge.metrics import GatewayMetrics  # noqa: E402
-from edge.rate_limit import ClientKeys, MemoryRateLimiter, RedisRateLimiter  # noqa: E402
-from edge.request_log import RequestRecord  # noqa: E402
-from edge.shared_state import redis_client  # noqa: E402
-from edge.stats import RequestStats  # noqa: E402
+from edge.admission.idempotency import Idempotency, RunResult, StoredResponse, fingerprint  # noqa: E402
+from edge.admission.idempotency_stores import RedisStore, SqliteStore  # noqa: E402
+from edge.observe.metrics import GatewayMetrics  # noqa: E402
+from edge.admission.rate_limit import ClientKeys, MemoryRateLimiter, RedisRateLimiter  # noqa: E402
+from edge.observe.request_log import RequestRecord  # noqa: E402
+from edge.admission.shared_state import redis_client  # noqa: E402
+from edge.observe.stats import RequestStats  # noqa: E402
 from shared.settings import RateLimitSettings  # noqa: E402
 from tests.fakes.redis_server import RedisServer, find_redis_binary  # noqa: E402
 

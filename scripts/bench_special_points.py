@@ -28,9 +28,9 @@ from skimage import data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edge import face_jobs  # noqa: E402
-from edge.face_workers import FaceWorkers  # noqa: E402
-from edge.special_points import SpecialPoints  # noqa: E402
+from edge.local import face_jobs  # noqa: E402
+from edge.local.face_workers import FaceWorkers  # noqa: E402
+from edge.local.special_points import SpecialPoints  # noqa: E402
 from shared.settings import AnalysisSettings  # noqa: E402
 from tests.analysis.images import encode  # noqa: E402
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from edge.admin import TokenAdmin
-from edge.app import Gateway, build_gateway
-from edge.dispatch import ClientWatch
-from edge.http import Request
+from edge.web.admin import TokenAdmin
+from edge.gateway import Gateway, build_gateway
+from edge.pool.dispatch import ClientWatch
+from edge.web.http import Request
 from shared.secrets_file import SecretsSource
 from shared.settings import ENV_SHARED_PASSWORD, load_settings, token_fingerprint
 from tests.edge.conftest import TOKEN, WORKERS, bring_online, make_settings

@@ -18,8 +18,9 @@ import trio
 import trio.testing
 from PIL import Image
 
-from edge.app import Gateway, build_gateway, create_app
-from edge.forward import FailureKind, ForwardRequest, WorkerAnswer, WorkerBusy, WorkerFailure, WorkerRefusal
+from edge.gateway import Gateway, build_gateway
+from edge.app import create_app
+from edge.pool.forward import FailureKind, ForwardRequest, WorkerAnswer, WorkerBusy, WorkerFailure, WorkerRefusal
 from shared.contract import MSG_BACKEND_BUSY, MSG_BACKEND_UNAVAILABLE, Code, envelope
 from tests.fakes.fake_worker import PNG_BASE64
 from tests.edge.conftest import PHOTO, PHOTO_BODY, PHOTO_BODY, WORKERS, bring_online, make_settings

@@ -6,8 +6,8 @@ import pytest
 import trio
 import trio.testing
 
-from edge.dispatch import Busy, Dispatcher, Unavailable
-from edge.pool import Pool, ProbeResult
+from edge.pool.dispatch import Busy, Dispatcher, Unavailable
+from edge.pool.pool import Pool, ProbeResult
 
 URLS = ["http://w0", "http://w1", "http://w2"]
 

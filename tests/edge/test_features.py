@@ -22,9 +22,9 @@ import trio
 from PIL import Image
 from skimage import data
 
-from edge.face_jobs import Refusal
-from edge.face_workers import FaceWorkers
-from edge.features import (
+from edge.local.face_jobs import Refusal
+from edge.local.face_workers import FaceWorkers
+from edge.local.features import (
     NOT_CONFIGURED_RETRY_AFTER_SECONDS,
     RETRY_AFTER_SECONDS,
     SCHEMA_NAME,

@@ -12,8 +12,8 @@ import pytest
 import trio
 from hypercorn.config import Config
 
-import edge.forward as forward_module
-from edge.forward import FailureKind, ForwardRequest, RetryPolicy, Upstream, WorkerBusy, WorkerFailure, WorkerRefusal
+import edge.pool.forward as forward_module
+from edge.pool.forward import FailureKind, ForwardRequest, RetryPolicy, Upstream, WorkerBusy, WorkerFailure, WorkerRefusal
 from shared.contract import envelope
 
 TOKEN = "forward-test-token"

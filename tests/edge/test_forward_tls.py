@@ -12,7 +12,7 @@ import pytest
 import trio
 from hypercorn.config import Config
 
-from edge.forward import FailureKind, Upstream, WorkerFailure
+from edge.pool.forward import FailureKind, Upstream, WorkerFailure
 from tests.fakes.fake_worker import FakeWorker, create_app
 from tests.fakes.tls import TlsFiles, tls_files
 

@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from edge.idempotency import (
+from edge.admission.idempotency import (
     Idempotency,
     IdempotencyUnavailable,
     Outcome,
@@ -24,8 +24,8 @@ from edge.idempotency import (
     open_idempotency,
     validate_key,
 )
-from edge.idempotency_stores import IdempotencyStore, Record, RedisStore, SqliteStore
-from edge.shared_state import redis_client
+from edge.admission.idempotency_stores import IdempotencyStore, Record, RedisStore, SqliteStore
+from edge.admission.shared_state import redis_client
 from shared.contract import Code, ContractError
 from shared.settings import IdempotencySettings
 from cluster.launcher import free_port

@@ -10,8 +10,8 @@ import hypercorn.trio
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from edge.metrics import GatewayMetrics, PoolGauges, metrics_app, pool_gauges
-from edge.pool import Pool, ProbeResult
+from edge.observe.metrics import GatewayMetrics, PoolGauges, metrics_app, pool_gauges
+from edge.pool.pool import Pool, ProbeResult
 from tests.edge.test_stats import GROW, MEASURE, entry
 
 SPEC_NAMES = {  # gateway.md § Metrics, as exposed (counters carry _total)

@@ -7,7 +7,8 @@ import logging
 import httpx
 import pytest
 
-from edge.app import Gateway, create_app
+from edge.gateway import Gateway
+from edge.app import create_app
 from tests.edge.conftest import TOKEN, bring_online
 
 COUNTS = ("workers_total", "workers_healthy", "workers_primary_total", "workers_primary_healthy")

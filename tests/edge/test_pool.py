@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from edge.pool import Pool, ProbeResult, Thresholds, Transition
+from edge.pool.pool import Pool, ProbeResult, Thresholds, Transition
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 OK = ProbeResult(sent_at=0.0, ok=True)

@@ -8,9 +8,9 @@ import pytest
 import trio
 import trio.testing
 
-from edge.dispatch import Dispatcher
-from edge.pool import Pool, ProbeResult, Thresholds
-from edge.prober import HealthAnswer, Prober, judge
+from edge.pool.dispatch import Dispatcher
+from edge.pool.pool import Pool, ProbeResult, Thresholds
+from edge.pool.prober import HealthAnswer, Prober, judge
 
 URLS = ["http://w0", "http://w1", "http://w2"]
 

@@ -9,14 +9,14 @@ import pytest
 import trio
 
 from cluster.launcher import free_port
-from edge.rate_limit import (
+from edge.admission.rate_limit import (
     ClientKeys,
     Decision,
     MemoryRateLimiter,
     RedisRateLimiter,
     build_rate_limiter,
 )
-from edge.shared_state import redis_client
+from edge.admission.shared_state import redis_client
 from shared.settings import RateLimitSettings
 from tests.fakes.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
 

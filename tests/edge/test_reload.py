@@ -8,10 +8,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from edge.app import build_gateway, create_app
-from edge.forward import ForwardRequest
+from edge.gateway import build_gateway
+from edge.app import create_app
+from edge.pool.forward import ForwardRequest
 from edge.main import _reload
-from edge.prober import Prober
+from edge.pool.prober import Prober
 from edge.reload import apply_settings
 from shared.settings import SettingsError
 from tests.edge.conftest import TOKEN, WORKERS, bring_online, make_settings

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import trio
 
-from edge.request_log import RequestLog, RequestRecord
+from edge.observe.request_log import RequestLog, RequestRecord
 
 RECORD = RequestRecord(
     ts="2026-11-29T00:00:00.000+00:00", request_id="r", method="POST", path="/api/v1/hair/measure",

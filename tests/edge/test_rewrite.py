@@ -12,7 +12,7 @@ import pytest
 import trio
 from PIL import Image
 
-from edge.rewrite import BadImage, ImageStore, ImageWriteError, has_images
+from edge.annotations.rewrite import BadImage, ImageStore, ImageWriteError, has_images
 
 BASE_URL = "https://hair.example.com"
 URL = re.compile(re.escape(BASE_URL) + r"/static/annotations/([0-9a-f-]{36}\.png)")

@@ -14,7 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from edge.app import Gateway, build_gateway, create_app
+from edge.gateway import Gateway, build_gateway
+from edge.app import create_app
 from shared.contract import MSG_BODY_TOO_SLOW, MSG_HEADERS_TOO_LARGE, Code
 from tests.edge.conftest import PHOTO_BODY, WORKERS, bring_online, make_settings
 from tests.edge.test_api import FakeUpstream

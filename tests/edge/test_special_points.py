@@ -22,8 +22,8 @@ import trio.testing
 from PIL import Image
 from skimage import data
 
-from edge.face_workers import FaceWorkers
-from edge.special_points import RETRY_AFTER_SECONDS, SpecialPoints
+from edge.local.face_workers import FaceWorkers
+from edge.local.special_points import RETRY_AFTER_SECONDS, SpecialPoints
 from shared.contract import MSG_BACKEND_BUSY, Code
 from shared.settings import AnalysisSettings
 from tests.analysis.images import encode, no_face_photo, side_by_side

@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from edge.static_cleanup import TEMP_FILE_MAX_AGE_SECONDS, FileEntry, StaticCleanup, files_to_delete
+from edge.annotations.static_cleanup import TEMP_FILE_MAX_AGE_SECONDS, FileEntry, StaticCleanup, files_to_delete
 from shared.settings import StaticCleanupSettings
 
 NOW = 1_800_000_000.0

@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
-from edge.request_log import RequestRecord
-from edge.stats import OTHER_PATHS, RequestStats
+from edge.observe.request_log import RequestRecord
+from edge.observe.stats import OTHER_PATHS, RequestStats
 
 START = 1_796_112_000.0  # 2026-12-01T08:00:00Z
 MEASURE = "/api/v1/hair/measure"

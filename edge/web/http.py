@@ -24,8 +24,8 @@ from typing import Any
 
 import trio
 
-from edge.dispatch import ClientWatch
-from edge.request_log import RequestRecord
+from edge.pool.dispatch import ClientWatch
+from edge.observe.request_log import RequestRecord
 from shared.contract import HEADER_REQUEST_ID, HEADER_TOKEN, request_id_from_header
 
 log = logging.getLogger("edge.http")

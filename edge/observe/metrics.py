@@ -21,9 +21,9 @@ from prometheus_client.asgi import make_asgi_app
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from edge.pool import Pool
-from edge.request_log import RequestRecord
-from edge.stats import MAX_PATHS, NO_CODE, OTHER_PATHS
+from edge.pool.pool import Pool
+from edge.observe.request_log import RequestRecord
+from edge.observe.stats import MAX_PATHS, NO_CODE, OTHER_PATHS
 
 # The idempotency outcomes gateway.md names; an unstored run is none of them.
 IDEMPOTENCY_RESULTS = ("stored", "replayed", "waited", "mismatch")

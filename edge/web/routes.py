@@ -27,13 +27,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from edge import monitor
-from edge.admin import ADMIN_BODY_LIMIT_BYTES, TokenAdmin
-from edge.api import ApiAnswer
-from edge.forward import ForwardRequest
-from edge.http import CLIENT_CLOSED, Outcome, Refusals, Request, Response, Route, encode, json_response
-from edge.local_answer import LocalAnswer
-from edge.static_files import read_annotation
+from edge.web import monitor
+from edge.web.admin import ADMIN_BODY_LIMIT_BYTES, TokenAdmin
+from edge.web.api import ApiAnswer
+from edge.pool.forward import ForwardRequest
+from edge.web.http import CLIENT_CLOSED, Outcome, Refusals, Request, Response, Route, encode, json_response
+from edge.local.local_answer import LocalAnswer
+from edge.annotations.static_files import read_annotation
 from shared.contract import (
     API_PREFIX,
     DEFAULT_MESSAGES,
@@ -47,7 +47,7 @@ from shared.contract import (
 )
 
 if TYPE_CHECKING:
-    from edge.app import Gateway
+    from edge.gateway import Gateway
 
 log = logging.getLogger("edge.routes")
 

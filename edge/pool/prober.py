@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from edge.dispatch import Dispatcher
-from edge.forward import HealthAnswer
-from edge.pool import ProbeResult
+from edge.pool.dispatch import Dispatcher
+from edge.pool.forward import HealthAnswer
+from edge.pool.pool import ProbeResult
 from shared.contract import BUSY_KEY
 
 log = logging.getLogger("edge.pool")

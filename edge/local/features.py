@@ -24,9 +24,9 @@ import httpx
 import trio
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from edge import face_jobs
-from edge.face_workers import FaceWorkers
-from edge.local_answer import LocalAnswer, answered, refused
+from edge.local import face_jobs
+from edge.local.face_workers import FaceWorkers
+from edge.local.local_answer import LocalAnswer, answered, refused
 from shared.contract import MSG_FEATURES_NOT_CONFIGURED, MSG_FEATURES_UNAVAILABLE, Code, ContractError
 from shared.settings import AnalysisSettings, FeaturesSettings
 

@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 import trio
 import trio_parallel
 
-from edge import face_jobs
-from edge.face_jobs import Refusal
+from edge.local import face_jobs
+from edge.local.face_jobs import Refusal
 from shared.contract import MSG_BACKEND_BUSY, Code, ContractError
 
 log = logging.getLogger("edge.face_workers")

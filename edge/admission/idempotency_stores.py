@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import coredis
 import trio
 
-from edge.shared_state import REDIS_ERRORS
+from edge.admission.shared_state import REDIS_ERRORS
 
 
 class IdempotencyUnavailable(Exception):

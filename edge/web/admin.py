@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from edge.http import Request, Response, json_response
-from edge.monitor import error_answer
+from edge.web.http import Request, Response, json_response
+from edge.web.monitor import error_answer
 from shared.secrets_file import MIN_TOKEN_CHARS, SecretsFileError, SecretsSource, is_acceptable_token, write_secret
 from shared.settings import token_fingerprint
 
 if TYPE_CHECKING:
-    from edge.app import Gateway
+    from edge.gateway import Gateway
 
 log = logging.getLogger("edge.admin")
 

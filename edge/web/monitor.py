@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from edge.pool import PoolStatistics
+from edge.pool.pool import PoolStatistics
 
 SERVICE = "gateway"
 MSG_NO_WORKER = "没有可用的 worker"

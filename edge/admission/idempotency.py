@@ -31,7 +31,7 @@ import coredis
 import trio
 from werkzeug.http import parse_options_header
 
-from edge.idempotency_stores import (
+from edge.admission.idempotency_stores import (
     IdempotencyStore,
     IdempotencyUnavailable,
     RedisStore,

@@ -14,8 +14,8 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from edge.http import Outcome, Request, Response, encode
-from edge.idempotency import (
+from edge.web.http import Outcome, Request, Response, encode
+from edge.admission.idempotency import (
     Idempotency,
     IdempotencyUnavailable,
     Result,
@@ -24,8 +24,8 @@ from edge.idempotency import (
     fingerprint,
     validate_key,
 )
-from edge.metrics import GatewayMetrics
-from edge.rate_limit import ClientKeys, RateLimiter
+from edge.observe.metrics import GatewayMetrics
+from edge.admission.rate_limit import ClientKeys, RateLimiter
 from shared.contract import (
     HEADER_IDEMPOTENCY_KEY,
     HEADER_IDEMPOTENCY_REPLAYED,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from edge.pool import Pool, PoolEvent, ProbeResult, Thresholds, Transition
+from edge.pool.pool import Pool, PoolEvent, ProbeResult, Thresholds, Transition
 
 log = logging.getLogger("edge.pool")
 

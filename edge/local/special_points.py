@@ -7,9 +7,9 @@ so it answers while every host is down. Validation and messages are the GPU host
 
 from __future__ import annotations
 
-from edge import face_jobs
-from edge.face_workers import FaceWorkers
-from edge.local_answer import LocalAnswer, answered, refused
+from edge.local import face_jobs
+from edge.local.face_workers import FaceWorkers
+from edge.local.local_answer import LocalAnswer, answered, refused
 from shared.contract import ContractError
 from shared.settings import AnalysisSettings
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import trio
 
-from edge.dispatch import Busy, ClientLeft, ClientWatch, Dispatcher, Unavailable
-from edge.forward import (
+from edge.pool.dispatch import Busy, ClientLeft, ClientWatch, Dispatcher, Unavailable
+from edge.pool.forward import (
     FailureKind,
     ForwardRequest,
     RetryPolicy,
@@ -26,9 +26,9 @@ from edge.forward import (
     WorkerFailure,
     WorkerRefusal,
 )
-from edge.metrics import GatewayMetrics
-from edge.http import encode
-from edge.rewrite import BadImage, DecodedImages, ImageStore, ImageWriteError, has_images
+from edge.observe.metrics import GatewayMetrics
+from edge.web.http import encode
+from edge.annotations.rewrite import BadImage, DecodedImages, ImageStore, ImageWriteError, has_images
 from shared.contract import (
     DEFAULT_MESSAGES,
     GPU_ENDPOINT_PATHS,

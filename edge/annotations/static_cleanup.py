@@ -20,7 +20,7 @@ from pathlib import Path
 
 import trio
 
-from edge.rewrite import ANNOTATIONS
+from edge.annotations.rewrite import ANNOTATIONS
 from shared.settings import StaticCleanupSettings
 
 log = logging.getLogger("edge.static_cleanup")

@@ -19,7 +19,7 @@ from typing import Any
 
 from ddsketch import LogCollapsingLowestDenseDDSketch
 
-from edge.request_log import RequestRecord
+from edge.observe.request_log import RequestRecord
 from shared.contract import Code
 
 MAX_PATHS = 32

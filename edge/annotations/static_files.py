@@ -15,7 +15,7 @@ from pathlib import Path
 
 import trio
 
-from edge.rewrite import ANNOTATIONS
+from edge.annotations.rewrite import ANNOTATIONS
 
 _ANNOTATION_NAME = re.compile(r"[0-9a-f-]{36}\.png")
 

@@ -1,0 +1,151 @@
+"""The `Gateway` object graph: everything one gateway process shares.
+
+`build_gateway(settings)` wires pool, dispatcher, upstream client, image store, request
+log, stats, metrics, admission and API service; handlers reach it through the `Gateway`
+object (`edge.app.create_app`), never module globals. What must be opened first (the shared Redis, the idempotency store) is
+passed in, and what runs in the background is started by `edge.main.serve`, in one nursery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.metadata import version
+
+import coredis
+import httpx
+import trio
+
+from edge.admission.gate import Admission
+from edge.web.api import ApiService
+from edge.pool.dispatch import Dispatcher
+from edge.local.face_workers import FaceWorkers
+from edge.local.features import Features
+from edge.pool.forward import RetryPolicy, Upstream
+from edge.web.http import Limits
+from edge.admission.idempotency import Idempotency
+from edge.observe.metrics import GatewayMetrics, pool_gauges
+from edge.pool.pool import Pool, Thresholds
+from edge.admission.rate_limit import ClientKeys, build_rate_limiter
+from edge.observe.request_log import RequestLog
+from edge.annotations.rewrite import ImageStore
+from edge.local.special_points import SpecialPoints
+from edge.observe.stats import RequestStats
+from shared.secrets_file import SecretsSource
+from shared.settings import Settings
+
+FILE_THREADS = 4  # concurrent file reads/writes; PNGs are small, the disk is the limit
+
+
+@dataclass
+class Gateway:
+    """Everything the handlers and background tasks of one gateway process share."""
+
+    settings: Settings
+    dispatcher: Dispatcher
+    upstream: Upstream
+    request_log: RequestLog
+    api: ApiService
+    file_threads: trio.CapacityLimiter
+    stats: RequestStats
+    metrics: GatewayMetrics
+    admission: Admission
+    face_workers: FaceWorkers
+    special_points: SpecialPoints
+    features: Features
+    secrets: SecretsSource | None = None  # where `POST /admin/token` persists the token
+    redis: coredis.Redis[bytes] | None = None  # the shared state, when configured
+
+    @property
+    def pool(self) -> Pool:
+        return self.dispatcher.pool
+
+
+def build_gateway(
+    settings: Settings,
+    upstream: Upstream | None = None,
+    *,
+    idempotency: Idempotency | None = None,
+    redis: coredis.Redis[bytes] | None = None,
+    secrets: SecretsSource | None = None,
+    features_transport: httpx.AsyncBaseTransport | None = None,
+) -> Gateway:
+    """The object graph of one gateway; tests pass a fake `upstream` (as httpx takes a transport)
+    and may pass the vision LLM's transport likewise.
+
+    `idempotency` (None: keys are ignored) and `redis` (None: rate limits in memory) are
+    opened by the caller, who closes them.
+    """
+    edge = settings.edge
+    checks = edge.health_check
+    pool = Pool(edge.pool.workers, edge.pool.primary_workers, thresholds(settings))
+    dispatcher = Dispatcher(
+        pool,
+        max_inflight=edge.dispatch.max_inflight,
+        queue_wait_seconds=edge.dispatch.queue_wait_seconds,
+        max_queue_wait_seconds=edge.dispatch.max_queue_wait_seconds,
+    )
+    upstream = upstream or Upstream(
+        settings.auth.shared_password,
+        keepalive_connections=2 * len(edge.pool.workers) + 8,
+        ca_file=edge.pool.ca_file,
+    )
+    file_threads = trio.CapacityLimiter(FILE_THREADS)
+    metrics = GatewayMetrics(version("hairgate"))
+    metrics.watch_pool(lambda: pool_gauges(pool, _queue_length(dispatcher)))
+    api = ApiService(
+        dispatcher,
+        upstream,
+        image_store(settings, file_threads),
+        retry_policy(settings),
+        request_timeout_seconds=edge.dispatch.request_timeout_seconds,
+        slow_request_timeout_seconds=edge.dispatch.slow_request_timeout_seconds,
+        probe_interval_seconds=checks.interval_seconds,
+        metrics=metrics,
+        limits=settings.analysis,
+    )
+    stats = RequestStats()
+    request_log = RequestLog(
+        edge.request_log, edge.request_log_max_bytes, observers=(stats.record, metrics.observe_request)
+    )
+    limiter = build_rate_limiter(edge.rate_limit, redis)
+    admission = Admission(limiter, ClientKeys(edge.rate_limit), idempotency, metrics)
+    face_workers = FaceWorkers(
+        edge.cpu.workers,
+        queue_wait_seconds=edge.dispatch.queue_wait_seconds,
+        start_at_start=edge.cpu.start_workers_at_start,
+    )
+    return Gateway(
+        settings, dispatcher, upstream, request_log, api, file_threads, stats, metrics, admission,
+        face_workers, SpecialPoints(face_workers, settings.analysis),
+        Features(edge.features, face_workers, settings.analysis, transport=features_transport),
+        secrets, redis,
+    )  # fmt: skip
+
+
+def thresholds(settings: Settings) -> Thresholds:
+    checks = settings.edge.health_check
+    return Thresholds(checks.unhealthy_threshold, checks.healthy_threshold, checks.cooldown_seconds)
+
+
+def retry_policy(settings: Settings) -> RetryPolicy:
+    dispatch = settings.edge.dispatch
+    return RetryPolicy(dispatch.retry_on_failure, dispatch.max_retries, frozenset(dispatch.slow_paths))
+
+
+def image_store(settings: Settings, file_threads: trio.CapacityLimiter) -> ImageStore:
+    return ImageStore(settings.edge.static_dir, settings.edge.public_base_url, file_threads)
+
+
+def router_limits(settings: Settings) -> Limits:
+    edge = settings.edge
+    return Limits(
+        max_header_bytes=edge.max_header_bytes,
+        max_api_body_bytes=edge.max_body_bytes,
+        body_idle_timeout_seconds=edge.body_idle_timeout_seconds,
+        body_timeout_seconds=edge.body_timeout_seconds,
+    )
+
+
+def _queue_length(dispatcher: Dispatcher) -> int:
+    stats = dispatcher.statistics()
+    return stats.waiting_for_slot + stats.waiting_for_worker
