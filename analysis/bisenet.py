@@ -226,14 +226,14 @@ class BisenetSegmenter:
     def parse(self, rgb: np.ndarray) -> np.ndarray:
         """Face-parsing labels 0–18, uint8, at the input's size."""
         height, width = rgb.shape[:2]
-        square = np.array(Image.fromarray(rgb).resize((INPUT_SIZE, INPUT_SIZE), Image.BILINEAR))
+        square = np.array(Image.fromarray(rgb).resize((INPUT_SIZE, INPUT_SIZE), Image.Resampling.BILINEAR))
         batch = torch.from_numpy(square).to(self.device).permute(2, 0, 1).unsqueeze(0).float() / 255.0
         with torch.inference_mode():
             logits = self.network.predict((batch - self._mean) / self._std)
         labels = logits.argmax(dim=1).to(torch.uint8).cpu().numpy()[0]
         if (height, width) == labels.shape:
             return labels
-        return np.array(Image.fromarray(labels).resize((width, height), Image.NEAREST))
+        return np.array(Image.fromarray(labels).resize((width, height), Image.Resampling.NEAREST))
 
     def segment(self, rgb: np.ndarray, face: Face) -> HairSegmentation:
         labels = self.parse(rgb)

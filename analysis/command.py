@@ -1,7 +1,9 @@
 """`hairgate analyze PHOTO`: one endpoint's analysis in-process, no servers.
 
 stdout carries exactly one JSON document: the endpoint's `data` on success, the error
-envelope on failure (exit 2 for input the user must fix, 1 for a system error). Every
+envelope on failure (exit 2 for input the user must fix, 1 for a system error). An `--out`
+that cannot be a writable folder is a usage error (one line on stderr, exit 2) before
+anything loads. Every
 `*_base64` image is written to `--out` (default: a fresh temporary folder, named on
 stderr) as `<photo>.<endpoint>.<json path>.png` and replaced, as the gateway would, by the
 `*_url` key, here a `file://` URL. Everything else (MediaPipe's and TF Lite's chatter,
@@ -119,11 +121,26 @@ class ImageWriter:
         return self._out_dir
 
 
+def _usable_out_folder(out_dir: str) -> str | None:
+    """Why `--out` cannot hold the images (None: it can): checked before minutes of analysis."""
+    folder = Path(out_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return f"cannot create the folder ({error.strerror or error})"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "the folder is not writable"
+    return None
+
+
 def _print_json(document: Any) -> None:
     print(json.dumps(document, ensure_ascii=False, indent=2))
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None and (problem := _usable_out_folder(args.out)) is not None:
+        print(f"hairgate analyze: error: --out {args.out}: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT  # a usage error, like argparse's: nothing on stdout
     configure_logging("INFO")
     request_id = new_request_id()
     try:

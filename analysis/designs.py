@@ -109,6 +109,8 @@ def plan_target_mm(plan: Plan, gender: Gender, middle_third: float) -> float:
 
 def current_heights(hairline: Hairline, frame: FaceFrame, u: np.ndarray) -> np.ndarray:
     """Height (v, px) of the detected hairline at each u; flat beyond its ends."""
+    if hairline.points is None:
+        raise ValueError("the hairline has no points (check has_hairline first)")
     uv = frame.to_frame(hairline.points)
     order = np.argsort(uv[:, 0])
     return np.interp(u, uv[order, 0], uv[order, 1])
@@ -168,7 +170,7 @@ def plan_design(
     frame = FaceFrame.from_face(face)
     target_mm = plan_target_mm(plan, gender, middle_third_mm(face, frame, calibration))
     trichion_v, drop_mm = _placed_trichion(target_mm, hairline, frame, calibration)
-    style: Style = hairline.shape if hairline.shape in STYLES else "rounded"  # type: ignore[assignment]
+    style: Style = hairline.shape if hairline.shape in STYLES else "rounded"
     points = style_curve(style, frame, canthal_u(face, frame), trichion_v)
     if drop_mm is not None:
         points = _never_above(points, hairline, frame)
@@ -224,7 +226,7 @@ def inpainting_mask(
         return mask  # the design is the current hairline: nothing to grow
     upper = frame.to_image(np.stack([uv[:, 0], upper_v], axis=1))
     polygon = np.concatenate([design.points, upper[::-1]])
-    cv2.fillPoly(mask, [_int_points(polygon)], 255)
+    cv2.fillPoly(mask, [_int_points(polygon)], (255,))
     if person is not None and not has_hairline(hairline):
         mask[~person] = 0
     radius = max(2, round(MASK_DILATION_MM / calibration.mm_per_px))

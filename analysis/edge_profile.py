@@ -5,10 +5,10 @@ Over the midline window, each row's mean colour is placed on the line from foreh
 the mask edge). The hairline is where t crosses 0.5 going down; how steeply it crosses,
 in ΔE per working pixel, says whether the edge is sharp (dense hair) or soft (sparse,
 light or stubble hairs). Measured on the labelled photos: the crossing matched the label
-within ~1 working px on sharp edges and drifted on soft ones, so hairline_checks lets it
-move the mask estimate only when the edge is sharp, <= 3 mm away and the same on both
-halves of the window, or when the hair is too close to skin colour (white, grey) for the
-mask to be trusted; otherwise the disagreement only widens the band.
+within ~1 working px on sharp edges and drifted on soft ones, so hairline_checks
+(`weigh_edges`) snaps to it only when the edge is sharp, <= 3 mm away and the same on both
+halves of the window; a soft one counts only together with the top of the clear forehead
+(`clear_forehead_top`, the third view), and any other disagreement widens the band.
 """
 
 from __future__ import annotations
@@ -17,17 +17,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .head_samples import face_height_px
+from .head_samples import ColourModel, brow_strip_mask, face_height_px
 from .types import Face
 
 HAIR_BAND = 0.05  # face heights above the mask edge sampled as "hair"
 SEARCH_ABOVE, SEARCH_BELOW = 0.03, 0.05  # face heights around the mask edge searched for the crossing
+# the clear forehead: skin like the strip just above the brows (Mahalanobis distance to
+# its colour model), on at least half of a row's window columns
+FOREHEAD_STRIP = 0.05  # face heights above the brows sampled as forehead skin
+FOREHEAD_DISTANCE = 3.5
+FOREHEAD_SHARE = 0.5
 
 
 @dataclass(frozen=True)
 class EdgeProfile:
     crossing_row: float  # working px
     sharpness: float  # ΔE per working px at the crossing
+    width_px: float  # working px the skin-to-hair ramp would take at that slope
 
 
 def midline_edge_profile(lab: np.ndarray, columns: np.ndarray, edge_row: float, brow_row: float, face: Face) -> EdgeProfile | None:
@@ -54,4 +60,18 @@ def midline_edge_profile(lab: np.ndarray, columns: np.ndarray, edge_row: float, 
     row = int(falling[np.argmin(np.abs(falling - edge_row))])
     crossing = row + (t[row] - 0.5) / (t[row] - t[row + 1])
     slope = (t[row - 1] - t[row + 2]) / 3.0  # over the 3 px around the crossing
-    return EdgeProfile(crossing_row=float(crossing), sharpness=float(slope * np.sqrt(span)))
+    return EdgeProfile(crossing_row=float(crossing), sharpness=float(slope * np.sqrt(span)),
+                       width_px=float(1.0 / max(slope, 1e-6)))
+
+
+def clear_forehead_top(lab: np.ndarray, columns: np.ndarray, brow_row: float, face: Face) -> float | None:
+    """The highest row up to which the forehead, scanned from just above the brows, stays
+    skin like the strip above the brows: the hairline seen from below, whatever the hair
+    looks like. None when the brows are at the top of the crop (nothing to scan)."""
+    model = ColourModel.fit(lab[brow_strip_mask(lab.shape[:2], face, FOREHEAD_STRIP)])
+    start = int(brow_row - FOREHEAD_STRIP * face_height_px(face))
+    if start <= 0:
+        return None
+    share = (model.distance(lab[: start + 1][:, columns]) < FOREHEAD_DISTANCE).mean(axis=1)
+    not_skin = np.flatnonzero(share[::-1] < FOREHEAD_SHARE)  # counted upwards from `start`
+    return float(start - not_skin[0] + 1) if len(not_skin) else 0.0

@@ -18,8 +18,9 @@ sets it when ComfyUI is configured, and ComfyUI draws the grown image from that 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,24 +31,36 @@ from shared.settings import AnalysisSettings
 
 from . import designs, preview, render
 from .calibration import calibrate
-from .hairline import trace_hairline
+from .designs import FaceFrame
+from .hairline import headwear_in_mask, trace_hairline
 from .image_input import decode_image
 from .landmarks import FaceMeshDetector
 from .measurements import measure_face
 from .models import Models
-from .pose import check_pose, estimate_pose
+from .pose import check_pose, estimate_pose, pose_is_stable
 from .types import Calibration, Face, HairSegmentation, Hairline, LandmarkId, Pose
+from .upright import Upright
 
 
 @dataclass(frozen=True)
 class Analysis:
-    """Everything the hair endpoints share: one face, its scale, hair and hairline."""
+    """Everything the hair endpoints share: one face, its scale, hair and hairline, all in
+    the photo's own pixels (a tilted head was analysed upright and mapped back)."""
 
     face: Face
     pose: Pose
     calibration: Calibration
     segmentation: HairSegmentation
     hairline: Hairline
+
+
+@dataclass(frozen=True)
+class FrontalFace:
+    """The one face, its pose, and how far past a yaw/pitch limit it is measured (degrees)."""
+
+    face: Face
+    pose: Pose
+    past_limit_degrees: float = 0.0
 
 
 def _round(value: float, digits: int = 1) -> float:
@@ -68,20 +81,44 @@ def _points(points: Any) -> list[list[float]] | None:
     return [_point(row) for row in rows[np.isfinite(rows).all(axis=1)]]  # type: ignore[misc]
 
 
-def frontal_face(rgb: np.ndarray, detector: FaceMeshDetector, limits: AnalysisSettings) -> tuple[Face, Pose]:
-    """Exactly one face (1005/1006), frontal enough (1008)."""
+def frontal_face(rgb: np.ndarray, detector: FaceMeshDetector, limits: AnalysisSettings) -> FrontalFace:
+    """Exactly one face (1005/1006), frontal enough (1008; near a yaw/pitch limit, a stable
+    pose reading is measured rather than refused: `pose.check_pose`)."""
     face = detector.detect(rgb)
     pose = estimate_pose(face)
-    check_pose(pose, limits)
-    return face, pose
+    past_limit = check_pose(pose, limits, stable=_near_a_limit(pose, limits) and pose_is_stable(face, pose))
+    return FrontalFace(face, pose, past_limit)
+
+
+def _near_a_limit(pose: Pose, limits: AnalysisSettings) -> bool:
+    return abs(pose.yaw_degrees) > limits.max_yaw_degrees or abs(pose.pitch_degrees) > limits.max_pitch_degrees
 
 
 def analyse(rgb: np.ndarray, models: Models, limits: AnalysisSettings) -> Analysis:
-    face, pose = frontal_face(rgb, models.detector, limits)
-    calibration = calibrate(face, limits.iris_diameter_mm)
-    segmentation = models.segmenter.segment(rgb, face)
-    hairline = trace_hairline(rgb, face, segmentation, calibration)
-    return Analysis(face, pose, calibration, segmentation, hairline)
+    found = frontal_face(rgb, models.detector, limits)
+    calibration = calibrate(found.face, limits.iris_diameter_mm)
+    turn = Upright.of(found.face, found.pose.roll_degrees)
+    work_rgb, work_face = turn.image(rgb), turn.face(found.face)
+    segmentation = models.segmenter.segment(work_rgb, work_face)
+    hairline = trace_hairline(work_rgb, work_face, segmentation, calibration)
+    hairline = _widened_for_pose(turn.hairline_back(hairline), found, calibration)
+    return Analysis(found.face, found.pose, calibration, turn.segmentation_back(segmentation), hairline)
+
+
+def _widened_for_pose(hairline: Hairline, found: FrontalFace, calibration: Calibration) -> Hairline:
+    """A photo measured past a yaw/pitch limit: the band grows by what the extra turn can
+    foreshorten the forehead (height × (cos limit − cos angle)), and a note says why."""
+    if found.past_limit_degrees <= 0 or hairline.trichion is None or hairline.uncertainty_mm is None:
+        return hairline
+    pose = found.pose
+    worst = max(abs(pose.yaw_degrees), abs(pose.pitch_degrees))
+    limit = worst - found.past_limit_degrees
+    frame = FaceFrame.from_face(found.face)
+    height_mm = abs(float(frame.to_frame(np.asarray(hairline.trichion))[0, 1])) * calibration.mm_per_px
+    extra_mm = height_mm * (math.cos(math.radians(limit)) - math.cos(math.radians(worst)))
+    note = (f"头部偏转略超出建议范围（左右 {abs(pose.yaw_degrees):.0f}°，上下 {abs(pose.pitch_degrees):.0f}°），"
+            f"误差范围已放宽 {extra_mm:.1f} mm；正对镜头重拍可更准确")
+    return replace(hairline, uncertainty_mm=hairline.uncertainty_mm + extra_mm, notes=(*hairline.notes, note))
 
 
 def _hairline_data(hairline: Hairline) -> dict[str, Any]:
@@ -205,9 +242,15 @@ def hairline(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: A
 
 
 def mask(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: AnalysisSettings) -> dict[str, Any]:
-    """Endpoint 6: the hair mask (255/0, input size) and the share of the image it covers."""
-    face, _ = frontal_face(rgb, models.detector, limits)
-    hair = models.segmenter.segment(rgb, face).hair
+    """Endpoint 6: the hair mask (255/0, input size) and the share of the image it covers.
+    Only the subject's hair (analysis.md § Rendering): a cap's band the segmenter took for
+    hair, the one that makes the hairline `occluded`, is taken out."""
+    found = frontal_face(rgb, models.detector, limits)
+    turn = Upright.of(found.face, found.pose.roll_degrees)
+    work_rgb, work_face = turn.image(rgb), turn.face(found.face)
+    segmentation = models.segmenter.segment(work_rgb, work_face)
+    headwear = headwear_in_mask(work_rgb, work_face, segmentation)
+    hair = turn.mask_back(segmentation.hair if headwear is None else segmentation.hair & ~headwear)
     return {
         "mask_image_base64": render.png_base64(render.mask_image(hair)),
         "hair_area_ratio": _round(np.count_nonzero(hair) / hair.size, 4),
@@ -234,7 +277,7 @@ def special_points_of(face: Face) -> dict[str, Any]:
 def special_points(rgb: np.ndarray, detector: FaceMeshDetector, limits: AnalysisSettings | None = None) -> dict[str, Any]:
     """Endpoint 99 (the gateway calls it on its own CPU); with `limits`, the pose gate
     (1008) applies as on every other endpoint."""
-    face = frontal_face(rgb, detector, limits)[0] if limits is not None else detector.detect(rgb)
+    face = frontal_face(rgb, detector, limits).face if limits is not None else detector.detect(rgb)
     return special_points_of(face)
 
 

@@ -18,10 +18,9 @@ from typing import Literal
 import numpy as np
 
 from .head_crop import HeadCrop
-from .head_samples import SKIN_DELTA_E, head_colours, top_of_head_mask
+from .head_samples import head_colours, top_of_head_mask
 from .types import Face, HairSegmentation
 
-BALD_SKIN_FRACTION = 0.40
 # hair this close to the skin colour still segments, but its edge is diffuse
 LOW_CONTRAST_DELTA_E = 40.0
 HAT_FRACTION = 0.30
@@ -52,7 +51,7 @@ def assess_hair(lab: np.ndarray, person: np.ndarray, work_face: Face, segmentati
     colours = head_colours(lab, person, work_face)
     if colours.top_median is None:
         return HairEvidence("no_hairline", None, 0.0, None, False, (NOTE_NO_OUTLINE,))
-    top_delta_e = float(np.linalg.norm(colours.top_median - colours.skin_median))
+    top_delta_e = colours.top_delta_e
     hair_delta_e = None if colours.hair_median is None else float(np.linalg.norm(colours.hair_median - colours.skin_median))
     low_contrast = hair_delta_e is None or hair_delta_e < LOW_CONTRAST_DELTA_E
 
@@ -61,7 +60,7 @@ def assess_hair(lab: np.ndarray, person: np.ndarray, work_face: Face, segmentati
 
     if _hat_covers_top(segmentation, crop, person, work_face):
         return verdict("occluded", NOTE_HAT)
-    if top_delta_e < SKIN_DELTA_E or colours.top_skin_fraction >= BALD_SKIN_FRACTION:
+    if colours.bare_scalp:
         return verdict("no_hairline", NOTE_BALD)
     return verdict("hair", *((NOTE_LOW_CONTRAST,) if low_contrast else ()))
 

@@ -9,18 +9,15 @@ is `occluded` (nothing of the hairline is visible).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .edge_profile import EdgeProfile, midline_edge_profile
+from .edge_profile import EdgeProfile, clear_forehead_top, midline_edge_profile
+from .hair_evidence import HairEvidence
+from .hairline_trace import Trace
 from .head_crop import HeadCrop
 from .head_samples import face_height_px
-from .types import Calibration, Face, Hairline, HairlineShape, LandmarkId
-
-if TYPE_CHECKING:
-    from .hair_evidence import HairEvidence
-    from .hairline import Trace
+from .types import Calibration, Face, Hairline, HairlineShape, HairlineStatus, LandmarkId
 
 MIDLINE_HALF_WINDOW = 0.10  # face widths either side of the midline for the trichion
 TEMPLE_HALF_WINDOW = 0.03  # face widths either side of a canthal line
@@ -43,6 +40,25 @@ SPREAD_MM = 2.0
 # of the mask), the image edge was within 0.8 mm of the label in every case, mirrored and
 # rescaled 0.7-1.5x too; the 7 mm jumps of analysis.md came from soft edges.
 MAX_SNAP_MM, SHARP_EDGE = 3.0, 9.0
+# hair the mask leaves out between the clear forehead and the mask edge (blonde hair under
+# a headband, stubble under the network's scalp cap): the clear forehead ends this far below
+# the mask edge -> the trichion goes to the forehead's top, the band reaches the mask edge.
+# (measured: 14-17 mm on those two photos, <= 2.9 mm on every other labelled hairline)
+UNMASKED_GAP_MM = 5.0
+# the other way round: the forehead's skin runs this far up into the mask (sparse or
+# see-through hair over skin). On a soft edge the line is then anywhere between the two
+# (measured on the soft edges, photos and mirrored copies: 1.7-3.0 mm where mask and
+# crossing were within 2.6 mm of the label, 7.7-9.9 mm on a tuft and on slicked-back
+# hair, the mask 2.4-5.4 mm low; 4.5-4.7 mm on deepface_img16 with the mask on the label).
+SKIN_INTO_MASK_MM = 6.0
+# a soft edge is trusted only if the forehead's skin also ends no further than this below
+# the mask edge: non-skin left out of the mask there is baby hairs or stubble, where the
+# label lies (measured: on no soft edge did the skin end below the mask; on sharp ones
+# by up to 3.0 mm)
+SKIN_BELOW_MASK_MM = 3.0
+# a sharp crossing this close to the mask confirms it even when the window's halves split
+# (a tilted line: the median of the window is still the midline's point)
+AGREE_MM = 1.0
 # shape thresholds, mm of temple recession (temples above the trichion level)
 RECEDING_MM, M_SHAPE_MM, ROUNDED_MM, PEAK_MM = 20.0, 6.0, -6.0, 3.0
 
@@ -54,6 +70,8 @@ NOTE_FLOODED = "前额大面积被识别为头发，边缘不可靠"
 NOTE_SNAP = "图像边缘与头发分割不一致（如稀疏或浅色的前额碎发），发际线位置不确定"
 NOTE_SOFT = "发际线边缘模糊（稀疏、浅色或短茬头发），位置不确定"
 NOTE_SPREAD = "发际线中段高低不一（如中分或稀疏发际），位置不确定"
+NOTE_NO_IMAGE_EDGE = "图像中未见与头发分割相符的皮肤到头发的边缘，发际线位置不确定"
+NOTE_UNMASKED = "前额皮肤上缘与头发边缘之间有一段未识别的区域（如发带下的浅色头发或短茬），发际线位置不确定"
 
 
 def judge(
@@ -64,8 +82,10 @@ def judge(
     crop: HeadCrop,
     calibration: Calibration,
     evidence: HairEvidence,
+    mask_from_colour: bool,
 ) -> Hairline:
-    """`trace` must show an edge on the midline (the caller checks coverage)."""
+    """`trace` must show an edge on the midline (the caller checks coverage);
+    `mask_from_colour`: the mask is the fallback's (colour models and GrabCut)."""
     frame = trace.frame
     mm_per_work_px = calibration.mm_per_px / crop.scale
     found = trace.near(0.0, MIDLINE_HALF_WINDOW)
@@ -80,21 +100,27 @@ def judge(
     spread_px = float(np.median(np.abs(found - np.median(found))))
     if spread_px * mm_per_work_px > SPREAD_MM:
         notes.append(NOTE_SPREAD)
-    shift_px, disagreement_px, note = (
-        (0.0, 0.0, None) if fringe else _image_edge_check(trace, lab, face, mm_per_work_px, evidence.low_contrast)
-    )
+    if fringe:
+        shift_px, disagreement_px, note = 0.0, 0.0, None
+    else:
+        shift_px, disagreement_px, note = _image_edge_check(
+            trace, lab, face, mm_per_work_px, evidence.low_contrast, mask_from_colour)
     trichion_v -= shift_px  # rows grow downwards, v upwards
     notes += [note] if note else []
 
     forehead_mm = trichion_v * mm_per_work_px
     position_mm = math.hypot(spread_px, QUANTISATION_PX, disagreement_px) * mm_per_work_px
     uncertainty = math.hypot(position_mm, calibration.relative_uncertainty * forehead_mm)
-    status = "uncertain" if notes else "ok"
+    status: HairlineStatus = "uncertain" if notes else "ok"
     if status == "uncertain":
         uncertainty = max(uncertainty, LOW_CONTRAST_FLOOR_MM if evidence.low_contrast else UNCERTAIN_FLOOR_MM)
 
     left_v, right_v = (_temple_v(trace, face, index) for index in LandmarkId.OUTER_EYE_CORNERS)
-    to_image = lambda uv: tuple(float(c) for c in crop.to_image(frame.to_image(uv))[0])  # noqa: E731
+
+    def to_image(uv: list[float]) -> tuple[float, float]:
+        x, y = crop.to_image(frame.to_image(np.asarray(uv)))[0]
+        return float(x), float(y)
+
     return Hairline(
         status=status,
         points=crop.to_image(trace.points[~np.isnan(trace.v)]),
@@ -124,14 +150,10 @@ def _gate_notes(
 
 
 def _image_edge_check(
-    trace: Trace, lab: np.ndarray, face: Face, mm_per_px: float, low_contrast: bool
+    trace: Trace, lab: np.ndarray, face: Face, mm_per_px: float, low_contrast: bool, mask_from_colour: bool
 ) -> tuple[float, float, str | None]:
-    """(shift of the trichion in rows, disagreement in rows, note) from the image's own edge:
-    a sharp edge <= MAX_SNAP_MM away, on which both halves of the window agree, is snapped
-    to (their disagreement widens the band); a soft, distant or split one only widens the
-    band. Hair close to skin colour (white, grey) is where GrabCut's colour models fail
-    (the mask stops where dense hair stops), so there the image edge sets the point, and
-    the disagreement still widens the band."""
+    """(shift of the trichion in rows, disagreement in rows, note): the mask edge weighed
+    against the image's own edge (`edge_profile`) and the top of the clear forehead."""
     window = trace.in_window(0.0, MIDLINE_HALF_WINDOW)
     edge_row = float(np.median(trace.points[window, 1]))
     brow_row = float(np.min(trace.brow_rows[window]))
@@ -139,20 +161,71 @@ def _image_edge_check(
     def profile(columns: np.ndarray) -> EdgeProfile | None:
         return midline_edge_profile(lab, trace.points[columns, 0].astype(int), edge_row, brow_row, face)
 
-    whole = profile(window)
-    if whole is None:
-        return 0.0, 0.0, None
-    offset_px = whole.crossing_row - edge_row
-    shift_px = offset_px if low_contrast else 0.0
+    forehead_top = clear_forehead_top(lab, trace.points[window, 0].astype(int), brow_row, face)
+    if forehead_top is not None and (forehead_top - edge_row) * mm_per_px > UNMASKED_GAP_MM:
+        gap_px = forehead_top - edge_row
+        return gap_px, gap_px, NOTE_UNMASKED
+    halves = (profile(window & (trace.u < 0)), profile(window & (trace.u > 0)))
+    return weigh_edges(edge_row, profile(window), halves, forehead_top, mm_per_px, low_contrast, mask_from_colour)
+
+
+def weigh_edges(
+    mask_row: float,
+    whole: EdgeProfile | None,
+    halves: tuple[EdgeProfile | None, EdgeProfile | None],
+    forehead_top: float | None,
+    mm_per_px: float,
+    low_contrast: bool,
+    mask_from_colour: bool,
+) -> tuple[float, float, str | None]:
+    """(shift in rows, disagreement in rows, note or None when the answer can be trusted)
+    from three views of one midline hairline: the mask edge (`mask_row`), the image's
+    skin-to-hair crossing over the whole window and each half of it, and the top of the
+    clear forehead (rows grow downwards).
+
+    - Sharp crossing <= MAX_SNAP_MM from the mask: snapped to when its halves agree, or
+      when it is within AGREE_MM of the mask anyway (a tilted line, not doubt).
+    - Soft crossing: trusted only when all three views agree (crossing and mask within
+      MAX_SNAP_MM, halves within MAX_SNAP_MM / 2, the forehead's skin ending at the mask
+      edge); the point is the middle of crossing and mask. Where the forehead's skin runs
+      on into the mask (sparse or see-through hair over skin: a tuft, slicked-back hair)
+      the line lies anywhere between the two: the point is their middle, the band reaches
+      both. Skin ending well below the mask edge (baby hairs, stubble) is not trusted.
+    - No crossing near the mask edge at all: nothing confirms it.
+    - Hair close to skin colour (white, grey) defeats the colour evidence: the band spans
+      the crossing's ramp; the point is the middle of mask and crossing, or the crossing
+      itself when the mask came from colour models too (the fallback's GrabCut stops where
+      dense white hair stops; the hair network does not: on the labelled white/light hair,
+      mirrored and rescaled 0.7-1.5x, its edge was 0.1-2.4 mm from the label, the
+      crossing 0.5-2.8 mm).
+    - Any other disagreement: the middle of mask and crossing, the band reaching past both."""
+    if whole is None:  # e.g. the network's scalp cap over stubble
+        return 0.0, 0.0, NOTE_NO_IMAGE_EDGE
+    offset_px = whole.crossing_row - mask_row
+    near = abs(offset_px) * mm_per_px <= MAX_SNAP_MM
+    left, right = halves
+    split_px = None if left is None or right is None else abs(left.crossing_row - right.crossing_row) / 2
+    halves_agree = split_px is not None and split_px * mm_per_px <= MAX_SNAP_MM / 2
+    follow = 1.0 if low_contrast and mask_from_colour else 0.5  # how far towards the crossing
     if whole.sharpness < SHARP_EDGE:
-        return shift_px, abs(offset_px), NOTE_SOFT
-    halves = [profile(window & side) for side in (trace.u < 0, trace.u > 0)]
-    if any(half is None for half in halves) or abs(offset_px) * mm_per_px > MAX_SNAP_MM:
-        return shift_px, abs(offset_px), NOTE_SNAP
-    split_px = abs(halves[0].crossing_row - halves[1].crossing_row) / 2  # type: ignore[union-attr]
-    if split_px * mm_per_px > MAX_SNAP_MM / 2:
-        return shift_px, abs(offset_px), NOTE_SNAP
-    return offset_px, split_px, None
+        skin_into_px = 0.0 if forehead_top is None else mask_row - forehead_top
+        if low_contrast:
+            return follow * offset_px, _to_ramp_end(offset_px, follow * offset_px, whole), NOTE_SOFT
+        if skin_into_px * mm_per_px > SKIN_INTO_MASK_MM:
+            return -skin_into_px / 2, max(skin_into_px, whole.width_px) / 2, NOTE_SOFT
+        if near and halves_agree and -SKIN_BELOW_MASK_MM <= skin_into_px * mm_per_px <= SKIN_INTO_MASK_MM:
+            return offset_px / 2, max(abs(offset_px) / 2, split_px or 0.0), None
+        return 0.0, _to_ramp_end(offset_px, 0.0, whole), NOTE_SOFT
+    tilted = split_px is not None and split_px * mm_per_px <= MAX_SNAP_MM and abs(offset_px) * mm_per_px <= AGREE_MM
+    if near and (halves_agree or tilted):
+        return offset_px, split_px or 0.0, None
+    return follow * offset_px, abs(offset_px), NOTE_SNAP
+
+
+def _to_ramp_end(offset_px: float, shift_px: float, whole: EdgeProfile) -> float:
+    """Rows from the moved point to the far end of a soft edge's skin-to-hair ramp (centred
+    on its crossing): the band of a soft edge, which has no one row."""
+    return abs(offset_px - shift_px) + whole.width_px / 2
 
 
 def _brow_v(trace: Trace, face: Face) -> float:

@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 
 from .head_samples import face_height_px
-from .types import Face, LandmarkId
+from .types import CropKey, Face, HairSegmentation, LandmarkId
 
 WORK_FACE_HEIGHT_PX = 160.0
 # crop around the head, in face-oval heights from the mesh top / menton / face centre
@@ -46,6 +46,16 @@ class HeadCrop:
         """(width, height) of the working image."""
         return max(1, round((self.x1 - self.x0) * self.scale)), max(1, round((self.y1 - self.y0) * self.scale))
 
+    @property
+    def key(self) -> CropKey:
+        return (self.x0, self.y0, self.x1, self.y1, self.scale)
+
+    def cut_reusing(self, segmentation: HairSegmentation, rgb: np.ndarray) -> np.ndarray:
+        """`cut(rgb)`, reusing the segmenter's own cut of the same crop."""
+        if segmentation.work is not None and segmentation.work[0] == self.key:
+            return segmentation.work[1]
+        return self.cut(rgb)
+
     def cut(self, rgb: np.ndarray) -> np.ndarray:
         region = rgb[self.y0 : self.y1, self.x0 : self.x1]
         interpolation = cv2.INTER_AREA if self.scale < 1 else cv2.INTER_LINEAR
@@ -56,7 +66,7 @@ class HeadCrop:
         width, height = self.work_size
         return Face(landmarks=shifted, image_width=width, image_height=height)
 
-    def paste(self, work_mask: np.ndarray, image_shape: tuple[int, int]) -> np.ndarray:
+    def paste(self, work_mask: np.ndarray, image_shape: tuple[int, ...]) -> np.ndarray:
         """A working-scale boolean mask as a full-size one (False outside the crop)."""
         size = (self.x1 - self.x0, self.y1 - self.y0)
         resized = cv2.resize(work_mask.astype(np.float32), size, interpolation=cv2.INTER_LINEAR)

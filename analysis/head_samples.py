@@ -22,6 +22,9 @@ FACE_OVAL = (10, 338, 297, 332, 284, 251, 389, 356, 454, 323, 361, 288, 397, 365
 # ΔE (OpenCV 8-bit Lab, see `to_lab`) under which a colour is "explained" by cheek skin;
 # measured: bald scalps 21-23 from their cheeks, white hair on pink skin 30, brown hair 50+
 SKIN_DELTA_E = 25.0
+# share of the top of the head the skin explains from which it counts as bare scalp
+# (measured: bald scalps 52-78 %, hair <= 29 %)
+BALD_SKIN_FRACTION = 0.40
 
 
 def to_lab(rgb: np.ndarray) -> np.ndarray:
@@ -69,11 +72,11 @@ def skin_samples(lab: np.ndarray, face: Face) -> np.ndarray:
     mask = np.zeros(lab.shape[:2], np.uint8)
     for index in SKIN_LANDMARKS:
         x, y = face.points[index]
-        cv2.circle(mask, (int(round(x)), int(round(y))), radius, 1, -1)
+        cv2.circle(mask, (int(round(x)), int(round(y))), radius, (1,), -1)
     return lab[mask.astype(bool)]
 
 
-def brow_strip_mask(shape: tuple[int, int], face: Face, height_fraction: float = 0.025) -> np.ndarray:
+def brow_strip_mask(shape: tuple[int, ...], face: Face, height_fraction: float = 0.025) -> np.ndarray:
     """Forehead skin just above the brows: skin even under a long fringe, and lit like the
     forehead (cheek skin alone misses how much lighter a forehead can be)."""
     brows = face.points[list(LandmarkId.LEFT_BROW_UPPER + LandmarkId.RIGHT_BROW_UPPER)]
@@ -82,7 +85,7 @@ def brow_strip_mask(shape: tuple[int, int], face: Face, height_fraction: float =
     upper = brows - np.array([0.0, lift])
     ring = np.round(np.concatenate([brows, upper[::-1]])).astype(np.int32)
     mask = np.zeros(shape, np.uint8)
-    cv2.fillPoly(mask, [ring], 1)
+    cv2.fillPoly(mask, [ring], (1,))
     return mask.astype(bool)
 
 
@@ -94,10 +97,10 @@ def brow_curve(face: Face, columns: np.ndarray) -> np.ndarray:
     return np.interp(columns, brows[:, 0], brows[:, 1])
 
 
-def face_oval_mask(shape: tuple[int, int], face: Face) -> np.ndarray:
+def face_oval_mask(shape: tuple[int, ...], face: Face) -> np.ndarray:
     mask = np.zeros(shape, np.uint8)
     ring = np.round(face.points[list(FACE_OVAL)]).astype(np.int32)
-    cv2.fillPoly(mask, [ring], 1)
+    cv2.fillPoly(mask, [ring], (1,))
     return mask.astype(bool)
 
 
@@ -141,6 +144,19 @@ class HeadColours:
     hair_median: np.ndarray | None  # Lab median of its pixels the skin model does not explain
     top_skin_fraction: float  # share of the top-of-head region the skin model explains
     hair_seed: np.ndarray  # bool mask: top-of-head pixels that are not skin
+
+    @property
+    def top_delta_e(self) -> float | None:
+        """ΔE of the top of the head's median colour from the cheek skin."""
+        return None if self.top_median is None else float(np.linalg.norm(self.top_median - self.skin_median))
+
+    @property
+    def bare_scalp(self) -> bool:
+        """The top of the head is skin (bald or shaved): its median within SKIN_DELTA_E of
+        the cheeks, or at least BALD_SKIN_FRACTION of it skin-coloured. False when the
+        top of the head is not in view (nothing to judge)."""
+        delta_e = self.top_delta_e
+        return delta_e is not None and (delta_e < SKIN_DELTA_E or self.top_skin_fraction >= BALD_SKIN_FRACTION)
 
 
 def head_colours(lab: np.ndarray, person: np.ndarray, face: Face) -> HeadColours:

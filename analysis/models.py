@@ -6,6 +6,7 @@ the analysis package and must stay free of both; `load_models` imports them when
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from .types import HairSegmenter
 
 CPU = "cpu"
 CUDA = "cuda:0"
+
+log = logging.getLogger("analysis.models")
 
 
 class ModelLoadError(Exception):
@@ -26,7 +29,7 @@ class Models:
 
     detector: FaceMeshDetector
     segmenter: HairSegmenter
-    device: str  # "cpu" or "cuda:0"
+    device: str  # where the segmenter runs: "cpu" or "cuda:0"
 
     def close(self) -> None:
         self.detector.close()
@@ -40,7 +43,7 @@ def resolve_device(device: str) -> str:
     try:
         import torch  # lazy: see the module docstring
     except ImportError:
-        raise ModelLoadError("torch is not installed: BiSeNet needs the [gpu] extra") from None
+        raise ModelLoadError("torch is not installed: the hair network and BiSeNet need the [gpu] extra") from None
     if device == "auto":
         return CUDA if torch.cuda.is_available() else CPU
     if device in ("cuda", CUDA):
@@ -51,19 +54,32 @@ def resolve_device(device: str) -> str:
 
 
 def load_models(bisenet_weights: str, device: str = "auto") -> Models:
-    """The detector and the segmenter: BiSeNet when weights are named, else the fallback.
-
-    `Models.device` is where the segmenter runs: the fallback (MediaPipe + OpenCV) always
-    runs on the CPU, so it never needs torch.
+    """The detector and the segmenter: BiSeNet when weights are named (they must load);
+    otherwise the bundled hair network (torch, CUDA when there is one); the fallback
+    (MediaPipe + OpenCV, always on the CPU) only when the network cannot run here.
     """
     if bisenet_weights:
         resolved = resolve_device(device)
         segmenter = _load_bisenet(Path(bisenet_weights), resolved)
     else:
+        resolved, segmenter = _load_hairnet(device)
+    return Models(detector=FaceMeshDetector(), segmenter=segmenter, device=resolved)
+
+
+def _load_hairnet(device: str) -> tuple[str, HairSegmenter]:
+    """(device, segmenter): the hair network, or the fallback with the reason logged."""
+    try:
+        resolved = resolve_device(device)
+        from .hairnet import HairNetSegmenter  # torch: imported only when a segmenter is built
+
+        return resolved, HairNetSegmenter(resolved)
+    except Exception as error:  # no torch, a damaged data file, CUDA trouble: all mean "cannot run"
+        if isinstance(error, ModelLoadError) and device not in ("auto", CPU):
+            raise  # a device the operator asked for and the host lacks: say so, do not hide it
+        log.warning("hair network unavailable, using the fallback segmenter: %s: %s", type(error).__name__, error)
         from .segmentation import FallbackSegmenter  # another module's model: built only when used
 
-        resolved, segmenter = CPU, FallbackSegmenter()
-    return Models(detector=FaceMeshDetector(), segmenter=segmenter, device=resolved)
+        return CPU, FallbackSegmenter()
 
 
 def _load_bisenet(path: Path, device: str) -> HairSegmenter:

@@ -6,13 +6,21 @@ geometry pipeline uses; the rotation gives yaw, pitch and roll. Numpy only: ~1 m
 
 Pitch is measured from "looking at the camera", not from the canonical model's own zero:
 frontal photos read the model's pitch +3…+8° (docs/analysis_science.md § Pose), so that
-offset is removed and the 1008 limit means what it says.
+offset is removed (as a turn of the model, before the head's own) and the 1008 limit means
+what it says. Roll is the outermost angle (`rotation_to_pose`), so a tilted photo reads
+the same yaw and pitch as its upright copy, which the analysis measures (`upright`).
+
+Near a yaw or pitch limit the reading is checked against a second, independent one: the
+same model fitted to the landmarks' x and y only (scaled orthographic projection; the
+mesh's depth, a network's guess, left out). When both agree (`STABLE_DEGREES`), a photo up
+to `NEAR_LIMIT_DEGREES` past a limit is measured with a wider band instead of refused
+(analysis.md § Pose); roll is never refused up to its limit: the analysis undoes it
+(`upright`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -31,6 +39,11 @@ CANONICAL_VERTEX_COUNT = 468
 # fit of x and y only (the mesh's depth ignored) also reads positive (median +7.1°), so it
 # is the model's frame, not the mesh's depth estimate. Rounded: the photos' spread is ±4°.
 FRONTAL_PITCH_DEGREES = 6.0
+# A photo this far past a yaw/pitch limit is measured when the two pose readings agree
+# within STABLE_DEGREES (on the 29 labelled photos they agree within 2.6° yaw, 5.8° pitch)
+NEAR_LIMIT_DEGREES = 5.0
+STABLE_DEGREES = 6.0
+_ORTHOGRAPHIC_ITERATIONS = 30
 
 
 @cache
@@ -81,41 +94,84 @@ def weighted_similarity(
 
 
 def rotation_to_pose(rotation: np.ndarray) -> Pose:
-    """Angles of R = Rx(pitch) · Ry(yaw) · Rz(roll), in degrees."""
-    yaw = math.asin(float(np.clip(rotation[0, 2], -1.0, 1.0)))
-    pitch = math.atan2(-rotation[1, 2], rotation[2, 2])
-    roll = math.atan2(-rotation[0, 1], rotation[0, 0])
+    """Angles of R = Rz(roll) · Rx(pitch) · Ry(yaw), in degrees: the head turned (yaw) and
+    nodded (pitch) in its own upright frame, then tilted in the image plane (roll, about the
+    camera's axis). Tilting the photo then changes roll alone. (The order Rx · Ry · Rz, with
+    roll innermost, reads a tilted head's nod partly as yaw: the astronaut turned 30° in the
+    image read yaw −1° → +3.9°, a frontal head tilted 16° with a 15° nod ~6° of false yaw.)"""
+    pitch = math.asin(float(np.clip(rotation[2, 1], -1.0, 1.0)))
+    yaw = math.atan2(-rotation[2, 0], rotation[2, 2])
+    roll = math.atan2(-rotation[0, 1], rotation[1, 1])
     return Pose(yaw_degrees=math.degrees(yaw), pitch_degrees=math.degrees(pitch), roll_degrees=math.degrees(roll))
+
+
+def _about_x(degrees: float) -> np.ndarray:
+    angle = math.radians(degrees)
+    return np.array([[1.0, 0.0, 0.0], [0.0, math.cos(angle), -math.sin(angle)], [0.0, math.sin(angle), math.cos(angle)]])
+
+
+def _looking_at_the_camera(rotation: np.ndarray) -> Pose:
+    """The pose counted from a face looking at the camera: the model's own frontal pitch is a
+    turn of the model (applied first, in its frame), not of the head."""
+    return rotation_to_pose(rotation @ _about_x(FRONTAL_PITCH_DEGREES).T)
 
 
 def estimate_pose(face: Face) -> Pose:
     """Yaw, pitch and roll of the face relative to the camera (0, 0, 0 = frontal)."""
-    model_pose = canonical_pose(face)
-    return replace(model_pose, pitch_degrees=model_pose.pitch_degrees - FRONTAL_PITCH_DEGREES)
+    return _looking_at_the_camera(canonical_rotation(face))
 
 
-def canonical_pose(face: Face) -> Pose:
-    """The rotation from the canonical face model's frame, as angles (pitch not corrected)."""
+def canonical_rotation(face: Face) -> np.ndarray:
+    """The rotation from the canonical face model's frame to the camera's."""
     ids, weights = procrustes_weights()
     # Pixels have y down and MediaPipe's z grows away from the camera; the model has y up
     # and z towards the camera.
     landmarks = face.landmarks[ids] * np.array([1.0, -1.0, -1.0])
     _, rotation, _ = weighted_similarity(canonical_face_model()[ids], landmarks, weights)
-    return rotation_to_pose(rotation)
+    return rotation
 
 
-def check_pose(pose: Pose, limits: AnalysisSettings) -> None:
-    """1008 naming each angle beyond its limit, by how much, and what to do."""
-    excesses = [
-        f"{what} {abs(angle):.0f}°，允许 ±{limit:g}°"
-        for what, angle, limit in (
-            ("左右转头", pose.yaw_degrees, limits.max_yaw_degrees),
-            # positive pitch brings the forehead towards the camera: the head is bowed
-            ("低头" if pose.pitch_degrees > 0 else "抬头", pose.pitch_degrees, limits.max_pitch_degrees),
-            ("歪头（头部倾斜）", pose.roll_degrees, limits.max_roll_degrees),
-        )
-        if abs(angle) > limit
-    ]
+def canonical_pose(face: Face) -> Pose:
+    """The rotation from the canonical face model's frame, as angles (pitch not corrected)."""
+    return rotation_to_pose(canonical_rotation(face))
+
+
+def orthographic_pose(face: Face) -> Pose:
+    """The pose from the landmarks' x and y only (pitch corrected as in `estimate_pose`):
+    the weighted fit of the model under scaled orthographic projection, by alternating
+    between the depths the current rotation gives the landmarks and a 3-D Procrustes fit to
+    them (each step lowers the 2-D residual), started from the mesh's own depths."""
+    ids, weights = procrustes_weights()
+    model = canonical_face_model()[ids]
+    target = face.landmarks[ids] * np.array([1.0, -1.0, -1.0])
+    for _ in range(_ORTHOGRAPHIC_ITERATIONS):
+        scale, rotation, translation = weighted_similarity(model, target, weights)
+        target = target.copy()
+        target[:, 2] = (scale * model @ rotation.T + translation)[:, 2]
+    return _looking_at_the_camera(rotation)
+
+
+def pose_is_stable(face: Face, pose: Pose) -> bool:
+    """Whether the mesh-depth reading `pose` and the 2-D-only reading agree on yaw and pitch."""
+    flat = orthographic_pose(face)
+    return (abs(flat.yaw_degrees - pose.yaw_degrees) <= STABLE_DEGREES
+            and abs(flat.pitch_degrees - pose.pitch_degrees) <= STABLE_DEGREES)
+
+
+def check_pose(pose: Pose, limits: AnalysisSettings, stable: bool = False) -> float:
+    """1008 naming each angle beyond its limit, by how much, and what to do. With `stable`
+    (`pose_is_stable`), yaw and pitch up to NEAR_LIMIT_DEGREES past their limits pass; the
+    result is how far past the limits the photo is measured (degrees, 0 within them)."""
+    tolerance = NEAR_LIMIT_DEGREES if stable else 0.0
+    angles = (
+        ("左右转头", pose.yaw_degrees, limits.max_yaw_degrees, tolerance),
+        # positive pitch brings the forehead towards the camera: the head is bowed
+        ("低头" if pose.pitch_degrees > 0 else "抬头", pose.pitch_degrees, limits.max_pitch_degrees, tolerance),
+        ("歪头（头部倾斜）", pose.roll_degrees, limits.max_roll_degrees, 0.0),
+    )
+    excesses = [f"{what} {abs(angle):.0f}°，允许 ±{limit:g}°"
+                for what, angle, limit, allowed in angles if abs(angle) > limit + allowed]
     if excesses:
         advice = "请正对镜头、保持头部端正后重拍"
         raise ContractError(Code.NOT_FRONTAL, f"人脸偏转过大：{'；'.join(excesses)}。{advice}")
+    return max(0.0, *(abs(angle) - limit for _, angle, limit, _ in angles[:2]))

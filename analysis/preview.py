@@ -1,24 +1,29 @@
-"""The built-in growth preview (gpu_host.md § Generation): the client's own hair pulled
-down to a planned hairline, for hosts without ComfyUI.
+"""The built-in growth preview (gpu_host.md § Generation): the client's own hair brought down
+to a planned hairline, for hosts without ComfyUI.
 
 Recipe, in the face's midline frame (`designs.FaceFrame`: `v` up the midline, `u` across):
 - per column `u`, the drop `d(u)` is how far the planned line lies below the current one,
-  smoothed across columns and tapered to 0 over the outer quarters of the plan, so the
-  shift field has no seam anywhere;
-- the band between the lines is filled with the hair just above the current hairline,
-  moved down by `d(u)`: the current hairline's own edge (its fine hairs, its skin-to-hair
-  transition) lands on the new line, and colour, texture and light are the client's own;
-- where the hair above the line (at most `MAX_SOURCE_MM` of it: further up lies the head's
-  outline) is shorter than the drop, it is stretched over the band (strands lengthen,
-  nothing repeats); stretched more than `MAX_STRETCH`, it smears: None;
+  smoothed across columns; it follows the plan's own shape, and a plan that ends below the
+  current line is joined to it beyond its end along a temple's curve (`grown_edge`: no
+  plateau, no vertical seam);
+- the new edge is made irregular the way hair is: `d(u)` wanders by up to `EDGE_NOISE_MM`
+  along the line (a fixed, seeded pattern: a retried request draws the same picture);
+- the band is filled with the client's own hair: the strip just above the current hairline
+  moved down by `d(u)`, so the old edge's fine hairs and soft skin-to-hair transition land
+  on the new line. Where the hair above is shorter than the band needs, further copies of
+  the hair strip (each from a slightly different column, `JITTER_MM`) continue it upwards,
+  cross-faded over `OVERLAP` of their height: strands repeat softly, nothing is stretched
+  or smeared into columns;
 - blended over `UNDER_EDGE_MM` below the new edge (skin into skin) and faded into the
   original hair above the old edge's see-through front.
-Nothing moves below the brows (the blend weight is 0 there) and pixels change only within
-the band, `UNDER_EDGE_MM` below it and `EDGE_ZONE_MM + FEATHER_MM` above it. No hairline,
-or no hair above it: None (nothing to grow from). A pure function: the input is not written.
+A plan that does not lower the line (0 mm) returns the photo unchanged, bit for bit. Nothing
+moves below the brows (the blend weight is 0 there) and pixels change only within the band,
+`UNDER_EDGE_MM` + `EDGE_NOISE_MM` below it and `EDGE_ZONE_MM + FEATHER_MM` above it. No
+hairline, or no hair above it: None (nothing to grow from). A pure function: the input is
+not written.
 
-Known limit (docs/generation.md): short stubble far above a deep plan still reads as a
-streaky patch. Measured by scripts/bench_preview.py; pictures in docs/generation.md.
+Measured by scripts/bench_preview.py; pictures in docs/generation.md
+(scripts/make_doc_pictures.py).
 """
 
 from __future__ import annotations
@@ -35,18 +40,30 @@ from .types import Calibration, Face, Hairline
 FEATHER_MM = 2.5  # blend width at the top of the fill, above the old edge zone
 # Below the new edge the blend runs over UNDER_EDGE_MM: the old edge's soft underside (fine
 # hairs thinning into skin) comes along, so the new line is as soft as the old one.
-UNDER_EDGE_MM = 4.0
+UNDER_EDGE_MM = 1.5
 # The hair just above a traced hairline is its soft, see-through front (the trace sits where
 # the hair coverage crosses one half): the fill covers it too, or it shows as a pale seam
 # between the grown hair and the hair behind.
 EDGE_ZONE_MM = 3.5
 SMOOTH_MM = 3.0  # Gaussian sigma of the drop across columns: the traced hairline is jagged
-TAPER_FRACTION = 0.25  # share of the plan's width over which the drop fades in at each end
+END_SLOPE = 1.2  # a plan ending below the current line rejoins it this steeply (rise / run) ...
+JOIN_MAX_MM = 15.0  # ... over at most this length beyond its end
+END_ROUND_MM = 2.0
+EDGE_NOISE_MM = 1.0  # how far the new edge wanders (hair does not end on a drawn curve)
+EDGE_NOISE_PERIODS_MM = (3.0, 1.2)  # ... in tufts and in single locks along the line
+# The front of a hairline is thinner than the hair behind: the fill reaches full cover only
+# FRONT_MM above the new edge (at the edge itself it is about a fifth: a feathered front)
+FRONT_MM = 2.5
 MIN_HAIR_MM = 2.0  # a column needs this much hair above its hairline to lend any
 MAX_SOURCE_MM = 12.0  # the hair lent lies at most this far above the hairline: beyond, the head's outline
-MAX_STRETCH = 2.5  # hair stretched more than this over the band no longer looks like hair
+MAX_REPEATS = 4.0  # a band deeper than this many times the hair lent would show its copies: None
+EDGE_STRIP_MM = 3.0  # the old edge itself (at most 40 % of the hair lent) is moved once, never repeated
+OVERLAP = 0.35  # share of each repeated strip cross-faded with the next
+JITTER_MM = 4.0  # each repeat of the strip comes from a column up to this far away
 BROW_MARGIN_MM = 3.0  # nothing changes below this line above the brows
+MIN_DROP_PX = 0.5  # a plan lowering the line by less than this changes nothing
 COLUMN_STEP_PX = 1.0
+_SEED = 17  # of the edge pattern and the repeats' columns
 
 
 def grow_preview(
@@ -68,9 +85,10 @@ def grow_preview(
     columns = _columns(frame, hairline, hair, design, px_per_mm)
     if columns is None:
         return None
-    box = _box(frame, columns, rgb.shape[:2], px_per_mm)
-    if box is None:
-        return rgb.copy()
+    height, width = rgb.shape[:2]
+    box = _box(frame, columns, (height, width), px_per_mm)
+    if box is None or design.drop_mm == 0.0:
+        return rgb.copy()  # nothing lowered: the photo as it came
     return _blend(rgb, face, frame, columns, box, px_per_mm)
 
 
@@ -80,47 +98,90 @@ class _Columns:
 
     u: np.ndarray
     current_v: np.ndarray  # the traced hairline
-    smooth_v: np.ndarray  # the same, smoothed: where stretched hair is anchored
-    drop: np.ndarray  # how far the hair moves down (smooth, 0 at the plan's ends)
+    drop: np.ndarray  # how far the hair moves down (smooth; 0 where the plan is not lower)
     hair_height: np.ndarray  # how much hair lies above the line, to lend
+    lends: np.ndarray  # bool: the column has hair of its own to lend
 
 
 def _columns(
     frame: FaceFrame, hairline: Hairline, hair: np.ndarray, design: Design, px_per_mm: float
 ) -> _Columns | None:
-    design_uv = frame.to_frame(design.points)
-    order = np.argsort(design_uv[:, 0])
-    design_u, design_v = design_uv[order, 0], design_uv[order, 1]
-    u = np.arange(design_u[0], design_u[-1] + COLUMN_STEP_PX, COLUMN_STEP_PX)
+    u, drop = _drop_profile(frame, hairline, design, px_per_mm)
     current_v = current_heights(hairline, frame, u)
     hair_height = _hair_above(frame, hair, u, current_v, px_per_mm)
     lends = hair_height >= MIN_HAIR_MM * px_per_mm
     if not lends.any():
         return None  # a hairline with no hair above it: nothing to take texture from
-    raw = np.clip(current_v - np.interp(u, design_u, design_v), 0.0, None)
-    raw[~lends] = 0.0
     sigma = SMOOTH_MM * px_per_mm / COLUMN_STEP_PX
-    drop = np.minimum(_smooth(raw, sigma), raw.max()) * _taper(len(u))
+    drop = np.where(drop > 0, drop + _edge_noise(u, drop, px_per_mm), 0.0)
     # a column without hair of its own borrows its neighbours' (the drop there comes from them too)
     hair_height = _smooth(np.interp(u, u[lends], hair_height[lends]), sigma)
     grows = drop > MIN_HAIR_MM * px_per_mm
-    if grows.any() and np.median(drop[grows] / hair_height[grows]) > MAX_STRETCH:
-        return None  # a thin strip (stubble) far above the plan: stretched, it smears, not hair
-    return _Columns(u, current_v, _smooth(current_v, sigma), drop, hair_height)
+    if grows.any() and np.median(drop[grows] / hair_height[grows]) > MAX_REPEATS:
+        return None  # a thin strip (stubble) far above the plan: repeated, it is a pattern, not hair
+    return _Columns(u, current_v, drop, hair_height, lends)
 
 
 def _smooth(values: np.ndarray, sigma: float) -> np.ndarray:
     return cv2.GaussianBlur(values.reshape(1, -1), (0, 0), sigmaX=sigma, borderType=cv2.BORDER_REPLICATE).ravel()
 
 
-def _taper(count: int) -> np.ndarray:
-    """1 in the middle, a raised-cosine fade to 0 over TAPER_FRACTION at each end."""
-    ramp = max(1, round(TAPER_FRACTION * count))
-    fade = 0.5 - 0.5 * np.cos(np.linspace(0.0, np.pi, ramp))
-    weights = np.ones(count)
-    weights[:ramp] = np.minimum(weights[:ramp], fade)
-    weights[count - ramp:] = np.minimum(weights[count - ramp:], fade[::-1])
-    return weights
+def _joins(design_u: np.ndarray, design_drop: np.ndarray, px_per_mm: float) -> tuple[np.ndarray, np.ndarray]:
+    """The plan's line continued beyond its ends, where it still lies below the current line:
+    up to the current line along a temple's curve (raised cosine over drop / END_SLOPE, at
+    most JOIN_MAX_MM), never a vertical seam. Returns the joined u grid and the drop on it."""
+    step = COLUMN_STEP_PX
+    lengths = [min(float(end) / END_SLOPE, JOIN_MAX_MM * px_per_mm) if end > MIN_DROP_PX else 0.0
+               for end in (design_drop[0], design_drop[-1])]
+    before = np.arange(design_u[0] - lengths[0], design_u[0], step) if lengths[0] > 0 else np.zeros(0)
+    after = np.arange(design_u[-1] + step, design_u[-1] + lengths[1] + step, step) if lengths[1] > 0 else np.zeros(0)
+
+    def fade(distance: np.ndarray, length: float, end: float) -> np.ndarray:
+        return end * (0.5 + 0.5 * np.cos(np.pi * np.clip(distance / max(length, 1.0), 0.0, 1.0)))
+
+    u = np.concatenate([before, design_u, after])
+    drop = np.concatenate([fade(design_u[0] - before, lengths[0], float(design_drop[0])), design_drop,
+                           fade(after - design_u[-1], lengths[1], float(design_drop[-1]))])
+    return u, drop
+
+
+def grown_edge(face: Face, hairline: Hairline, design: Design, calibration: Calibration) -> np.ndarray | None:
+    """(N, 2) image px: the line the preview grows the hair down to (before its edge's
+    irregularity): the plan itself, joined to the current hairline beyond its ends; None
+    without a hairline."""
+    if not has_hairline(hairline):
+        return None
+    frame = FaceFrame.from_face(face)
+    u, drop = _drop_profile(frame, hairline, design, 1.0 / calibration.mm_per_px)
+    return frame.to_image(np.stack([u, current_heights(hairline, frame, u) - drop], axis=1))
+
+
+def _drop_profile(frame: FaceFrame, hairline: Hairline, design: Design, px_per_mm: float) -> tuple[np.ndarray, np.ndarray]:
+    """The u grid (the plan's span and its joins) and the smooth drop on it, px."""
+    design_uv = frame.to_frame(design.points)
+    order = np.argsort(design_uv[:, 0])
+    design_u, design_v = design_uv[order, 0], design_uv[order, 1]
+    u = np.arange(design_u[0], design_u[-1] + COLUMN_STEP_PX, COLUMN_STEP_PX)
+    raw = np.clip(current_heights(hairline, frame, u) - np.interp(u, design_u, design_v), 0.0, None)
+    sigma = SMOOTH_MM * px_per_mm / COLUMN_STEP_PX
+    u, drop = _joins(u, np.minimum(_smooth(raw, sigma), raw.max()), px_per_mm)
+    drop = _smooth(drop, END_ROUND_MM * px_per_mm / COLUMN_STEP_PX)
+    drop[drop < MIN_DROP_PX] = 0.0
+    return u, drop
+
+
+def _edge_noise(u: np.ndarray, drop: np.ndarray, px_per_mm: float) -> np.ndarray:
+    """A smooth random wander of the new edge, EDGE_NOISE_MM at most, vanishing where the drop
+    is small (the plan's ends) so it never moves the unchanged line."""
+    rng = np.random.default_rng(_SEED)
+    wander = np.zeros(len(u))
+    for octave, period_mm in enumerate(EDGE_NOISE_PERIODS_MM):
+        period = max(1.0, period_mm * px_per_mm / COLUMN_STEP_PX)
+        knots = rng.uniform(-1.0, 1.0, int(len(u) / period) + 3)
+        wander += 0.6**octave * _smooth(np.interp(np.arange(len(u)) / period, np.arange(len(knots)), knots), 0.3 * period)
+    wander /= max(1e-6, float(np.abs(wander).max()))
+    amplitude = EDGE_NOISE_MM * px_per_mm * np.clip(drop / (4.0 * EDGE_NOISE_MM * px_per_mm), 0.0, 1.0)
+    return np.maximum(wander * amplitude, -drop)
 
 
 def _hair_above(frame: FaceFrame, hair: np.ndarray, u: np.ndarray, current_v: np.ndarray, px_per_mm: float) -> np.ndarray:
@@ -140,7 +201,7 @@ def _hair_above(frame: FaceFrame, hair: np.ndarray, u: np.ndarray, current_v: np
 
 def _box(frame: FaceFrame, columns: _Columns, shape: tuple[int, int], px_per_mm: float) -> tuple[int, int, int, int] | None:
     """x0, y0, x1, y1 of the pixels that may change (the band +- the feather), or None."""
-    grows = columns.drop > 0.25
+    grows = columns.drop > 0
     if not grows.any():
         return None
     feather = FEATHER_MM * px_per_mm
@@ -160,6 +221,44 @@ def _smoothstep(edge0: np.ndarray | float, edge1: np.ndarray | float, x: np.ndar
     return t * t * (3.0 - 2.0 * t)
 
 
+def _jitters(count: int, px_per_mm: float) -> np.ndarray:
+    """Column offset of each repeat of the hair strip; the first (the moved edge) stays put."""
+    offsets = np.random.default_rng(_SEED + 1).uniform(-1.0, 1.0, count) * JITTER_MM * px_per_mm
+    offsets[0] = 0.0
+    return offsets
+
+
+def _source_heights(
+    columns: _Columns, u: np.ndarray, reach: np.ndarray, px_per_mm: float
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """Where each pixel's hair comes from, as two (u, v) sources and the second's weight.
+
+    `reach` is how far above the current line the pure downward move would fetch it. The old
+    edge strip (up to `edge` above the line) is fetched once; above it the hair strip of
+    height `period / (1 - OVERLAP)` repeats every `period`, each repeat from another column,
+    and where two repeats overlap the earlier one fades out."""
+    hair_height = np.interp(u, columns.u, columns.hair_height)
+    edge = np.minimum(EDGE_STRIP_MM * px_per_mm, 0.4 * hair_height)
+    strip = np.maximum(hair_height - edge, 1.0)
+    period = (1.0 - OVERLAP) * strip
+    above_edge = np.maximum(reach - edge, 0.0)
+    repeat = np.floor(above_edge / period).astype(int)
+    within = above_edge - repeat * period
+    jitters = _jitters(int(repeat.max(initial=0)) + 2, px_per_mm)
+    lending = columns.u[columns.lends]
+    low, high = float(lending.min()), float(lending.max())
+
+    def source(index: np.ndarray, height_in_strip: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        source_u = np.clip(u + jitters[np.maximum(index, 0)], low, high)
+        base = np.interp(source_u, columns.u, columns.current_v)
+        return source_u, base + np.where(reach < edge, reach, edge + height_in_strip)
+
+    current = source(repeat, within)
+    earlier = source(repeat - 1, within + period)  # the previous repeat, still inside its strip
+    fade = (1.0 - _smoothstep(0.0, OVERLAP * strip, within)) * (repeat >= 1) * (reach >= edge)
+    return [current, earlier], fade
+
+
 def _blend(
     rgb: np.ndarray, face: Face, frame: FaceFrame, columns: _Columns, box: tuple[int, int, int, int], px_per_mm: float
 ) -> np.ndarray:
@@ -169,30 +268,30 @@ def _blend(
     u, v = uv[:, 0], uv[:, 1]
     current = np.interp(u, columns.u, columns.current_v)
     drop = np.interp(u, columns.u, columns.drop, left=0.0, right=0.0)
-    hair_height = np.interp(u, columns.u, columns.hair_height)
-    feather = FEATHER_MM * px_per_mm
-    # Where each pixel's hair comes from: `drop` higher up (`reach`: how far above the
-    # current line). Where the hair above is shorter than the drop, the hair that is there
-    # is stretched over the band instead (strands lengthen; nothing repeats). Below the new
-    # edge (the lower feather) it is the skin under the old edge, unstretched.
+    # the pure downward move fetches from `drop` higher up: the old edge lands on the new one;
+    # below the new edge (the lower feather) it is the skin under the old edge
     reach = drop + (v - current)
-    anchor = np.interp(u, columns.u, columns.smooth_v)
-    stretch = np.maximum(drop / hair_height, 1.0)
-    lifted = np.minimum(anchor + (v + drop - anchor) / stretch, current + hair_height)  # never past the hair
-    source_v = np.where(reach < 0, v + drop, lifted)
-    source = frame.to_image(np.stack([u, source_v], axis=1)).astype(np.float32)
+    sources, fade = _source_heights(columns, u, np.maximum(reach, 0.0), px_per_mm)
     shape = ys.shape
-    moved = cv2.remap(rgb, source[:, 0].reshape(shape), source[:, 1].reshape(shape),
-                      cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+    moved = []
+    for source_u, source_v in sources:
+        source_v = np.where(reach < 0, v + drop, source_v)
+        source_u = np.where(reach < 0, u, source_u)
+        source = frame.to_image(np.stack([source_u, source_v], axis=1)).astype(np.float32)
+        moved.append(cv2.remap(rgb, source[:, 0].reshape(shape), source[:, 1].reshape(shape),
+                               cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT).astype(np.float32))
+    fade_image = fade.reshape(shape)[..., None].astype(np.float32)
+    fill = moved[0] + fade_image * (moved[1] - moved[0])
     new_edge = current - drop
     top = current + EDGE_ZONE_MM * px_per_mm
     under = UNDER_EDGE_MM * px_per_mm
-    weight = _smoothstep(new_edge - under, new_edge - under / 3, v) * (1.0 - _smoothstep(top, top + feather, v))
-    weight *= drop > 0.25
+    front = FRONT_MM * px_per_mm
+    weight = _smoothstep(new_edge - under, new_edge + front, v) * (1.0 - _smoothstep(top, top + FEATHER_MM * px_per_mm, v))
+    weight *= drop > 0
     below_brows = ys.ravel() >= brow_curve(face, xs.ravel()) - BROW_MARGIN_MM * px_per_mm
     weight[below_brows] = 0.0
-    weight = weight.reshape(shape)[..., None]
+    weight_image = weight.reshape(shape)[..., None].astype(np.float32)
     out = rgb.copy()
     region = out[y0:y1, x0:x1].astype(np.float32)
-    out[y0:y1, x0:x1] = np.clip(np.rint(region + weight * (moved.astype(np.float32) - region)), 0, 255).astype(np.uint8)
+    out[y0:y1, x0:x1] = np.clip(np.rint(region + weight_image * (fill - region)), 0, 255).astype(np.uint8)
     return out

@@ -1,4 +1,5 @@
-"""The fallback hair segmenter: bundled models only (MediaPipe selfie mask + GrabCut).
+"""The fallback hair segmenter: bundled models only (MediaPipe selfie mask + GrabCut), the
+last resort where the hair network (`hairnet`) cannot run, and a cross-check in tests.
 
 Recipe (analysis.md § Hair segmentation): crop the head and resize it so the face oval is
 `WORK_FACE_HEIGHT_PX` tall (a 12 MP photo costs what a 512 px one does), take the person
@@ -54,7 +55,7 @@ class FallbackSegmenter:
             segmenter="fallback",
             hair=crop.paste(hair, shape),
             person=crop.paste(person_probability >= PERSON_THRESHOLD, shape),
-            work=(crop, work),
+            work=(crop.key, work),
         )
 
 
@@ -64,14 +65,16 @@ def segment_hair(work: np.ndarray, face: Face, person_probability: np.ndarray) -
     lab = to_lab(work)
     colours = head_colours(lab, person, face)
     seeds = colours.hair_seed
-    if seeds.sum() < 20:  # nothing but skin on top of the head: no hair to grow from
+    # bare scalp (the hairline's no_hairline test) or nothing but skin on top of the head:
+    # no hair to grow from, and the mask of a bald head is empty
+    if colours.bare_scalp or seeds.sum() < 20:
         return np.zeros(person.shape, bool)
     labels = _grabcut_labels(lab, face, person_probability, colours)
     if not (labels == cv2.GC_BGD).any():
         return np.zeros(person.shape, bool)
     model_bg, model_fg = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
     cv2.setRNGSeed(0)  # GrabCut's GMM initialisation is random: results would vary run to run
-    cv2.grabCut(work, labels, None, model_bg, model_fg, GRABCUT_ITERATIONS, cv2.GC_INIT_WITH_MASK)
+    cv2.grabCut(work, labels, (0, 0, 0, 0), model_bg, model_fg, GRABCUT_ITERATIONS, cv2.GC_INIT_WITH_MASK)  # rect unused with a mask
     hair = ((labels == cv2.GC_FGD) | (labels == cv2.GC_PR_FGD)) & person
     return _connected_to(hair, seeds)
 

@@ -4,18 +4,18 @@ orientation-corrected input image, origin top-left, x to the right, y down."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from .head_crop import HeadCrop
 
 HairlineStatus = Literal["ok", "uncertain", "no_hairline", "occluded"]
 HairlineShape = Literal["straight", "rounded", "m_shape", "widows_peak", "receding"]
 Gender = Literal["male", "female", "unknown"]
 Plan = Literal["conservative", "standard", "aggressive"]
 Style = Literal["straight", "rounded", "m_shape", "widows_peak"]
+SegmenterName = Literal["hairnet", "bisenet", "fallback"]
+# a head crop as (x0, y0, x1, y1, scale): `HeadCrop.key`
+CropKey = tuple[int, int, int, int, float]
 
 PLANS: tuple[Plan, ...] = ("conservative", "standard", "aggressive")
 STYLES: tuple[Style, ...] = ("straight", "rounded", "m_shape", "widows_peak")
@@ -102,25 +102,22 @@ class Hairline:
 class HairSegmentation:
     """What a hair segmenter saw, as boolean masks of the input's size."""
 
-    segmenter: Literal["bisenet", "fallback"]
+    segmenter: SegmenterName
     hair: np.ndarray  # bool (H, W)
     person: np.ndarray  # bool (H, W): head and body; its top outline is the head outline
     hat: np.ndarray | None = None  # bool (H, W) where the segmenter can tell (BiSeNet label 18)
-    # the head crop at working scale, where the segmenter cut one (the fallback): the hairline
-    # takes it instead of resizing the photo's head again (12 ms at 12 MP)
-    work: tuple[HeadCrop, np.ndarray] | None = None
-
-    def work_rgb(self, crop: HeadCrop, rgb: np.ndarray) -> np.ndarray:
-        """`crop.cut(rgb)`, reusing the segmenter's own cut of the same crop."""
-        if self.work is not None and self.work[0] == crop:
-            return self.work[1]
-        return crop.cut(rgb)
+    # the head crop at working scale, where the segmenter cut one (the fallback), keyed by
+    # `HeadCrop.key`: the hairline takes it instead of resizing the photo's head again
+    # (12 ms at 12 MP; `HeadCrop.cut_reusing`)
+    work: tuple[CropKey, np.ndarray] | None = None
 
 
 class HairSegmenter(Protocol):
-    """One interface, two implementations: BiSeNet (weights from settings) and the fallback."""
+    """One interface, three implementations: the hair network (default), BiSeNet (weights
+    from settings) and the fallback."""
 
-    name: Literal["bisenet", "fallback"]
+    @property
+    def name(self) -> SegmenterName: ...
 
     def segment(self, rgb: np.ndarray, face: Face) -> HairSegmentation: ...
 

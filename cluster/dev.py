@@ -70,6 +70,9 @@ def prepare(
         # Probe often: a dev cluster should show a host as soon as its models are loaded.
         "health_check": {"interval_seconds": 1},
         "metrics_bind": f"127.0.0.1:{metrics_port}" if metrics_port else "",
+        # One developer and the benchmarks, all from 127.0.0.1: bursts far beyond a
+        # phone's, and the limit stays on (its answers can still be tried with curl).
+        "rate_limit": {"requests_per_minute": 6000, "burst": 1000},
     }
     settings = merge(tomlkit.parse(base_config.read_text()), {"edge": edge})
     settings_path = write_settings(directory / "settings.toml", settings)

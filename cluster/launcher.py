@@ -142,6 +142,7 @@ class Process:
     def _read(self, echo: bool, on_exit: Callable[[Process], None] | None) -> None:
         log: BinaryIO | None = open(self.log_path, "ab") if self.log_path else None
         prefix = f"{self.name:<11}| ".encode()
+        assert self.process.stdout is not None  # started with stdout=PIPE
         try:
             for line in self.process.stdout:
                 if log:

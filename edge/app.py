@@ -1,17 +1,45 @@
-"""The app factory: the ASGI application Hypercorn serves for one `Gateway`."""
+"""The app factory: the gateway's one Quart app (quart-trio) for one `Gateway`.
+
+Where to add a route: in the blueprint of its kind — `edge.web.api_routes` (business
+endpoints under `/api/`), `edge.web.pages` (status pages, the drill, annotation files),
+`edge.web.admin` (token-protected admin). What every request goes through before and
+instead of a view (header block, rate limit, token, body limit and timeouts, the
+envelope of every refusal under `/api/`) is in `edge.web.refusals`; the request log in
+`edge.web.http.GatewayConnection`.
+"""
 
 from __future__ import annotations
 
-from edge.gateway import Gateway, router_limits
-from edge.web.http import Router
-from edge.web.routes import not_found, routes
+from edge.gateway import Gateway
+from edge.web.admin import admin_blueprint
+from edge.web.api_routes import api_blueprint
+from edge.web.http import BODY_IDLE_TIMEOUT, GatewayApp
+from edge.web.pages import pages_blueprint
+from edge.web.refusals import register_refusals
+from shared.settings import Settings
 
 
-def create_app(gateway: Gateway) -> Router:
-    return Router(
-        routes(gateway),
-        not_found,
-        gateway.request_log.record,
-        router_limits(gateway.settings),
-        token=lambda: gateway.settings.auth.shared_password,
+def create_app(gateway: Gateway) -> GatewayApp:
+    app = GatewayApp("edge", gateway.request_log.record)
+    app.config.update(
+        PROVIDE_AUTOMATIC_OPTIONS=False,  # OPTIONS is a method like any other: 405 (an envelope under /api/)
+        RESPONSE_TIMEOUT=None,  # a slow reader of a large answer is the client's business
+    )
+    configure_limits(app, gateway.settings)
+    app.url_map.merge_slashes = False  # "/static/annotations//etc/passwd" is a 404, not a redirect
+    register_refusals(app, gateway)
+    app.register_blueprint(api_blueprint(gateway))
+    app.register_blueprint(pages_blueprint(gateway))
+    app.register_blueprint(admin_blueprint(gateway))
+    return app
+
+
+def configure_limits(app: GatewayApp, settings: Settings) -> None:
+    """The body bounds from `edge` settings; a reload calls it again (requests that start
+    from then on see the new values)."""
+    edge = settings.edge
+    app.config.update(
+        MAX_CONTENT_LENGTH=edge.max_body_bytes,  # views with a smaller body lower it per request
+        BODY_TIMEOUT=edge.body_timeout_seconds,
+        **{BODY_IDLE_TIMEOUT: edge.body_idle_timeout_seconds},
     )

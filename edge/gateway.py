@@ -8,7 +8,7 @@ passed in, and what runs in the background is started by `edge.main.serve`, in o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import version
 
 import coredis
@@ -21,10 +21,10 @@ from edge.pool.dispatch import Dispatcher
 from edge.local.face_workers import FaceWorkers
 from edge.local.features import Features
 from edge.pool.forward import RetryPolicy, Upstream
-from edge.web.http import Limits
 from edge.admission.idempotency import Idempotency
 from edge.observe.metrics import GatewayMetrics, pool_gauges
 from edge.pool.pool import Pool, Thresholds
+from edge.pool.scheduling import SchedulingPolicy
 from edge.admission.rate_limit import ClientKeys, build_rate_limiter
 from edge.observe.request_log import RequestLog
 from edge.annotations.rewrite import ImageStore
@@ -54,6 +54,9 @@ class Gateway:
     features: Features
     secrets: SecretsSource | None = None  # where `POST /admin/token` persists the token
     redis: coredis.Redis[bytes] | None = None  # the shared state, when configured
+    # Held by whatever changes `settings` while serving (a SIGHUP reload, a token switch),
+    # so that none of them undoes another.
+    settings_lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property
     def pool(self) -> Pool:
@@ -83,6 +86,7 @@ def build_gateway(
         max_inflight=edge.dispatch.max_inflight,
         queue_wait_seconds=edge.dispatch.queue_wait_seconds,
         max_queue_wait_seconds=edge.dispatch.max_queue_wait_seconds,
+        policy=scheduling_policy(settings),
     )
     upstream = upstream or Upstream(
         settings.auth.shared_password,
@@ -91,7 +95,7 @@ def build_gateway(
     )
     file_threads = trio.CapacityLimiter(FILE_THREADS)
     metrics = GatewayMetrics(version("hairgate"))
-    metrics.watch_pool(lambda: pool_gauges(pool, _queue_length(dispatcher)))
+    metrics.watch_pool(lambda: pool_gauges(pool, _queue_length(dispatcher), dispatcher.counters))
     api = ApiService(
         dispatcher,
         upstream,
@@ -104,6 +108,7 @@ def build_gateway(
         limits=settings.analysis,
     )
     stats = RequestStats()
+    metrics.classify = stats.classify = api.is_slow  # read per record: a reload of slow_paths applies at once
     request_log = RequestLog(
         edge.request_log, edge.request_log_max_bytes, observers=(stats.record, metrics.observe_request)
     )
@@ -127,6 +132,11 @@ def thresholds(settings: Settings) -> Thresholds:
     return Thresholds(checks.unhealthy_threshold, checks.healthy_threshold, checks.cooldown_seconds)
 
 
+def scheduling_policy(settings: Settings) -> SchedulingPolicy:
+    dispatch = settings.edge.dispatch
+    return SchedulingPolicy(dispatch.reserved_fast_workers, dispatch.slow_priority_offset_seconds)
+
+
 def retry_policy(settings: Settings) -> RetryPolicy:
     dispatch = settings.edge.dispatch
     return RetryPolicy(dispatch.retry_on_failure, dispatch.max_retries, frozenset(dispatch.slow_paths))
@@ -134,16 +144,6 @@ def retry_policy(settings: Settings) -> RetryPolicy:
 
 def image_store(settings: Settings, file_threads: trio.CapacityLimiter) -> ImageStore:
     return ImageStore(settings.edge.static_dir, settings.edge.public_base_url, file_threads)
-
-
-def router_limits(settings: Settings) -> Limits:
-    edge = settings.edge
-    return Limits(
-        max_header_bytes=edge.max_header_bytes,
-        max_api_body_bytes=edge.max_body_bytes,
-        body_idle_timeout_seconds=edge.body_idle_timeout_seconds,
-        body_timeout_seconds=edge.body_timeout_seconds,
-    )
 
 
 def _queue_length(dispatcher: Dispatcher) -> int:

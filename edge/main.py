@@ -22,11 +22,12 @@ from hypercorn.config import Config
 
 from edge.gateway import Gateway, build_gateway
 from edge.app import create_app
-from edge.web.http import Router
+from edge.web.http import GatewayApp
+from edge.web.server import GatewayConfig
 from edge.admission.idempotency import IdempotencyUnavailable, open_idempotency
 from edge.observe.metrics import metrics_app
 from edge.pool.prober import Prober
-from edge.reload import apply_settings
+from edge.reload import reload_settings
 from edge.admission.shared_state import redis_client
 from edge.annotations.static_cleanup import StaticCleanup
 from shared.secrets_file import SecretsSource
@@ -51,15 +52,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"hairgate edge: cannot open the idempotency store (edge.idempotency.path): {error}", file=sys.stderr)
         return 1
     except BaseExceptionGroup as group:
-        bind_errors, others = group.split(OSError)
-        if bind_errors is None or others is not None:
+        listener_errors, others = group.split(ListenerError)
+        if listener_errors is None or others is not None:
             raise
         # the port is taken or not ours to bind: say so in one line
-        # the error does not say which listener: name both when there are two
-        binds = " or ".join(filter(None, (settings.edge.bind, settings.edge.metrics_bind)))
-        print(f"hairgate edge: cannot serve on {binds}: {_first_leaf(bind_errors)}", file=sys.stderr)
+        print(f"hairgate edge: {_first_leaf(listener_errors)}", file=sys.stderr)
         return 1
     return 0
+
+
+class ListenerError(Exception):
+    """A listener could not serve; names its address (the OSError of a bind names none)."""
+
+    def __init__(self, bind: str, error: OSError) -> None:
+        super().__init__(f"cannot serve on {bind}: {error}")
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:
@@ -122,6 +128,7 @@ async def serve(
             path=checks.path,
             interval_seconds=checks.interval_seconds,
             timeout_seconds=checks.timeout_seconds,
+            request_timeout_seconds=edge.dispatch.request_timeout_seconds,
         )
         try:
             async with trio.open_nursery() as background:
@@ -132,14 +139,15 @@ async def serve(
                 await background.start(gateway.face_workers.run)  # endpoints 4 and 99
                 await background.start(gateway.features.run)
                 await background.start(prober.run)  # returns after the first probe round
-                router = create_app(gateway)
+                app = create_app(gateway)
                 if shutdown_trigger is None:
-                    on_hangup = partial(_reload, gateway, router, prober, reload)
+                    on_hangup = partial(_reload, gateway, app, prober, reload)
                     await background.start(_handle_signals, stopping, on_hangup)
                 else:
                     background.start_soon(_stop_on, shutdown_trigger, stopping)
                 async with trio.open_nursery() as server:
-                    urls = await server.start(_serve, router, hypercorn_config(settings), stopping)
+                    config = GatewayConfig(lambda: gateway.settings.edge)
+                    urls = await server.start(_serve, app, config, stopping)
                     if edge.metrics_bind:
                         metrics_urls = await server.start(
                             _serve, metrics_app(gateway.metrics), _metrics_config(edge.metrics_bind), stopping
@@ -159,7 +167,16 @@ async def serve(
 async def _serve(
     app: Any, config: Config, stopping: trio.Event, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
 ) -> None:
-    await hypercorn.trio.serve(app, config, shutdown_trigger=stopping.wait, task_status=task_status)
+    try:
+        await hypercorn.trio.serve(app, config, shutdown_trigger=stopping.wait, task_status=task_status)
+    except* OSError as errors:
+        raise ListenerError(" ".join(config.bind), _first_os_error(errors)) from None
+
+
+def _first_os_error(group: BaseExceptionGroup[OSError]) -> OSError:
+    error = _first_leaf(group)
+    assert isinstance(error, OSError)
+    return error
 
 
 async def _stop_on(trigger: Callable[[], Awaitable[None]], stopping: trio.Event) -> None:
@@ -173,19 +190,6 @@ def _metrics_config(bind: str) -> Config:
     config.include_server_header = False
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
-    return config
-
-
-def hypercorn_config(settings: Settings) -> Config:
-    config = Config()
-    config.bind = [settings.edge.bind]
-    dispatch = settings.edge.dispatch
-    config.graceful_timeout = max(dispatch.request_timeout_seconds, dispatch.slow_request_timeout_seconds)
-    config.include_server_header = False
-    config.accesslog = None  # the request log is ours; hypercorn's would double it
-    config.errorlog = logging.getLogger("hypercorn.error")  # through our handler, once
-    if settings.edge.certfile:
-        config.certfile, config.keyfile = settings.edge.certfile, settings.edge.keyfile
     return config
 
 
@@ -208,14 +212,13 @@ async def _handle_signals(
             return
 
 
-async def _reload(gateway: Gateway, router: Router, prober: Prober, reload: Callable[[], Settings] | None) -> None:
+async def _reload(gateway: Gateway, app: GatewayApp, prober: Prober, reload: Callable[[], Settings] | None) -> None:
     if reload is None:
         log.warning("收到 SIGHUP：未提供配置文件，无法重新加载，已忽略")
         return
     try:
-        new = await trio.to_thread.run_sync(reload)
+        await reload_settings(gateway, app, prober, reload)
     except SettingsError as error:  # one line naming the key; keep serving with the old settings
         log.error("SIGHUP：新配置无效，继续使用原配置 | %s", error)
         return
-    apply_settings(gateway, router, prober, new)
     await prober.probe_all()  # new workers: probed now, not an interval from now

@@ -1,47 +1,97 @@
 """SIGHUP: apply re-read settings to a running gateway without failing a request.
 
-What changes live: the worker list and primaries (a new worker is probed before it gets
-traffic; a removed one finishes its request and gets nothing new), health-check and
-dispatch timings, the shared password, rate limits, body and header limits, the public
-URL of images, the static clean-up numbers, endpoint 4's LLM settings. What cannot change while serving — the
-listeners, the files and stores opened at start — keeps its old value, with one warning
-naming the keys. Invalid new settings never get here: the caller logs one error line and
-keeps serving with the old ones.
+`EDGE_SETTINGS` says for every `edge` setting whether a reload applies it (`LIVE`) or it
+takes a restart (`RESTART`: the listeners, the files and stores opened at start, the
+upstream client's CA); a test walks `EdgeSettings` against it, so a new setting cannot
+be left undecided. A restart-only setting that changed keeps its old value, with one
+warning naming it. Invalid new settings never get here: the caller logs one error line
+and keeps serving with the old ones.
+
+A reload and a token switch (`POST /admin/token`) both hold `Gateway.settings_lock` from
+reading to applying, so neither undoes the other: the one that comes second starts from
+what the first left (the switch writes the secrets file that the reload then reads).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any, Literal
 
-from edge.gateway import Gateway, image_store, retry_policy, router_limits, thresholds
-from edge.web.http import Router
+import trio
+from pydantic import BaseModel
+
+from edge.app import configure_limits
+from edge.gateway import Gateway, image_store, retry_policy, scheduling_policy, thresholds
 from edge.pool.prober import Prober
 from edge.admission.rate_limit import ClientKeys, build_rate_limiter
+from edge.web.http import GatewayApp
 from shared.settings import Settings
 
 log = logging.getLogger("edge.reload")
 
-# `edge` keys that take a restart: listeners, files and stores opened at start.
-RESTART_KEYS = (
-    "bind", "metrics_bind", "certfile", "keyfile", "static_dir", "request_log", "shared_state", "idempotency", "cpu",
-)  # fmt: skip
+LIVE: Literal["live"] = "live"
+RESTART: Literal["restart"] = "restart"
+
+# Dotted below `edge.`; a section listed whole applies whole.
+EDGE_SETTINGS: dict[str, Literal["live", "restart"]] = {
+    "bind": RESTART,
+    "metrics_bind": RESTART,
+    "certfile": RESTART,
+    "keyfile": RESTART,
+    "public_base_url": LIVE,
+    "static_dir": RESTART,
+    "request_log": RESTART,
+    "request_log_max_bytes": RESTART,  # belongs to the log file opened at start
+    "max_body_bytes": LIVE,
+    "max_header_bytes": LIVE,  # the app's check, and h11's buffer for new connections
+    "body_idle_timeout_seconds": LIVE,
+    "body_timeout_seconds": LIVE,
+    "shared_state": RESTART,
+    "idempotency": RESTART,
+    "cpu": RESTART,
+    "rate_limit": LIVE,
+    "pool.workers": LIVE,
+    "pool.primary_workers": LIVE,
+    "pool.ca_file": RESTART,  # the upstream client's TLS context is built at start
+    "health_check": LIVE,
+    "dispatch": LIVE,  # request timeouts include the shutdown grace (`GatewayConfig`)
+    "static_cleanup": LIVE,
+    "features": LIVE,
+}
+
+
+def restart_keys() -> list[str]:
+    return [key for key, status in EDGE_SETTINGS.items() if status == RESTART]
 
 
 def keep_restart_keys(current: Settings, new: Settings) -> tuple[Settings, list[str]]:
-    """`new` with the restart-only keys of `current`, and the names of those that differed."""
-    changed = [key for key in RESTART_KEYS if getattr(current.edge, key) != getattr(new.edge, key)]
-    edge = new.edge.model_copy(update={key: getattr(current.edge, key) for key in changed})
-    return new.model_copy(update={"edge": edge}), [f"edge.{key}" for key in changed]
+    """`new` with the restart-only settings of `current`, and the names of those that differed."""
+    edge = new.edge
+    changed = []
+    for key in restart_keys():
+        old = _get(current.edge, key)
+        if _get(edge, key) != old:
+            changed.append(f"edge.{key}")
+            edge = _replace(edge, key, old)
+    return new.model_copy(update={"edge": edge}), changed
 
 
-def apply_settings(gateway: Gateway, router: Router, prober: Prober, new: Settings) -> None:
+async def reload_settings(gateway: Gateway, app: GatewayApp, prober: Prober, read: Callable[[], Settings]) -> None:
+    """Read the settings (`read` may raise SettingsError) and apply them, under the lock."""
+    async with gateway.settings_lock:
+        new = await trio.to_thread.run_sync(read)
+        apply_settings(gateway, app, prober, new)
+
+
+def apply_settings(gateway: Gateway, app: GatewayApp, prober: Prober, new: Settings) -> None:
     """Make `new` the gateway's settings; requests in flight finish under the old ones."""
     settings, kept = keep_restart_keys(gateway.settings, new)
     if kept:
         log.warning("SIGHUP：以下配置需重启网关才能生效，保持原值 | %s", ", ".join(kept))
     edge = settings.edge
     rate_limit_changed = edge.rate_limit != gateway.settings.edge.rate_limit
-    gateway.settings = settings  # first: the router reads the token and routes read limits from it
+    gateway.settings = settings  # first: the token check and the header limit read it per request
     gateway.dispatcher.reconfigure(
         edge.pool.workers,
         edge.pool.primary_workers,
@@ -49,9 +99,15 @@ def apply_settings(gateway: Gateway, router: Router, prober: Prober, new: Settin
         max_inflight=edge.dispatch.max_inflight,
         queue_wait_seconds=edge.dispatch.queue_wait_seconds,
         max_queue_wait_seconds=edge.dispatch.max_queue_wait_seconds,
+        policy=scheduling_policy(settings),
     )
     checks = edge.health_check
-    prober.reconfigure(path=checks.path, interval_seconds=checks.interval_seconds, timeout_seconds=checks.timeout_seconds)
+    prober.reconfigure(
+        path=checks.path,
+        interval_seconds=checks.interval_seconds,
+        timeout_seconds=checks.timeout_seconds,
+        request_timeout_seconds=edge.dispatch.request_timeout_seconds,
+    )
     gateway.api.reconfigure(
         image_store(settings, gateway.file_threads),
         retry_policy(settings),
@@ -66,6 +122,18 @@ def apply_settings(gateway: Gateway, router: Router, prober: Prober, new: Settin
         gateway.admission.client_keys = ClientKeys(edge.rate_limit)
     gateway.features.settings = edge.features
     gateway.features.limits = gateway.special_points.limits = settings.analysis
-    router.reconfigure(router_limits(settings))  # the routes read everything else through `gateway`
+    configure_limits(app, settings)  # the rest reads `gateway.settings` when it needs it
     stats = gateway.pool.statistics()
     log.info("SIGHUP：配置已重新加载 | 总数=%d | 在线=%d | 主worker=%d", stats.workers_total, stats.workers_healthy, stats.workers_primary_total)
+
+
+def _get(section: BaseModel, dotted: str) -> Any:
+    for name in dotted.split("."):
+        section = getattr(section, name)
+    return section
+
+
+def _replace(section: Any, dotted: str, value: Any) -> Any:
+    name, _, rest = dotted.partition(".")
+    inner = _replace(getattr(section, name), rest, value) if rest else value
+    return section.model_copy(update={name: inner})

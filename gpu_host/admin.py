@@ -14,8 +14,10 @@ win over the file at every start, so they cannot be persisted: 409.
 from __future__ import annotations
 
 import hmac
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -24,7 +26,7 @@ from quart_trio import QuartTrio
 
 from gpu_host.auth import TokenGuard
 from shared.contract import HEADER_REQUEST_ID, HEADER_TOKEN, Code, envelope, request_id_from_header
-from shared.secrets_file import MIN_TOKEN_CHARS, SecretsFileError, SecretsSource, is_acceptable_token, write_secret
+from shared.secrets_file import MIN_TOKEN_CHARS, SecretsFileError, SecretsSource, check_token_strength, write_secret
 from shared.settings import token_fingerprint
 
 ACCEPT_PASSWORDS_KEY = "auth.accept_passwords"
@@ -61,6 +63,11 @@ class HostTokens:
         self._clock = clock
         self._last_used: dict[str, float] = {}
         self._changing = trio.Lock()  # one change at a time: file and guard stay in step
+
+    @property
+    def secrets_path(self) -> Path:
+        """The file the tokens are persisted to (its filesystem is one the host writes to)."""
+        return self._secrets.path
 
     def authenticated(self, token: str) -> None:
         """Called for every request the guard accepted, with the token it presented."""
@@ -117,7 +124,7 @@ def register(app: QuartTrio, tokens: HostTokens) -> None:
     async def admin_tokens() -> Any:
         if request.method == "POST":
             try:
-                await _change(tokens, await request.get_json(force=True, silent=True))
+                await _change(tokens, _parsed(await request.get_data(cache=True, as_text=False, parse_form_data=False)))
             except AdminRefusal as refusal:
                 if refusal.status == 400:
                     return jsonify(envelope(Code.INVALID_PARAMETER, _request_id(), message=str(refusal))), 400
@@ -127,8 +134,19 @@ def register(app: QuartTrio, tokens: HostTokens) -> None:
     app.add_url_rule("/admin/tokens", endpoint="admin_tokens", view_func=admin_tokens, methods=["GET", "POST"])
 
 
+def _parsed(raw: bytes) -> Any:
+    """The JSON body; a 400 when it is none (RecursionError: nesting deeper than the parser goes)."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise AdminRefusal(400, MSG_BAD_BODY) from None
+
+
 async def _change(tokens: HostTokens, body: Any) -> None:
-    if isinstance(body, dict) and set(body) == {"add"} and is_acceptable_token(body["add"]):
+    if isinstance(body, dict) and set(body) == {"add"} and isinstance(body["add"], str):
+        weakness = check_token_strength(body["add"])
+        if weakness is not None:
+            raise AdminRefusal(400, weakness)
         await tokens.add(body["add"])
     elif isinstance(body, dict) and set(body) == {"remove"} and isinstance(body["remove"], str):
         await tokens.remove(body["remove"], request.headers.get(HEADER_TOKEN, ""))

@@ -5,16 +5,24 @@ factory's arguments, never module globals. The app does not start the model supe
 the host's one nursery (`gpu_host.main.serve`) does, beside Hypercorn, so the port opens
 at once and `/health` says `loading` meanwhile.
 
-A business request runs: read the body -> `shared.uploads.read_request` (1001 -> 1003 ->
-1002, the gateway's own checks again) -> the model process, without waiting: a host
-already running a job answers 503 busy at once -> for grow and mark with ComfyUI
-configured, ComfyUI draws the grown images from the child's inpainting masks.
+A business request runs: its deadline (`X-Request-Timeout-Ms` minus
+`DEADLINE_MARGIN_SECONDS`; under `MIN_REQUEST_TIMEOUT_MS` given: 1007 at once) -> read the
+body -> `shared.uploads.read_request` (1001 -> 1003 -> 1002, the gateway's own checks
+again) -> the model process, without waiting: a host already running a job answers 503
+busy at once -> for grow and mark with ComfyUI configured, ComfyUI draws the grown images
+from the child's inpainting masks. The model call and the ComfyUI wait end by the deadline.
+
+A request whose connection closes (the gateway's client left) is cancelled by quart-trio:
+a ComfyUI prompt is interrupted and dropped (`gpu_host.comfyui`), an inference finishes in
+the model process with its answer dropped (`gpu_host.model_process`), one line is logged.
+`/health` reads the deep checks' last results (`gpu_host.checks`), never measures.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -22,10 +30,11 @@ from typing import Any
 import trio
 from quart import Request, Response, jsonify, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
 from gpu_host import admin
 from gpu_host.auth import TokenGuard
+from gpu_host.checks import HostChecks, no_checks
 from gpu_host.comfyui import ComfyUIClient, draw_grown, grown_targets
 from gpu_host.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, GENERATION_FAILED, GENERATION_NO_HAIR, HostMetrics
 from gpu_host.model_process import ModelBusy, ModelProcess, ModelUnavailable
@@ -34,9 +43,13 @@ from shared.contract import (
     API_PREFIX,
     GPU_ENDPOINT_PATHS,
     HEADER_REQUEST_ID,
+    HEADER_REQUEST_TIMEOUT_MS,
     HEADER_TOKEN,
     MSG_BACKEND_UNAVAILABLE,
     MSG_BODY_TOO_LARGE,
+    MSG_DEADLINE_EXCEEDED,
+    MSG_DEADLINE_TOO_SHORT,
+    MSG_METHOD_NOT_ALLOWED,
     MSG_UNKNOWN_ENDPOINT,
     Code,
     ContractError,
@@ -54,6 +67,10 @@ log = logging.getLogger("gpu_host.app")
 
 METRICS_PATH = "/metrics"
 _BEARER = "bearer "
+# X-Request-Timeout-Ms: the host's work ends this much before the gateway stops waiting (the
+# answer still has to be encoded and sent); less than MIN_REQUEST_TIMEOUT_MS given: refused.
+DEADLINE_MARGIN_SECONDS = 0.5
+MIN_REQUEST_TIMEOUT_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -64,6 +81,7 @@ class _Host:
     limits: AnalysisSettings
     metrics: HostMetrics
     comfyui: ComfyUIClient | None
+    checks: HostChecks
 
 
 def create_app(
@@ -73,15 +91,18 @@ def create_app(
     *,
     comfyui: ComfyUIClient | None = None,
     tokens: admin.HostTokens | None = None,
+    checks: HostChecks | None = None,
 ) -> QuartTrio:
     """The app; `model.run` must be running in a nursery of the caller's while it serves.
     `comfyui`: draw grown images there (else the model process's built-in preview does);
-    `tokens`: mount `/admin/tokens` and record each token's last use."""
+    `tokens`: mount `/admin/tokens` and record each token's last use; `checks`: the deep
+    checks `/health` reports (their tasks run in the caller's nursery; None: none fail)."""
     app = QuartTrio(__name__)
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes(limits.max_image_bytes)
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    host = _Host(model, limits, HostMetrics(model.statistics), comfyui)
+    checks = checks or no_checks()
+    host = _Host(model, limits, HostMetrics(model.statistics, checks), comfyui, checks)
 
     @app.before_request
     async def require_token() -> Any:
@@ -95,7 +116,7 @@ def create_app(
 
     @app.get("/health")
     async def health() -> Any:
-        return _health_response(model)
+        return _health_response(model, checks)
 
     @app.get(METRICS_PATH)
     async def metrics() -> Any:
@@ -136,31 +157,53 @@ def _presented_token(incoming: Request) -> str | None:
 def _http_error_as_contract(error: HTTPException, failed: Request) -> tuple[Code, str | None]:
     if error.code == 413:
         return Code.TOO_LARGE, MSG_BODY_TOO_LARGE.format(limit_bytes=failed.max_content_length)
-    if error.code in (404, 405):
+    if isinstance(error, MethodNotAllowed):
+        allowed = ", ".join(sorted(error.valid_methods or ()))
+        return Code.INVALID_PARAMETER, MSG_METHOD_NOT_ALLOWED.format(path=failed.path, method=failed.method, allowed=allowed)
+    if error.code == 404:
         return Code.INVALID_PARAMETER, MSG_UNKNOWN_ENDPOINT.format(method=failed.method, path=failed.path)
     if error.code is not None and error.code >= 500:  # an exception outside the handlers (logged by Quart)
         return Code.SYSTEM_ERROR, None
     return Code.INVALID_PARAMETER, None
 
 
-def _health_response(model: ModelProcess) -> Any:
+def _health_response(model: ModelProcess, checks: HostChecks) -> Any:
+    """200 only when the model is ready and no deep check takes the host out (gpu_host.md § /health)."""
     stats = model.statistics()
-    if stats.state is Phase.READY:
-        body = {"status": "ok", "device": stats.device, "segmenter": stats.segmenter, "busy": stats.busy}
+    common = {"inference_timeout_seconds": model.inference_timeout_seconds, "checks": checks.snapshot()}
+    disk_problem = checks.disk_message()
+    if stats.state is Phase.READY and disk_problem is None:
+        body = {"status": "ok", "device": stats.device, "segmenter": stats.segmenter, "busy": stats.busy, **common}
         return jsonify(body), 200
-    body = {"status": "error" if stats.state is Phase.FAILED else "loading"}
-    if stats.message:
-        body["message"] = stats.message
-    return jsonify(body), 503
+    if disk_problem is not None and stats.state is not Phase.FAILED:
+        body = {"status": "error", "message": disk_problem}  # the model serves or loads: the disk is what to fix
+    else:
+        body = {"status": "error" if stats.state is Phase.FAILED else "loading"}
+        if stats.message:
+            body["message"] = stats.message
+    return jsonify({**body, **common}), 503
 
 
 async def _business(endpoint: str, host: _Host) -> Any:
     """One business request -> one envelope; HTTP 503 only when the model could not take it."""
     request_id = _request_id()
     started = trio.current_time()
+    try:
+        return await _answer(endpoint, host, request_id, started)
+    except BaseException:  # nothing but a cancellation gets here: the connection closed, or the host stops
+        log.info(
+            "request departed: connection closed before the answer | request_id=%s endpoint=%s ms=%.0f",
+            request_id,
+            endpoint,
+            (trio.current_time() - started) * 1000,
+        )
+        raise
+
+
+async def _answer(endpoint: str, host: _Host, request_id: str, started: float) -> Response:
     status = 200
     try:
-        body = success(request_id, await _run(endpoint, host, request_id))
+        body = success(request_id, await _run(endpoint, host, request_id, _deadline(started)))
     except ContractError as error:
         body = failure(error, request_id)
     except ModelBusy:
@@ -206,10 +249,31 @@ def _encode_json(body: dict) -> bytes:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-async def _run(endpoint: str, host: _Host, request_id: str) -> dict:
-    """Validate (1001 -> 1003 -> 1002), run the child, and draw with ComfyUI where configured."""
+def _deadline(arrived: float) -> float:
+    """When this request's work must end (trio clock): `X-Request-Timeout-Ms` after `arrived`,
+    less the margin; inf without the header (or with a value that is no whole number of ms:
+    the host's own timeouts apply). Too little time given: a 1007 without running anything."""
+    given = request.headers.get(HEADER_REQUEST_TIMEOUT_MS, "").strip()
+    if not given.isdigit():
+        return math.inf
+    if int(given) < MIN_REQUEST_TIMEOUT_MS:
+        raise ContractError(Code.SYSTEM_ERROR, MSG_DEADLINE_TOO_SHORT.format(ms=int(given)))
+    return arrived + int(given) / 1000 - DEADLINE_MARGIN_SECONDS
+
+
+def _seconds_left(deadline: float) -> float:
+    """Time left before `deadline`; a 1007 when none is (nothing more is started)."""
+    left = deadline - trio.current_time()
+    if left <= 0:
+        raise ContractError(Code.SYSTEM_ERROR, MSG_DEADLINE_EXCEEDED.format(seconds=0))
+    return left
+
+
+async def _run(endpoint: str, host: _Host, request_id: str, deadline: float) -> dict:
+    """Validate (1001 -> 1003 -> 1002), run the child, and draw with ComfyUI where configured,
+    all by `deadline`."""
     try:
-        body = await request.get_data(as_text=False)
+        body = await request.get_data(cache=True, as_text=False, parse_form_data=False)
     except RequestEntityTooLarge:
         raise ContractError(Code.TOO_LARGE, MSG_BODY_TOO_LARGE.format(limit_bytes=request.max_content_length)) from None
     # In a thread: megabytes of base64 take ~10 ms to decode, and /health must keep answering.
@@ -218,22 +282,25 @@ async def _run(endpoint: str, host: _Host, request_id: str) -> dict:
     options = checked.options
     if generates and host.comfyui is not None:
         options = {**options, INPAINT_MASK_OPTION: True}  # masks for ComfyUI instead of previews
-    data = await _infer(host, request_id, endpoint, checked.image, options)
+    data = await _infer(host, request_id, endpoint, checked.image, options, _seconds_left(deadline))
     if not generates:
         return data
     masked = [bool(target.get(INPAINT_MASK_KEY)) for target in grown_targets(data)]
     if host.comfyui is not None:
-        data = await draw_grown(host.comfyui, checked.image, data)
+        left = deadline - trio.current_time()  # none left: the ComfyUI wait ends at once (generator null)
+        data = await draw_grown(host.comfyui, checked.image, data, timeout_seconds=None if math.isinf(left) else max(left, 0))
     for target, had_mask in zip(grown_targets(data), masked, strict=True):
         host.metrics.count_generation(target["generator"] or (GENERATION_FAILED if had_mask else GENERATION_NO_HAIR))
     return data
 
 
-async def _infer(host: _Host, request_id: str, endpoint: str, image: bytes, options: dict[str, Any]) -> dict:
+async def _infer(
+    host: _Host, request_id: str, endpoint: str, image: bytes, options: dict[str, Any], wait_seconds: float
+) -> dict:
     """`model.infer`, timed for `/metrics` when the child ran it (busy or unavailable: it did not)."""
     started = trio.current_time()
     try:
-        data = await host.model.infer(request_id, endpoint, image, options)
+        data = await host.model.infer(request_id, endpoint, image, options, wait_seconds=wait_seconds)
     except ContractError:  # the child's answer, or its timeout or death
         host.metrics.observe_inference(endpoint, trio.current_time() - started)
         raise

@@ -50,6 +50,7 @@ NEGATIVE_PROMPT = "hat, cap, bald, wig, fringe over the eyes, painting, cartoon,
 
 POLL_SECONDS = 0.5
 REQUEST_TIMEOUT_SECONDS = 30.0  # one HTTP exchange; the whole prompt has comfyui_timeout_seconds
+PROBE_TIMEOUT_SECONDS = 3.0  # GET /system_stats for /health's checks.comfyui
 CLEANUP_TIMEOUT_SECONDS = 5.0
 FAILURE_LOG_INTERVAL_SECONDS = 60.0
 SEED_BITS = 48  # KSampler takes up to 2**64 - 1; 48 bits stay exact in every JSON reader
@@ -156,15 +157,28 @@ class ComfyUIClient:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def draw(self, image: bytes, masks: Mapping[str, bytes]) -> dict[str, bytes | None]:
+    async def unreachable(self) -> str | None:
+        """None when `GET /system_stats` answers with JSON (ComfyUI is up); else why not."""
+        try:
+            _json(await self._http.get("/system_stats", timeout=PROBE_TIMEOUT_SECONDS))
+        except (httpx.HTTPError, ComfyUIFailure) as error:
+            return _describe(error)
+        return None
+
+    async def draw(
+        self, image: bytes, masks: Mapping[str, bytes], *, timeout_seconds: float | None = None
+    ) -> dict[str, bytes | None]:
         """The grown picture per plan: `image` is the client's photo as uploaded (JPEG, PNG
         or WebP; ComfyUI's LoadImage applies EXIF orientation as the analysis does),
         `masks[plan]` a PNG of the oriented photo's size, white where hair grows.
-        Plans are queued together and share one deadline; each comes back as the output
-        image's bytes, or None."""
+        Plans are queued together and share one deadline (`comfyui_timeout_seconds`, or the
+        request's `timeout_seconds` when shorter); each comes back as the output image's
+        bytes, or None. Cancelled (the client left): every queued prompt is interrupted and
+        dropped from ComfyUI's queue before the cancellation goes on."""
         drawn: dict[str, bytes | None] = dict.fromkeys(masks)
         image_digest = hashlib.sha256(image).digest()  # megabytes: hashed once per request
-        with trio.move_on_after(self._timeout) as deadline:
+        timeout = self._timeout if timeout_seconds is None else min(self._timeout, timeout_seconds)
+        with trio.move_on_after(timeout) as deadline:
             try:
                 image_name = await self._upload(image, f"hairgate-{image_digest.hex()[:16]}{_extension(image)}")
             except Exception as error:  # whatever ComfyUI does wrong, the request still answers
@@ -178,7 +192,7 @@ class ComfyUIClient:
                 for plan, mask in masks.items():
                     nursery.start_soon(one, plan, mask)
         if deadline.cancelled_caught:
-            self._failures.report(f"not done within {self._timeout:g} s")
+            self._failures.report(f"not done within {timeout:g} s")
         return drawn
 
     async def _draw_plan(self, image_digest: bytes, image_name: str, plan: str, mask: bytes) -> bytes | None:
@@ -253,15 +267,18 @@ class ComfyUIClient:
                 self._failures.report(f"dropping prompt {prompt_id}: {_describe(error)}")
 
 
-async def draw_grown(client: ComfyUIClient, image: bytes, data: dict[str, Any]) -> dict[str, Any]:
+async def draw_grown(
+    client: ComfyUIClient, image: bytes, data: dict[str, Any], *, timeout_seconds: float | None = None
+) -> dict[str, Any]:
     """A grow or mark answer of the model process, asked with `INPAINT_MASK_OPTION`, with
     ComfyUI's pictures in place of its inpainting masks: `grown_image_base64` and
     `generator` ("comfyui", or None where ComfyUI drew nothing or there was no mask: no
-    hair to grow from). The masks never leave the host. `image`: the uploaded bytes."""
+    hair to grow from). The masks never leave the host. `image`: the uploaded bytes;
+    `timeout_seconds`: what is left of the request's deadline, if it has one."""
     targets = grown_targets(data)
     masks = {target.get("plan", "mark"): base64.b64decode(target.pop(INPAINT_MASK_KEY))
              for target in targets if target.get(INPAINT_MASK_KEY)}
-    drawn = await client.draw(image, masks) if masks else {}
+    drawn = await client.draw(image, masks, timeout_seconds=timeout_seconds) if masks else {}
     for target in targets:
         target.pop(INPAINT_MASK_KEY, None)
         picture = drawn.get(target.get("plan", "mark"))

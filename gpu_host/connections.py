@@ -14,20 +14,15 @@ writes, so no wait that could be cancelled before is uncancellable now.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
-
 import trio
-
-Message = dict[str, Any]
-Send = Callable[[Message], Awaitable[None]]
-AsgiApp = Callable[[dict[str, Any], Callable[[], Awaitable[Message]], Send], Awaitable[None]]
+from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
 
 
-def close_idle_connections_on_shutdown(app: AsgiApp) -> AsgiApp:
+def close_idle_connections_on_shutdown(app: ASGIFramework) -> ASGIFramework:
     """`app` with every `send` shielded from the app's own cancellations."""
 
-    async def shielded_app(scope: dict[str, Any], receive: Callable[[], Awaitable[Message]], send: Send) -> None:
-        async def shielded_send(message: Message) -> None:
+    async def shielded_app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        async def shielded_send(message: ASGISendEvent) -> None:
             with trio.CancelScope(shield=True):
                 await send(message)
 

@@ -2,14 +2,15 @@
 
 settings, token guard, ComfyUI workflow, TLS certificate (any of them wrong: exit 2) -> the
 listening socket (bound before anything starts, so a bind error is reported as itself) ->
-one nursery that owns the signal handler, the model supervisor, the ComfyUI client (when
-`comfyui_url` is set) and Hypercorn (trio worker) with a shutdown trigger.
+one nursery that owns the signal handler, the model supervisor, the deep checks (free disk
+space; ComfyUI's `/system_stats` when `comfyui_url` is set), the ComfyUI client and
+Hypercorn (trio worker) with a shutdown trigger.
 
 SIGTERM/SIGINT: graceful stop, exit 0. Idle kept-alive connections close at once; requests
 in flight get `inference_timeout_seconds` (+ `comfyui_timeout_seconds` with ComfyUI) +
 `GRACE_MARGIN_SECONDS` to finish; then the model child is killed. SIGHUP: re-read the
-settings and swap the accepted tokens (token rotation without a model reload); bad
-settings keep the old ones. The tokens also change at run time through `/admin/tokens`
+settings, swap the accepted tokens (token rotation without a model reload) and take the
+new `min_free_disk_mb` (measured against at once); bad settings keep the old ones. The tokens also change at run time through `/admin/tokens`
 (`gpu_host.admin`), which persists them to the secrets file.
 """
 
@@ -35,6 +36,7 @@ from gpu_host import child
 from gpu_host.admin import HostTokens
 from gpu_host.app import create_app
 from gpu_host.auth import TokenGuard
+from gpu_host.checks import HostChecks, written_paths
 from gpu_host.comfyui import ComfyUIClient, load_workflow
 from gpu_host.connections import close_idle_connections_on_shutdown
 from gpu_host.model_process import ModelProcess
@@ -158,16 +160,26 @@ async def serve(
             comfyui = await resources.enter_async_context(
                 ComfyUIClient(host.comfyui_url, workflow, host.comfyui_timeout_seconds)
             )
-        app = create_app(model, guard, settings.analysis, comfyui=comfyui, tokens=tokens)
-        await nursery.start(_handle_signals, shutdown, tokens, reload)
+        checks = HostChecks(
+            written_paths(tokens.secrets_path, host.comfyui_output_dir),
+            host.min_free_disk_mb,
+            comfyui_probe=comfyui.unreachable if comfyui else None,
+            comfyui_probe_interval_seconds=host.comfyui_probe_interval_seconds,
+        )
+        await nursery.start(checks.run_disk)  # measured once before the port answers
+        nursery.start_soon(checks.run_comfyui)
+        app = create_app(model, guard, settings.analysis, comfyui=comfyui, tokens=tokens, checks=checks)
+        await nursery.start(_handle_signals, shutdown, tokens, checks, reload)
         log.info(
-            "GPU host starting | bind=%s tls=%s device=%s bisenet_weights=%s generator=%s tokens=%d",
+            "GPU host starting | bind=%s tls=%s device=%s bisenet_weights=%s generator=%s tokens=%d "
+            "min_free_disk_mb=%d",
             ",".join(config.bind),
             "on" if config.ssl_enabled else "off",
             host.device,
-            host.bisenet_weights or "(fallback segmenter)",
+            host.bisenet_weights or "(none: the hair network)",
             f"comfyui at {host.comfyui_url}" if comfyui else "preview",
             len(settings.auth.accept_passwords),
+            host.min_free_disk_mb,
         )
         await nursery.start(model.run)
         # Returns after the graceful stop: requests in flight have finished (or hit the grace).
@@ -180,6 +192,7 @@ async def serve(
 async def _handle_signals(
     shutdown: trio.Event,
     tokens: HostTokens,
+    checks: HostChecks,
     reload: Callable[[], Settings],
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
@@ -188,14 +201,18 @@ async def _handle_signals(
         task_status.started()
         async for signum in signals:
             if signum == signal.SIGHUP:
-                _reload_tokens(tokens, reload)
+                _reload(tokens, checks, reload)
             else:
                 log.info("%s received: stopping", signal.Signals(signum).name)
                 shutdown.set()
 
 
-def _reload_tokens(tokens: HostTokens, reload: Callable[[], Settings]) -> None:
+def _reload(tokens: HostTokens, checks: HostChecks, reload: Callable[[], Settings]) -> None:
+    """SIGHUP: what a running host can take from its settings file without a restart."""
     try:
-        tokens.reload(reload().auth.accept_passwords)
+        settings = reload()
+        tokens.reload(settings.auth.accept_passwords)
     except (SettingsError, ValueError) as error:
         log.error("SIGHUP: settings not reloaded, keeping the current tokens: %s", error)
+        return
+    checks.set_min_free_disk_mb(settings.gpu_host.min_free_disk_mb)

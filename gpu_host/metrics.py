@@ -9,6 +9,9 @@ supervisor when Prometheus scrapes, so they can never drift from what `/health` 
     hairgate_host_model_restarts_total          counter: model children replaced since start
     hairgate_host_busy                          gauge: 1 while an inference runs
     hairgate_host_generation_total{result}      counter: grown images per result (GENERATION_RESULTS)
+    hairgate_host_disk_free_megabytes           gauge: the least free space among the filesystems it writes to
+    hairgate_host_disk_low                      gauge: 1 while that is below gpu_host.min_free_disk_mb (/health 503)
+    hairgate_host_comfyui_up                    gauge: 1 when ComfyUI's last probe answered (absent: none configured)
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
+from gpu_host.checks import CHECK_OFF, CHECK_OK, HostChecks, no_checks
 from gpu_host.model_process import ModelStatistics
 from shared.contract import GENERATOR_COMFYUI, GENERATOR_PREVIEW
 
@@ -45,8 +49,28 @@ class _ModelCollector:
         yield GaugeMetricFamily("hairgate_host_busy", "1 while the model process runs a request", value=float(stats.busy))
 
 
+class _ChecksCollector:
+    """The deep checks' last results, as `/health` reports them (never measured per scrape)."""
+
+    def __init__(self, checks: HostChecks) -> None:
+        self._checks = checks
+
+    def collect(self) -> Iterable[Metric]:
+        checks = self._checks
+        if checks.disk is not None:
+            yield GaugeMetricFamily(
+                "hairgate_host_disk_free_megabytes", "Least free space among the filesystems the host writes to",
+                value=checks.disk.free_mb,
+            )  # fmt: skip
+        yield GaugeMetricFamily("hairgate_host_disk_low", "1 while free disk space is below min_free_disk_mb",
+                                value=float(checks.disk_low))  # fmt: skip
+        if checks.comfyui != CHECK_OFF:
+            yield GaugeMetricFamily("hairgate_host_comfyui_up", "1 when ComfyUI answered its last probe",
+                                    value=float(checks.comfyui == CHECK_OK))  # fmt: skip
+
+
 class HostMetrics:
-    def __init__(self, model_statistics: Callable[[], ModelStatistics]) -> None:
+    def __init__(self, model_statistics: Callable[[], ModelStatistics], checks: HostChecks | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._inference = Histogram(
             "hairgate_host_inference_seconds", "Time in the model process per request it ran", ["endpoint"],
@@ -58,6 +82,7 @@ class HostMetrics:
         for result in GENERATION_RESULTS:  # every series exists from the start: rate() needs a zero
             self._generation.labels(result)
         self.registry.register(_ModelCollector(model_statistics))
+        self.registry.register(_ChecksCollector(checks or no_checks()))
 
     def observe_inference(self, endpoint: str, seconds: float) -> None:
         self._inference.labels(endpoint).observe(seconds)

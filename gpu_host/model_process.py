@@ -4,9 +4,15 @@
 feeds it events. `run()` is the one task that spawns, loads and reaps children; it is owned
 by the host's nursery (`gpu_host.main.serve`) and stops when that nursery is cancelled.
 Invariants:
-- at most one inference is in flight (a `trio.Lock`), and the host never queues: a request
-  that finds the lock taken fails at once with `ModelBusy` (HTTP 503 busy, gateway.md
-  § Several gateways); `/health` never takes that lock;
+- at most one inference is in flight (a one-slot `trio.Semaphore`, held from the request
+  that takes it until the child has answered), and the host never queues: a request that
+  finds the slot taken fails at once with `ModelBusy` (HTTP 503 busy, gateway.md § Several
+  gateways); `/health` never takes it;
+- an inference runs in a task of `run()`'s own nursery, not in the caller's: a caller that
+  leaves (its client closed the connection) or whose deadline passes stops waiting, while
+  the child finishes and its answer is dropped. The child is never killed because a caller
+  left — a reload costs seconds, the inference milliseconds (gpu_host.md § Deadlines and
+  departures); the slot stays taken (`busy`) until the child is free;
 - ready means one thing, `ready()`: the supervisor says READY and the child has not exited
   since; `/health` and `infer` both use it, so a dead child is 503 on both;
 - the event loop never blocks: pipe waits are `wait_readable` on its descriptor, transfers
@@ -18,13 +24,12 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import multiprocessing.connection
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from multiprocessing.context import BaseContext
+from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -45,7 +50,7 @@ from gpu_host.protocol import (
     Result,
 )
 from gpu_host.supervisor import Action, Backoff, Phase, Supervisor
-from shared.contract import MSG_INFERENCE_TIMED_OUT, MSG_MODEL_PROCESS_DIED, Code, ContractError
+from shared.contract import MSG_DEADLINE_EXCEEDED, MSG_INFERENCE_TIMED_OUT, MSG_MODEL_PROCESS_DIED, Code, ContractError
 
 log = logging.getLogger("gpu_host.model")
 
@@ -56,6 +61,22 @@ class ModelUnavailable(Exception):
 
 class ModelBusy(Exception):
     """The child is running another request: this one was not run (nor queued)."""
+
+
+@dataclass
+class _Job:
+    """One inference: run by a task of `ModelProcess.run`, waited for by its caller (if it stays)."""
+
+    message: Infer
+    done: trio.Event = field(default_factory=trio.Event)
+    data: dict | None = None
+    error: Exception = field(default_factory=lambda: ModelUnavailable("the host is stopping"))
+    departed: bool = False  # the caller stopped waiting: the answer is dropped
+
+    def outcome(self) -> dict:
+        if self.data is None:
+            raise self.error
+        return self.data
 
 
 @dataclass(frozen=True)
@@ -82,19 +103,25 @@ class ModelProcess:
         model_load_timeout_seconds: float,
         entry: ChildEntry = child.serve,
         backoff: Backoff = Backoff(),
-        context: BaseContext = multiprocessing.get_context("spawn"),
+        context: SpawnContext = multiprocessing.get_context("spawn"),
     ) -> None:
         self._config = config
         self._timeout = inference_timeout_seconds
         self._entry = entry
         self._context = context
         self._machine = Supervisor(model_load_timeout_seconds, backoff)
-        self._lock = trio.Lock()
+        self._slot = trio.Semaphore(1, max_value=1)  # one inference at a time (see the invariants)
+        self._jobs: trio.Nursery | None = None  # run()'s, where inferences run
+        self._running: _Job | None = None
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
         self._transition = trio.Event()
 
     # -- public surface ------------------------------------------------------------------
+
+    @property
+    def inference_timeout_seconds(self) -> float:
+        return self._timeout
 
     def ready(self) -> bool:
         """The one definition of ready, for `/health` and `infer` alike: the supervisor says
@@ -112,7 +139,7 @@ class ModelProcess:
             message=message,
             device=machine.device if ready else None,
             segmenter=machine.segmenter if ready else None,
-            busy=self._lock.locked(),
+            busy=self._slot.value == 0,
             pid=self._process.pid if self._process else None,
             restarts=machine.restarts,
         )
@@ -126,61 +153,87 @@ class ModelProcess:
         while not self.ready():
             await self.wait_transition()
 
-    async def infer(self, request_id: str, endpoint: str, image: bytes, options: dict[str, Any]) -> dict:
+    async def wait_idle(self) -> None:
+        """Return once no inference runs (immediately if none does)."""
+        while self._running is not None:
+            await self._running.done.wait()
+
+    async def infer(
+        self, request_id: str, endpoint: str, image: bytes, options: dict[str, Any], *, wait_seconds: float = math.inf
+    ) -> dict:
         """Run one endpoint in the child; its `data` dict, or ContractError / ModelUnavailable /
-        ModelBusy (at once, without waiting)."""
-        if not self.ready() or self._conn is None:
+        ModelBusy (at once, without waiting). `wait_seconds` (a request's deadline, below
+        `inference_timeout_seconds`): stop waiting then with a 1007 and drop the answer, as
+        when the caller is cancelled; only the host's own timeout replaces the child."""
+        if not self.ready() or self._conn is None or self._jobs is None:
             raise ModelUnavailable(self.statistics().message or self._machine.phase.value)
-        with self._exclusive():
-            conn = self._conn
-            try:
-                with trio.fail_after(self._timeout):
-                    await _send(conn, Infer(request_id, endpoint, image, options))
-                    reply = await _receive(conn)
-            except trio.TooSlowError:
-                self._inference_failed(f"inference timed out after {self._timeout:g}s (request_id={request_id})")
-                raise ContractError(Code.SYSTEM_ERROR, MSG_INFERENCE_TIMED_OUT.format(seconds=self._timeout)) from None
-            except (EOFError, OSError, trio.ClosedResourceError):
-                self._inference_failed(f"model process died during an inference (request_id={request_id})")
-                raise ContractError(Code.SYSTEM_ERROR, MSG_MODEL_PROCESS_DIED) from None
-            except trio.Cancelled:
-                # The caller went away (client disconnect, shutdown) with a reply still owed:
-                # the next request would read it. A fresh child is the simple consistent state.
-                self._inference_failed(f"inference abandoned by its caller (request_id={request_id})")
-                raise
-        if isinstance(reply, Result) and reply.request_id == request_id:
-            return reply.data
-        if isinstance(reply, Failure) and reply.request_id == request_id:
-            raise ContractError(Code(reply.code), reply.message)
-        self._inference_failed(f"protocol violation: got {type(reply).__name__} for request_id={request_id}")
-        raise ContractError(Code.SYSTEM_ERROR, MSG_MODEL_PROCESS_DIED)
+        try:
+            self._slot.acquire_nowait()
+        except trio.WouldBlock:
+            raise ModelBusy() from None
+        job = self._running = _Job(Infer(request_id, endpoint, image, options))
+        self._jobs.start_soon(self._run_job, job, self._conn)  # it releases the slot
+        try:
+            with trio.move_on_after(wait_seconds) as waiting:
+                await job.done.wait()
+        except trio.Cancelled:
+            job.departed = True  # its client left (or the host stops): the child finishes alone
+            raise
+        if waiting.cancelled_caught:
+            job.departed = True
+            log.warning("inference over the request's deadline (%.1f s), answer dropped | request_id=%s", wait_seconds, request_id)
+            raise ContractError(Code.SYSTEM_ERROR, MSG_DEADLINE_EXCEEDED.format(seconds=round(wait_seconds, 1)))
+        return job.outcome()
+
+    async def _run_job(self, job: _Job, conn: Connection) -> None:
+        """The whole exchange with the child for one inference, whether its caller still waits or not."""
+        request_id = job.message.request_id
+        started = trio.current_time()
+        try:
+            with trio.fail_after(self._timeout):
+                await _send(conn, job.message)
+                reply = await _receive(conn)
+            if isinstance(reply, Result) and reply.request_id == request_id:
+                job.data = reply.data
+            elif isinstance(reply, Failure) and reply.request_id == request_id:
+                job.error = ContractError(Code(reply.code), reply.message)
+            else:
+                self._inference_failed(f"protocol violation: got {type(reply).__name__} for request_id={request_id}")
+                job.error = ContractError(Code.SYSTEM_ERROR, MSG_MODEL_PROCESS_DIED)
+        except trio.TooSlowError:
+            self._inference_failed(f"inference timed out after {self._timeout:g}s (request_id={request_id})")
+            job.error = ContractError(Code.SYSTEM_ERROR, MSG_INFERENCE_TIMED_OUT.format(seconds=self._timeout))
+        except (EOFError, OSError, trio.ClosedResourceError):
+            self._inference_failed(f"model process died during an inference (request_id={request_id})")
+            job.error = ContractError(Code.SYSTEM_ERROR, MSG_MODEL_PROCESS_DIED)
+        finally:  # also when cancelled: the host stops, and run() kills the child on its way out
+            self._running = None
+            self._slot.release()
+            job.done.set()
+        if job.departed:
+            log.info(
+                "inference answer dropped, its caller left | request_id=%s ms=%.0f",
+                request_id,
+                (trio.current_time() - started) * 1000,
+            )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep one child alive until cancelled; `started()` once the first child is spawned
         (not loaded: the port opens at once and `/health` says `loading` meanwhile)."""
         try:
-            await self._carry_out(self._machine.start(trio.current_time()))
-            task_status.started()
-            while True:
-                before = self._machine.phase
-                actions = await self._next_event()
-                self._log_if_lost(before)
-                await self._carry_out(actions)
+            async with trio.open_nursery() as jobs:
+                self._jobs = jobs
+                await self._carry_out(self._machine.start(trio.current_time()))
+                task_status.started()
+                while True:
+                    before = self._machine.phase
+                    actions = await self._next_event()
+                    self._log_if_lost(before)
+                    await self._carry_out(actions)
         finally:
+            self._jobs = None
             with trio.CancelScope(shield=True):  # a SIGKILLed child is reaped at once
                 await self._kill()
-
-    @contextmanager
-    def _exclusive(self) -> Iterator[None]:
-        """The inference lock, taken without waiting: ModelBusy when another request has it."""
-        try:
-            self._lock.acquire_nowait()
-        except trio.WouldBlock:
-            raise ModelBusy() from None
-        try:
-            yield
-        finally:
-            self._lock.release()
 
     # -- the supervisor's events ---------------------------------------------------------
 
@@ -193,7 +246,7 @@ class ModelProcess:
             assert self._process is not None
             await trio.lowlevel.wait_readable(self._process.sentinel)
             await self._reap()
-            async with self._lock:  # an inference still reading the dead child's pipe ends first
+            async with self._slot:  # an inference still reading the dead child's pipe ends first
                 return self._machine.exited(self._exit_text(), trio.current_time())
         if phase is Phase.WAITING:
             await trio.sleep_until(self._machine.deadline)

@@ -100,7 +100,7 @@ class Supervisor:
         return []  # WAITING or FAILED: that child was already given up on
 
     def inference_failed(self, reason: str) -> list[Action]:
-        """An inference timed out, broke the pipe or was abandoned: the child must go."""
+        """An inference timed out or broke the pipe: the child must go (never for a caller that left)."""
         if self.phase is not Phase.READY:
             return []
         self.phase, self.message = Phase.REPLACING, reason

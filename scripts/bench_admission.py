@@ -3,7 +3,7 @@
 
     scripts/bench_admission.py [--checks 200000] [--keyed 2000] [--records 100000]
 
-(a) rate limit: `MemoryRateLimiter.check_now` + `ClientKeys.key` per request (µs), over a
+(a) rate limit: `MemoryRateLimiter.check_now` + `ClientKeys.keys` per request (µs), over a
     realistic spread of clients; and one check through a real Redis (ms, when a binary is found);
 (b) idempotency: a keyed request with a no-op `run` over SQLite (claim + complete: two
     thread hops), i.e. what a key adds to a request; a replay; the same over Redis;
@@ -16,6 +16,7 @@ Single process on this machine: compare runs on the same machine.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -35,10 +36,17 @@ from edge.admission.rate_limit import ClientKeys, MemoryRateLimiter, RedisRateLi
 from edge.observe.request_log import RequestRecord  # noqa: E402
 from edge.admission.shared_state import redis_client  # noqa: E402
 from edge.observe.stats import RequestStats  # noqa: E402
+from shared.contract import Code, envelope  # noqa: E402
 from shared.settings import RateLimitSettings  # noqa: E402
 from tests.fakes.redis_server import RedisServer, find_redis_binary  # noqa: E402
 
-RESPONSE = StoredResponse(200, (("content-type", "application/json"),), b'{"code": 0}' * 40, 0)
+# an envelope of a typical size: only a client-facing answer is ever stored or replayed
+RESPONSE = StoredResponse(
+    200,
+    (("content-type", "application/json"),),
+    json.dumps(envelope(Code.OK, "bench", {"note": "x" * 400})).encode(),
+    0,
+)
 PATHS = ["/api/v1/hair/measure", "/api/v1/hair/grow", "/api/v1/hair/mark", "/api/v1/hair/hairline"]
 
 
@@ -54,7 +62,8 @@ def bench_rate_limit(checks: int) -> None:
     order = [chance.choice(peers) for _ in range(checks)]
     started = time.perf_counter()
     for peer in order:
-        limiter.check_now(keys.key(peer, None, None))
+        for client_key in keys.keys(peer, None, None):
+            limiter.check_now(client_key)
     per_check = (time.perf_counter() - started) / checks * 1e6
     print(f"(a) rate limit, memory: {per_check:.2f} µs per request (client key + check), {len(limiter)} buckets")
 

@@ -29,11 +29,10 @@ import argparse
 import base64
 import json
 import os
-import secrets
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,10 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: t
 
 from bench_gateway import BLOCK, BODY, PATH, summary_ms, timed_post  # noqa: E402
 
-from cluster.files import write_secrets  # noqa: E402
-from cluster.launcher import LOOPBACK, Process, free_port, start_gateway  # noqa: E402
+from cluster.launcher import LOOPBACK, Process, free_port  # noqa: E402
 from shared.contract import HEADER_IDEMPOTENCY_KEY, HEADER_REQUEST_ID, HEADER_TOKEN  # noqa: E402
-from tests.fakes.launch import FakeWorkerProcess, write_gateway_settings  # noqa: E402
+from tests.fakes.launch import FakeCluster, FakeWorkerProcess  # noqa: E402
 
 FEATURES_OFF = {"rate_limit": {"enabled": False}, "idempotency": {"enabled": False}, "metrics_bind": ""}
 STATS_PATHS = ["/api/v1/hair/measure", "/api/v1/hair/mask", "/api/v1/hair/hairline", "/api/v1/hair/grow"]
@@ -67,34 +65,16 @@ def features_on() -> dict[str, Any]:
     }
 
 
-class Bench:
-    """The processes of one run, all stopped by `stop()`."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.token = secrets.token_hex(16)
-        self.secrets = write_secrets(directory / "secrets.toml", self.token)
-        self.started: list[FakeWorkerProcess | Process] = []
+class Bench(FakeCluster):
+    """The processes of one run: one fake at a time, gateways probing every 2 s."""
 
     async def fake(self) -> FakeWorkerProcess:
-        fake = FakeWorkerProcess.start(self.token)
-        self.started.append(fake)
-        await fake.configure(image="none")
+        (fake,) = await self.fakes(1)
         return fake
 
-    def gateway(self, name: str, fakes: list[FakeWorkerProcess], edge: dict[str, Any]) -> Process:
-        directory = self.directory / name
-        directory.mkdir()
-        port = free_port()
-        settings = {"health_check": {"interval_seconds": 2}, **edge}
-        config = write_gateway_settings(directory, port, [f.url for f in fakes], edge=settings)
-        gateway = start_gateway(config, self.secrets, port, directory / "gateway.log")
-        self.started.append(gateway)
+    def start_edge(self, name: str, fakes: Iterable[FakeWorkerProcess], edge: dict[str, Any]) -> Process:
+        gateway, _ = self.gateway(name, fakes, {"health_check": {"interval_seconds": 2}, **edge})
         return gateway
-
-    def stop(self) -> None:
-        for process in self.started:
-            process.kill()
 
 
 @dataclass(frozen=True)
@@ -165,7 +145,7 @@ async def time_to_answer(url: str, body_bytes: int) -> float:
 
 async def rejections(bench: Bench, fake: FakeWorkerProcess, count: int) -> dict[str, Any]:
     """Each case `count` times, in turns; server-side times from the log, by request-id prefix."""
-    gateway = bench.gateway("reject", [fake], {**features_on(), "max_body_bytes": BODY_LIMIT_BYTES})
+    gateway = bench.start_edge("reject", [fake], {**features_on(), "max_body_bytes": BODY_LIMIT_BYTES})
     big_image = base64.b64encode(PNG_SIGNATURE + os.urandom(int(1.9 * 1024 * 1024 * 3 / 4) - 300)).decode()
     cases = {  # name: (path, body); every body a JSON object
         "oversize 4 MB": (PATH, b'{"image_base64": "' + b"A" * OVERSIZE_BYTES + b'"}'),
@@ -201,7 +181,7 @@ def rss_kib(pid: int) -> int:
 
 
 async def long_run(bench: Bench, fakes: list[FakeWorkerProcess], requests: int, clients: int) -> dict[str, Any]:
-    gateway = bench.gateway("long", fakes, features_on())
+    gateway = bench.start_edge("long", fakes, features_on())
     remaining = requests
 
     async def client_loop() -> None:
@@ -249,8 +229,8 @@ async def run_benchmarks(args: argparse.Namespace, directory: Path) -> None:
     bench = Bench(directory)
     try:
         solo = await bench.fake()
-        off = bench.gateway("off", [solo], FEATURES_OFF)
-        on = bench.gateway("on", [solo], features_on())
+        off = bench.start_edge("off", [solo], FEATURES_OFF)
+        on = bench.start_edge("on", [solo], features_on())
         async with httpx.AsyncClient(timeout=10) as client:
             series = {
                 "straight": Series(solo.url, {HEADER_TOKEN: solo.token}),

@@ -3,32 +3,42 @@
 
     scripts/bench_gateway.py [--serial-requests 2000] [--load-requests 800] [--clients 16]
                              [--workers 4] [--service-ms 50]
+                             [--ceiling-workers 8] [--ceiling-service-ms 5] [--ceiling-clients 32]
+                             [--ceiling-requests 4000] [--compare-with DIR] [--no-haproxy]
 
-It starts its own processes — fake workers (`tests.fakes.fake_worker`) and the real
-gateway (`hairgate edge`) — and stops them on exit. Every client keeps its connections
-alive (one persistent `httpx.AsyncClient` each).
+It starts its own processes — fake workers (`tests.fakes.fake_worker`), the real gateway
+(`hairgate edge`), HAProxy when it is installed (`haproxy` on PATH: the same pool behind
+`maxconn 1` per server, the reference for "a proxy that only queues"), and with
+`--compare-with DIR` a second gateway run from another checkout (e.g. a `git worktree` of
+an older commit) — and stops them on exit. Every target is measured in the same run, on
+the same fakes. Every client keeps its connections alive (one `httpx.AsyncClient` each).
 
 (a) added latency: N requests one at a time to a fake with no service time, straight and
-    through the gateway, interleaved in blocks so machine noise hits both alike;
-(b) throughput: W fakes x S ms, C concurrent clients: achieved req/s as a fraction of the
-    ideal W/S and of what the same fakes deliver called straight (one client pinned per
-    fake: a perfect dispatcher), plus the overlaps the fakes counted (must be 0);
-(c) /monitor latency while the pool is saturated by (b).
+    through each proxy, interleaved in blocks so machine noise hits all alike;
+(b) saturation: W fakes x S ms, C concurrent clients: req/s as a fraction of what the
+    same fakes deliver called straight (one client pinned per fake: a perfect
+    dispatcher), plus the overlaps the fakes counted (must be 0), and /monitor meanwhile;
+(c) throughput ceiling: many fakes with a short service time and more clients, so that
+    CPU is the limit; each proxy's own CPU time per request (from /proc) says what one
+    core of it can front (attach `py-spy record --pid` to the gateway here).
 
-Client, gateway and fakes share this machine's cores: the client's own cost is in every
+Client, proxies and fakes share this machine's cores: the client's own cost is in every
 number, and other load on the machine makes them noisy. Compare runs on the same machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import os
 import secrets
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -37,18 +47,16 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.fakes
 
 from cluster.files import write_secrets  # noqa: E402
-from cluster.launcher import Process, free_port, start_gateway as start_edge  # noqa: E402
+from cluster.launcher import Process, Service, child_env, free_port, start  # noqa: E402
+from cluster.launcher import start_gateway as start_edge  # noqa: E402
 from tests.fakes.fake_worker import PNG_BASE64  # noqa: E402
 from tests.fakes.launch import FakeWorkerProcess, write_gateway_settings  # noqa: E402
+from shared.percentiles import percentile  # noqa: E402
 
 PATH = "/api/v1/hair/measure"
 BODY = {"image_base64": PNG_BASE64, "gender": "unknown"}  # the gateway checks the magic bytes
 BLOCK = 250  # requests per interleaved block in (a)
-
-
-def percentile(samples: Sequence[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+POOL_READY = "池初始化完成"
 
 
 def summary_ms(samples: Sequence[float]) -> dict[str, float]:
@@ -59,34 +67,69 @@ def summary_ms(samples: Sequence[float]) -> dict[str, float]:
     }
 
 
-async def timed_post(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> float:
+@dataclass
+class Target:
+    """Somewhere to send the requests: a fake itself, or a proxy in front of the fakes."""
+
+    name: str
+    url: str
+    headers: dict[str, str]
+    stop: object = None  # what to kill afterwards (a Process or a Popen)
+
+    @property
+    def pid(self) -> int | None:
+        return self.stop.pid if isinstance(self.stop, (Process, subprocess.Popen)) else None
+
+    def kill(self) -> None:
+        if isinstance(self.stop, Process):
+            self.stop.kill()
+        elif isinstance(self.stop, subprocess.Popen):
+            self.stop.kill()
+            self.stop.wait()
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of a process so far (Linux `/proc`); None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except (OSError, TypeError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def timed_post(client: httpx.AsyncClient, target: Target, url: str | None = None) -> float:
     started = time.perf_counter()
-    response = await client.post(url, json=BODY, headers=headers)
+    response = await client.post((url or target.url) + PATH, json=BODY, headers=target.headers)
     elapsed = time.perf_counter() - started
     if response.status_code != 200 or response.json()["code"] != 0:
-        raise RuntimeError(f"{url} answered {response.status_code}: {response.text[:200]}")
+        raise RuntimeError(f"{target.name} answered {response.status_code}: {response.text[:200]}")
     return elapsed
 
 
-async def added_latency(gateway: Process, fake: FakeWorkerProcess, requests: int) -> dict[str, dict[str, float]]:
-    direct_headers = {"X-Internal-Token": fake.token}
-    direct: list[float] = []
-    through: list[float] = []
+async def added_latency(targets: list[Target], requests: int) -> dict[str, dict[str, float]]:
+    samples: dict[str, list[float]] = {target.name: [] for target in targets}
     async with httpx.AsyncClient(timeout=10) as client:
-        for _ in range(50):  # warm both paths: connections, caches
-            await timed_post(client, fake.url + PATH, direct_headers)
-            await timed_post(client, gateway.url + PATH, {})
-        while len(direct) < requests:
-            block = min(BLOCK, requests - len(direct))
-            for _ in range(block):
-                direct.append(await timed_post(client, fake.url + PATH, direct_headers))
-            for _ in range(block):
-                through.append(await timed_post(client, gateway.url + PATH, {}))
-    d, g = summary_ms(direct), summary_ms(through)
-    return {"direct": d, "gateway": g, "added": {k: g[k] - d[k] for k in d}}
+        for _ in range(50):  # warm every path: connections, caches
+            for target in targets:
+                await timed_post(client, target)
+        done = 0
+        while done < requests:
+            block = min(BLOCK, requests - done)
+            for target in targets:
+                for _ in range(block):
+                    samples[target.name].append(await timed_post(client, target))
+            done += block
+    direct = summary_ms(samples[targets[0].name])
+    report = {}
+    for target in targets:
+        measured = summary_ms(samples[target.name])
+        report[target.name] = measured
+        if target is not targets[0]:
+            report[f"{target.name} added"] = {k: measured[k] - direct[k] for k in direct}
+    return report
 
 
-async def closed_loop(urls: list[str], headers: dict[str, str], requests: int) -> float:
+async def closed_loop(target: Target, urls: list[str], requests: int) -> float:
     """`len(urls)` clients, client i always on urls[i], sharing `requests`; returns req/s."""
     remaining = requests
 
@@ -95,7 +138,7 @@ async def closed_loop(urls: list[str], headers: dict[str, str], requests: int) -
         async with httpx.AsyncClient(timeout=30) as client:
             while remaining > 0:
                 remaining -= 1
-                await timed_post(client, url + PATH, headers)
+                await timed_post(client, target, url)
 
     started = time.perf_counter()
     async with trio.open_nursery() as nursery:
@@ -115,94 +158,178 @@ async def poll_monitor(url: str, samples: list[float], stop: trio.Event) -> None
             await trio.sleep(0.02)  # pacing: a monitor polls, it does not flood
 
 
-async def pool_throughput(
-    gateway: Process, fakes: list[FakeWorkerProcess], clients: int, requests: int, service_ms: float
-) -> dict[str, float]:
-    token_headers = {"X-Internal-Token": fakes[0].token}
-    per_job = []
-    async with httpx.AsyncClient(timeout=10) as client:
-        for fake in fakes:
-            for _ in range(10):
-                per_job.append(await timed_post(client, fake.url + PATH, token_headers))
-    straight = await closed_loop([f.url for f in fakes], token_headers, requests)
-    for fake in fakes:
-        await fake.reset()
-
-    monitor_samples: list[float] = []
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(poll_monitor, gateway.url, monitor_samples, stop)
-        through = await closed_loop([gateway.url] * clients, {}, requests)
-        stop.set()
-    overlaps = sum([(await fake.stats())["overlaps"] for fake in fakes])
-    ideal = len(fakes) / (service_ms / 1000)
-    return {
-        "fake_job_ms": statistics.fmean(per_job) * 1000,
-        "ideal_rps": ideal,
-        "measured_capacity_rps": len(fakes) / statistics.fmean(per_job),
-        "straight_rps": straight,
-        "gateway_rps": through,
-        "of_ideal": through / ideal,
-        "of_straight": through / straight,
-        "of_measured_capacity": through / (len(fakes) / statistics.fmean(per_job)),
-        "overlaps": overlaps,
-        "monitor": summary_ms(monitor_samples),
-        "monitor_samples": len(monitor_samples),
+async def pool_load(
+    fakes: list[FakeWorkerProcess], proxies: list[Target], clients: int, requests: int, *, monitor: bool
+) -> dict[str, dict[str, float]]:
+    """Straight (pinned clients) first, then each proxy with `clients` clients, in turn."""
+    straight = Target("straight", "", {"X-Internal-Token": fakes[0].token})
+    results: dict[str, dict[str, float]] = {
+        "straight": {"rps": await closed_loop(straight, [f.url for f in fakes], requests), "overlaps": 0}
     }
+    for proxy in proxies:
+        for fake in fakes:
+            await fake.reset()
+        samples: list[float] = []
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            if monitor and proxy.name.startswith("gateway"):
+                nursery.start_soon(poll_monitor, proxy.url, samples, stop)
+            cpu_before = cpu_seconds(proxy.pid)
+            rps = await closed_loop(proxy, [proxy.url] * clients, requests)
+            cpu_after = cpu_seconds(proxy.pid)
+            stop.set()
+        overlaps = sum([(await fake.stats())["overlaps"] for fake in fakes])
+        results[proxy.name] = {"rps": rps, "of_straight": rps / results["straight"]["rps"], "overlaps": overlaps}
+        if cpu_before is not None and cpu_after is not None:  # the proxy's own CPU per request
+            results[proxy.name]["cpu_ms"] = (cpu_after - cpu_before) / requests * 1000
+        if samples:
+            results[proxy.name].update({f"monitor_{k}": v for k, v in summary_ms(samples).items()})
+    return results
 
 
-def start_gateway(directory: Path, token: str, fakes: list[FakeWorkerProcess]) -> Process:
-    port = free_port()
+def gateway_settings(directory: Path, fakes: list[FakeWorkerProcess], port: int) -> Path:
     edge = {
         "health_check": {"interval_seconds": 2},
         "dispatch": {"queue_wait_seconds": 30, "max_queue_wait_seconds": 30},
+        "rate_limit": {"enabled": False},  # a benchmark client is one IP sending thousands
     }
-    config = write_gateway_settings(directory, port, [f.url for f in fakes], edge=edge)
-    return start_edge(config, write_secrets(directory / "secrets.toml", token), port, directory / "gateway.log")
+    return write_gateway_settings(directory, port, [f.url for f in fakes], edge=edge)
+
+
+def start_gateway(name: str, directory: Path, token: str, fakes: list[FakeWorkerProcess], checkout: Path | None) -> Target:
+    directory.mkdir(parents=True)
+    port = free_port()
+    config = gateway_settings(directory, fakes, port)
+    secrets_file = write_secrets(directory / "secrets.toml", token)
+    if checkout is None:
+        process = start_edge(config, secrets_file, port, directory / "gateway.log")
+    else:  # `python -m` runs the code of the working directory: the other checkout's
+        argv = [sys.executable, "-m", "shared.cli", "edge", "--config", str(config), "--secrets", str(secrets_file)]
+        argv += ["--bind", f"127.0.0.1:{port}"]
+        process = start(Service(name, argv, f"http://127.0.0.1:{port}", "/health"), directory / "gateway.log", cwd=checkout)
+        process.wait_for_log(POOL_READY, 30)
+        process.poll_until(lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200, "its port", 30)
+    return Target(name, f"http://127.0.0.1:{port}", {}, process)
+
+
+def start_haproxy(directory: Path, token: str, fakes: list[FakeWorkerProcess]) -> Target | None:
+    binary = shutil.which("haproxy")
+    if binary is None:
+        return None
+    directory.mkdir(parents=True)
+    port = free_port()
+    servers = "\n".join(
+        f"    server w{i} {fake.url.removeprefix('http://')} maxconn 1" for i, fake in enumerate(fakes)
+    )
+    (directory / "haproxy.cfg").write_text(
+        f"""global
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    timeout queue 30s
+    option http-keep-alive
+frontend bench
+    bind 127.0.0.1:{port}
+    default_backend pool
+backend pool
+    balance leastconn
+    http-request set-header X-Internal-Token {token}
+{servers}
+"""
+    )
+    process = subprocess.Popen([binary, "-f", str(directory / "haproxy.cfg")], stdout=subprocess.DEVNULL, env=child_env())
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            httpx.post(url + PATH, json=BODY, timeout=1)
+            break
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError("haproxy did not start") from None
+            time.sleep(0.05)
+    return Target("haproxy", url, {}, process)
+
+
+async def start_fakes(token: str, count: int, service_ms: float, started: list[Target]) -> list[FakeWorkerProcess]:
+    fakes = [FakeWorkerProcess.start(token, service_ms) for _ in range(count)]
+    for fake in fakes:
+        started.append(Target("fake", fake.url, {}, fake.process))
+        await fake.configure(image="none")
+    return fakes
+
+
+async def proxies_for(
+    phase: str, directory: Path, token: str, fakes: list[FakeWorkerProcess], args: argparse.Namespace, started: list[Target]
+) -> list[Target]:
+    proxies = [start_gateway("gateway", directory / phase / "gateway", token, fakes, None)]
+    if args.compare_with is not None:
+        proxies.append(start_gateway("gateway-old", directory / phase / "old", token, fakes, args.compare_with))
+    if not args.no_haproxy and (haproxy := start_haproxy(directory / phase / "haproxy", token, fakes)) is not None:
+        proxies.append(haproxy)
+    started.extend(proxies)
+    return proxies
 
 
 async def run_benchmarks(args: argparse.Namespace, directory: Path) -> int:
     token = secrets.token_hex(16)
-    started: list[FakeWorkerProcess | Process] = []
+    started: list[Target] = []  # this phase's processes
     try:
-        solo = FakeWorkerProcess.start(token)
-        started.append(solo)
-        await solo.configure(image="none")
-        gateway = start_gateway(directory / "a", token, [solo])
-        started.append(gateway)
-        latency = await added_latency(gateway, solo, args.serial_requests)
-        gateway.kill()
+        (solo,) = await start_fakes(token, 1, 0, started)
+        proxies = await proxies_for("a", directory, token, [solo], args, started)
+        latency = await added_latency([Target("direct", solo.url, {"X-Internal-Token": token}), *proxies], args.serial_requests)
+        stop_all(started)
 
-        pool = [FakeWorkerProcess.start(token, args.service_ms) for _ in range(args.workers)]
-        started.extend(pool)
-        for fake in pool:
-            await fake.configure(image="none")
-        gateway = start_gateway(directory / "b", token, pool)
-        started.append(gateway)
-        load = await pool_throughput(gateway, pool, args.clients, args.load_requests, args.service_ms)
+        pool = await start_fakes(token, args.workers, args.service_ms, started)
+        proxies = await proxies_for("b", directory, token, pool, args, started)
+        saturation = await pool_load(pool, proxies, args.clients, args.load_requests, monitor=True)
+        stop_all(started)
+
+        pool = await start_fakes(token, args.ceiling_workers, args.ceiling_service_ms, started)
+        proxies = await proxies_for("c", directory, token, pool, args, started)
+        for proxy in proxies:  # for `py-spy record --pid …` while (c) runs
+            print(f"(c) {proxy.name} pid {proxy.stop.pid}", flush=True)  # type: ignore[attr-defined]
+        ceiling = await pool_load(pool, proxies, args.ceiling_clients, args.ceiling_requests, monitor=False)
     finally:
-        for process in started:
-            process.kill()
-    print_report(args, latency, load)
-    return 1 if load["overlaps"] else 0
+        stop_all(started)
+    print_report(args, latency, saturation, ceiling)
+    # the gateway's promise; HAProxy is only the reference (its retries may overlap)
+    gateways = [result for results in (saturation, ceiling) for name, result in results.items() if name.startswith("gateway")]
+    return 1 if any(result["overlaps"] for result in gateways) else 0
 
 
-def print_report(args: argparse.Namespace, latency: dict, load: dict) -> None:
+def stop_all(started: list[Target]) -> None:
+    for target in started:
+        target.kill()
+    started.clear()
+
+
+def print_report(args: argparse.Namespace, latency: dict, saturation: dict, ceiling: dict) -> None:
     print(f"(a) {args.serial_requests} sequential requests, fake with no service time (ms)")
-    print(f"    {'':10} {'p50':>8} {'p99':>8} {'mean':>8}")
-    for row in ("direct", "gateway", "added"):
-        print(f"    {row:10} " + " ".join(f"{latency[row][k]:8.3f}" for k in ("p50", "p99", "mean")))
-    print(f"(b) {args.workers} fakes x {args.service_ms:g} ms, {args.clients} clients, {args.load_requests} requests")
-    print(f"    fake job time called straight: {load['fake_job_ms']:.1f} ms "
-          f"(so {load['measured_capacity_rps']:.1f} req/s at best)")
-    print(f"    ideal {load['ideal_rps']:.1f} req/s | straight (pinned clients) {load['straight_rps']:.1f} req/s")
-    print(f"    through the gateway {load['gateway_rps']:.1f} req/s = {load['of_ideal']:.1%} of ideal, "
-          f"{load['of_straight']:.1%} of straight, {load['of_measured_capacity']:.1%} of measured capacity")
-    print(f"    overlapping jobs counted by the fakes: {load['overlaps']}")
-    monitor = load["monitor"]
-    print(f"(c) /monitor while saturated ({load['monitor_samples']} polls): "
-          f"p50 {monitor['p50']:.2f} ms, p99 {monitor['p99']:.2f} ms")
-    print("    (loopback, client + gateway + fakes on the same cores: the numbers include the client's cost)")
+    print(f"    {'':18} {'p50':>8} {'p99':>8} {'mean':>8}")
+    for row, values in latency.items():
+        print(f"    {row:18} " + " ".join(f"{values[k]:8.3f}" for k in ("p50", "p99", "mean")))
+    for title, results in (
+        (f"(b) saturation: {args.workers} fakes x {args.service_ms:g} ms, {args.clients} clients, "
+         f"{args.load_requests} requests", saturation),
+        (f"(c) ceiling: {args.ceiling_workers} fakes x {args.ceiling_service_ms:g} ms, {args.ceiling_clients} clients, "
+         f"{args.ceiling_requests} requests", ceiling),
+    ):  # fmt: skip
+        print(title)
+        for name, result in results.items():
+            line = f"    {name:12} {result['rps']:8.1f} req/s"
+            if "of_straight" in result:
+                line += f" = {result['of_straight']:.3f} of straight, overlaps {result['overlaps']:.0f}"
+            if "cpu_ms" in result:
+                line += f", {result['cpu_ms']:.2f} ms of its CPU per request"
+            if "monitor_p50" in result:
+                line += f" | /monitor p50 {result['monitor_p50']:.2f} ms p99 {result['monitor_p99']:.2f} ms"
+            print(line)
+    print("    (loopback, client + proxies + fakes on the same cores: the numbers include the client's cost)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -212,10 +339,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--service-ms", type=float, default=50.0)
+    parser.add_argument("--ceiling-workers", type=int, default=8)
+    parser.add_argument("--ceiling-service-ms", type=float, default=5.0)
+    parser.add_argument("--ceiling-clients", type=int, default=32)
+    parser.add_argument("--ceiling-requests", type=int, default=4000)
+    parser.add_argument("--compare-with", type=Path, help="another checkout whose gateway is measured too")
+    parser.add_argument("--no-haproxy", action="store_true")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as directory:
-        for part in ("a", "b"):
-            (Path(directory) / part).mkdir()
         return trio.run(run_benchmarks, args, Path(directory))
 
 

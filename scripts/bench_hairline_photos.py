@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Hairline accuracy and timing of the fallback segmenter on the labelled photos.
+"""Hairline accuracy and timing of a segmenter (default: the hair network) on the labelled photos.
 
-    .venv/bin/python scripts/bench_hairline_photos.py [--runs 3] [--photos ../shared/photos]
+    .venv/bin/python scripts/bench_hairline_photos.py [--runs 3] [--photos ../shared/photos] [--segmenter hairnet|fallback]
 
 For each photo in labels.json (plus the astronaut, whose fringe edge is at row 81.6): the
 expected and traced trichion row, the error in px and mm, the status, the ± band in mm,
@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.analys
 
 from analysis.calibration import calibrate  # noqa: E402
 from analysis.hairline import trace_hairline  # noqa: E402
+from analysis.hairnet import HairNetSegmenter  # noqa: E402
 from analysis.landmarks import FaceMeshDetector  # noqa: E402
 from analysis.segmentation import FallbackSegmenter  # noqa: E402
 from tests.analysis.images import load_photo  # noqa: E402
@@ -48,8 +49,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--photos", type=Path, default=DEFAULT_PHOTOS)
+    parser.add_argument("--segmenter", choices=("hairnet", "fallback"), default="hairnet")
     args = parser.parse_args()
-    detector, segmenter = FaceMeshDetector(), FallbackSegmenter()
+    detector = FaceMeshDetector()
+    segmenter = HairNetSegmenter("cpu") if args.segmenter == "hairnet" else FallbackSegmenter()
     print(f"{'photo':18} {'kind':11} {'expected':>9} {'got':>7} {'err px':>6} {'err mm':>6} {'status':11} "
           f"{'±mm':>5} {'seg ms':>6} {'trace ms':>8}")
     statuses, errors_mm = [], []

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The built-in growth preview: time per plan at 1 MP, and the before/after pictures of the docs.
 
-    .venv/bin/python scripts/bench_preview.py [--runs 5] [--photos ../shared/photos] [--pictures docs/images]
+    .venv/bin/python scripts/bench_preview.py [--runs 5] [--photos ../shared/photos] [--pictures /tmp/previews]
 
 Each labelled photo with a hairline is resized to 1 MP and analysed once (fallback
 segmenter); then, per plan, the median over `--runs` of `grow_preview` alone and of
@@ -9,7 +9,8 @@ segmenter); then, per plan, the median over `--runs` of `grow_preview` alone and
 1 MP on CPU, per plan). Bald photos are listed with the None they get. With
 `--pictures`, writes one before/after JPEG per photo (the `standard` plan, or the
 `aggressive` one where `standard` drops nothing), cropped to the head, at the photo's
-own size: what docs/generation.md shows.
+own size, to look at locally: they derive from press photos and must never be committed
+(the pictures of docs/generation.md come from scripts/make_doc_pictures.py).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from werkzeug.test import encode_multipart  # noqa: E402
 from shared.contract import ContractError  # noqa: E402
 from shared.settings import AnalysisSettings  # noqa: E402
 from shared.uploads import check_request, read_request  # noqa: E402
+from shared.percentiles import percentile  # noqa: E402
 
 GROW = "/api/v1/hair/grow"
 LIMITS = AnalysisSettings()
@@ -80,12 +81,12 @@ def main() -> None:
     print(f"{'case':<36} {'body':>6} {'p50':>7} {'p99':>7} {'max':>7}")
     for name, (path, body, content_type, limits) in cases.items():
         samples = timings(lambda: check_request(path, body, content_type, limits), args.runs)
-        print(f"{name:<36} {len(body) / 2**20:6.2f} {samples[len(samples) // 2]:7.2f} "
-              f"{samples[int(len(samples) * 0.99) - 1]:7.2f} {samples[-1]:7.2f}")
+        print(f"{name:<36} {len(body) / 2**20:6.2f} {percentile(samples, 0.5):7.2f} "
+              f"{percentile(samples, 0.99):7.2f} {samples[-1]:7.2f}")
     _, body, content_type, _ = cases["JSON base64 JPEG, valid"]
     samples = timings(lambda: read_request("grow", body, content_type, LIMITS), max(args.runs // 3, 10))
-    print(f"{'read_request (host), JSON valid':<36} {len(body) / 2**20:6.2f} {samples[len(samples) // 2]:7.2f} "
-          f"{samples[int(len(samples) * 0.99) - 1]:7.2f} {samples[-1]:7.2f}")
+    print(f"{'read_request (host), JSON valid':<36} {len(body) / 2**20:6.2f} {percentile(samples, 0.5):7.2f} "
+          f"{percentile(samples, 0.99):7.2f} {samples[-1]:7.2f}")
 
 
 if __name__ == "__main__":

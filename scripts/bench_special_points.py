@@ -33,6 +33,7 @@ from edge.local.face_workers import FaceWorkers  # noqa: E402
 from edge.local.special_points import SpecialPoints  # noqa: E402
 from shared.settings import AnalysisSettings  # noqa: E402
 from tests.analysis.images import encode  # noqa: E402
+from shared.percentiles import percentile  # noqa: E402
 
 LIMITS = AnalysisSettings()
 PROBE_SECONDS = 0.001
@@ -42,11 +43,6 @@ def one_megapixel_upload() -> tuple[bytes, str]:
     photo = Image.fromarray(data.astronaut()).resize((1024, 1024), Image.Resampling.LANCZOS)
     request = httpx.Request("POST", "http://bench/", files={"image": ("photo.jpg", encode(photo, "JPEG", quality=92))})
     return request.read(), request.headers["content-type"]
-
-
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 async def loop_lateness(seconds: float) -> list[float]:

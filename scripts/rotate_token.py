@@ -54,6 +54,7 @@ PENDING_FILE = ".rotate_token.pending.toml"
 REQUEST_TIMEOUT_SECONDS = 10.0
 VERIFY_SECONDS = 30.0  # for a gateway to show its hosts online again after the switch
 WAIT_LIMIT_BEYOND_GRACE_SECONDS = 600.0  # an old token still in use this long: a gateway not named
+PROGRESS_SECONDS = 10.0  # while step 6 waits, a line this often: which host still sees the old token
 
 
 class RotationFailed(Exception):
@@ -145,7 +146,10 @@ async def rotate(options: Options, admin: Admin, out: Print) -> None:
     out(f"[5/{STEPS}] verify each gateway still sees every host that was online")
     for gateway in options.gateways:
         await _verify_online(admin, gateway, online_before[gateway], options.new, out)
-    out(f"[6/{STEPS}] wait until no host has seen the old token {old_fp} for {options.grace_seconds:g}s")
+    out(
+        f"[6/{STEPS}] wait until no host has seen the old token {old_fp} for {options.grace_seconds:g}s"
+        f" (gives up after {options.grace_seconds + WAIT_LIMIT_BEYOND_GRACE_SECONDS:g}s)"
+    )
     await _wait_for_quiet(admin, live, options, out)
     out(f"[7/{STEPS}] remove the old token {old_fp} from every host")
     for gateway in options.gateways:  # their probes now carry only the new token: still online?
@@ -220,7 +224,10 @@ async def _wait_for_quiet(admin: Admin, hosts: list[Host], options: Options, out
     old_fp = token_fingerprint(options.old)
     poll_seconds = min(5.0, max(0.1, options.grace_seconds / 10))
     noisy: dict[str, float] = {}
-    with trio.move_on_after(options.grace_seconds + WAIT_LIMIT_BEYOND_GRACE_SECONDS):
+    limit_seconds = options.grace_seconds + WAIT_LIMIT_BEYOND_GRACE_SECONDS
+    started = next_progress = trio.current_time()
+    next_progress += PROGRESS_SECONDS
+    with trio.move_on_after(limit_seconds):
         while True:
             noisy = {}
             for host in hosts:
@@ -232,9 +239,16 @@ async def _wait_for_quiet(admin: Admin, hosts: list[Host], options: Options, out
             if not noisy:
                 out(f"  no host has seen {old_fp} for {options.grace_seconds:g}s")
                 return
+            if trio.current_time() >= next_progress:
+                waited = trio.current_time() - started
+                out(f"  still waiting ({waited:.0f}s of at most {limit_seconds:g}s): {old_fp} seen on {_seen(noisy)}")
+                next_progress += PROGRESS_SECONDS
             await trio.sleep(poll_seconds)
-    seen = ", ".join(f"{url} ({ago:.1f}s ago)" for url, ago in noisy.items())
-    raise RotationFailed(f"the old token is still in use at {seen}: is a gateway missing from --gateway?")
+    raise RotationFailed(f"the old token is still in use at {_seen(noisy)}: is a gateway missing from --gateway?")
+
+
+def _seen(noisy: dict[str, float]) -> str:
+    return ", ".join(f"{url} ({ago:.1f}s ago)" for url, ago in noisy.items())
 
 
 def _fingerprints(body: Any) -> list[str]:
@@ -308,7 +322,9 @@ def _new_token(args: argparse.Namespace, pending: Path, old: str) -> str:
     else:
         token = secrets.token_urlsafe(32)
     if not is_acceptable_token(token):
-        raise UsageError("the new token must be at least 16 printable ASCII characters without spaces")
+        raise UsageError(
+            "the new token must be at least 16 printable ASCII characters without spaces, at least 8 of them distinct"
+        )
     if not args.dry_run and saved is None:
         write_secret(pending, PENDING_KEY, token)  # before any change: a re-run must find it
         write_secret(pending, PENDING_OLD_KEY, old)

@@ -45,6 +45,12 @@ MSG_BACKEND_BUSY = "后端服务繁忙，请稍后重试"
 # A GPU host's model child timed out or died mid-request (1007); it is being replaced.
 MSG_INFERENCE_TIMED_OUT = "推理超时（超过 {seconds:g} 秒），模型进程已重启，请稍后重试"
 MSG_MODEL_PROCESS_DIED = "模型进程异常退出，正在重启，请稍后重试"
+# A GPU host's deadline (X-Request-Timeout-Ms, gpu_host.md § Deadlines and departures), 1007:
+# too little time left to start, or the time ran out (the model child is not restarted for it).
+MSG_DEADLINE_TOO_SHORT = "剩余处理时限不足（{ms} 毫秒），未开始处理，请稍后重试"
+MSG_DEADLINE_EXCEEDED = "处理超出请求时限（{seconds:g} 秒），请稍后重试"
+# A GPU host's /health while a filesystem it writes to is below gpu_host.min_free_disk_mb.
+MSG_DISK_LOW = "磁盘空间不足：剩余 {free_mb} MB，至少需要 {needed_mb} MB"
 # A body over the service's limit (1003), from the gateway or a GPU host.
 MSG_BODY_TOO_LARGE = "请求体过大：上限 {limit_bytes} 字节"
 # An image over analysis.max_image_bytes (1003), whichever check (upload or decode) sees it.
@@ -57,7 +63,8 @@ MSG_UNSUPPORTED_IMAGE_FORMAT = "图片格式不支持：请上传 JPEG、PNG 或
 MSG_HOST_BUSY = "GPU 主机正在处理另一个请求（主机不排队），请改投其他主机"
 BUSY_KEY = "busy"
 # Gateway answers for /api/ requests it cannot route.
-MSG_UNKNOWN_ENDPOINT = "接口不存在：{method} {path}（业务接口均为 POST）"
+MSG_UNKNOWN_ENDPOINT = "接口不存在：{method} {path}"
+MSG_METHOD_NOT_ALLOWED = "接口 {path} 不接受 {method} 请求，只接受 {allowed}"
 # Requests the gateway refuses before reading or forwarding them (1001).
 MSG_HEADERS_TOO_LARGE = "请求头过大：上限 {limit_bytes} 字节（含查询字符串）"
 MSG_BODY_TOO_SLOW = "请求体接收超时：{seconds:g} 秒内未收完，请检查网络后重试"
@@ -78,6 +85,8 @@ HEADER_FORWARDED_FOR = "X-Forwarded-For"
 HEADER_RETRY_AFTER = "Retry-After"
 HEADER_IDEMPOTENCY_KEY = "Idempotency-Key"
 HEADER_IDEMPOTENCY_REPLAYED = "Idempotency-Replayed"
+# The time the gateway gives a forwarded attempt, in ms: the host caps its own work by it.
+HEADER_REQUEST_TIMEOUT_MS = "X-Request-Timeout-Ms"
 
 API_PREFIX = "/api/"
 BASE64_SUFFIX = "_base64"

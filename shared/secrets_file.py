@@ -25,7 +25,8 @@ from tomlkit.exceptions import TOMLKitError
 from shared.settings import default_secrets_path
 
 SECRETS_FILE_MODE = 0o600
-MIN_TOKEN_CHARS = 16  # for a token set at run time (gpu_host.md § Admin)
+MIN_TOKEN_CHARS = 16  # for a token set at run time (gateway.md § Admin endpoints)
+MIN_DISTINCT_TOKEN_CHARS = 8  # "aaaaaaaaaaaaaaaa" is 16 characters and no secret
 # Two admin requests at once must not interleave their read-modify-write of one file.
 _WRITE_LOCK = threading.Lock()
 
@@ -56,10 +57,23 @@ class SecretsSource:
         return cls(path, environment_variable, bool(environ.get(environment_variable)))
 
 
+def check_token_strength(token: str) -> str | None:
+    """Why the admin endpoints (the gateway's /admin/token, the host's /admin/tokens) refuse
+    `token`, or None when they take it: at least 16 characters, at least 8 distinct ones,
+    and sendable as a header value by any client (printable ASCII, no spaces), so that
+    switching to it cannot break forwarding. The reason never quotes the token."""
+    if len(token) < MIN_TOKEN_CHARS:
+        return f"token 至少 {MIN_TOKEN_CHARS} 个字符"
+    if not all(33 <= ord(c) < 127 for c in token):
+        return "token 只能包含可打印 ASCII 字符，不能有空格"
+    if len(set(token)) < MIN_DISTINCT_TOKEN_CHARS:
+        return f"token 至少要有 {MIN_DISTINCT_TOKEN_CHARS} 个不同的字符"
+    return None
+
+
 def is_acceptable_token(token: object) -> bool:
-    """A token the admin endpoints take: long enough, and sendable as a header value by any
-    client (printable ASCII, no spaces), so that switching to it cannot break forwarding."""
-    return isinstance(token, str) and len(token) >= MIN_TOKEN_CHARS and all(33 <= ord(c) < 127 for c in token)
+    """A string that `check_token_strength` accepts."""
+    return isinstance(token, str) and check_token_strength(token) is None
 
 
 def write_secret(path: str | Path, key: str, value: str | list[str]) -> None:
@@ -101,7 +115,7 @@ def _set(document: tomlkit.TOMLDocument, parts: list[str], value: str | list[str
     for part in parts[:-1]:
         if part not in table:
             table[part] = tomlkit.table()
-        table = table[part]  # type: ignore[assignment]
+        table = table[part]
     table[parts[-1]] = value
 
 

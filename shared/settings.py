@@ -84,6 +84,10 @@ class DispatchSettings(_Section):
     slow_request_timeout_seconds: PositiveSeconds = 180
     retry_on_failure: bool = True
     max_retries: int = Field(1, ge=0)
+    # gateway.md § Scheduling: workers kept free of slow (slow_paths) jobs, and how much
+    # later than its arrival a slow request counts when waiters are ordered.
+    reserved_fast_workers: int = Field(1, ge=0)
+    slow_priority_offset_seconds: float = Field(5, ge=0)
 
 
 class StaticCleanupSettings(_Section):
@@ -115,8 +119,10 @@ class SharedStateSettings(_Section):
 
 class RateLimitSettings(_Section):
     enabled: bool = True
-    requests_per_minute: float = Field(30, gt=0)
-    burst: int = Field(10, ge=1)
+    # Generous: many phones behind one carrier NAT share an IP. In production set
+    # key_header (per API key, docs/edge.md § Rate limiting).
+    requests_per_minute: float = Field(120, gt=0)
+    burst: int = Field(30, ge=1)
     key_header: str = ""
     trusted_proxies: tuple[str, ...] = ("127.0.0.1", "::1")
 
@@ -201,6 +207,9 @@ class GpuHostSettings(_Section):
     comfyui_url: str = ""
     comfyui_workflow: str = ""
     comfyui_timeout_seconds: PositiveSeconds = 120
+    comfyui_probe_interval_seconds: PositiveSeconds = 10  # GET /system_stats: /health checks.comfyui
+    comfyui_output_dir: str = ""  # ComfyUI's output directory when it runs on this machine: disk-checked
+    min_free_disk_mb: int = Field(1024, ge=0)  # less free on a filesystem the host writes to: /health 503; 0: off
     certfile: str = ""  # with keyfile: serve HTTPS (PEM files)
     keyfile: str = ""
 
@@ -215,12 +224,12 @@ class AnalysisSettings(_Section):
     """Input limits and clinical reference ranges (analysis.md); README says where they come from."""
 
     max_image_bytes: int = Field(15 * 1024 * 1024, ge=1)
-    max_image_megapixels: float = Field(40, gt=0)
+    max_image_megapixels: float = Field(52, gt=0)  # checked from the header, before decoding
     min_short_side_px: int = Field(480, ge=1)
-    max_long_side_px: int = Field(4096, ge=1)
+    max_long_side_px: int = Field(8192, ge=1)  # a phone's 4000-8000 px photo is analysed, not refused
     max_yaw_degrees: float = Field(15, gt=0, le=90)
     max_pitch_degrees: float = Field(20, gt=0, le=90)
-    max_roll_degrees: float = Field(15, gt=0, le=90)
+    max_roll_degrees: float = Field(30, gt=0, le=90)  # roll is undone (the face turned upright), not refused
     iris_diameter_mm: float = Field(11.7, gt=0)
     female_forehead_normal_mm: tuple[float, float] = (50, 65)
     female_forehead_high_above_mm: float = 65
@@ -238,7 +247,12 @@ class Settings(_Section):
     def _host_answers_before_the_gateway_gives_up(self) -> Settings:
         # If the gateway's timeout fires first it ejects the host and retries on a second
         # one, which times out the same way: one slow photo takes two hosts offline. The
-        # host's own clean 1007 must arrive first.
+        # host's own clean 1007 must arrive first. Checked only where one file configures
+        # both roles (`hairgate dev`, the shipped settings.toml): a gateway's own file says
+        # nothing about its hosts' timeouts (they report theirs in /health, and the
+        # gateway warns about a host that leaves no margin), nor a host's about gateways.
+        if not {"edge", "gpu_host"} <= self.model_fields_set:
+            return self
         dispatch, host = self.edge.dispatch, self.gpu_host
         needed = host.inference_timeout_seconds + timeout_margin_seconds(dispatch.request_timeout_seconds)
         if needed > dispatch.request_timeout_seconds:

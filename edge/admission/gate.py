@@ -1,11 +1,15 @@
 """Admission of `/api/` requests: the rate limit before the body, the Idempotency-Key around the work.
 
-`Admission.before_body` is the `/api/` route's `admit` hook: one token-bucket check per POST
-(a limited client costs a dictionary look-up, not a body read). `Admission.around` wraps
-the route's handler: a keyed POST runs at most once per (key, fingerprint) across every
-gateway sharing the store, and is replayed byte for byte after that. Replays are free: a
-replay refunds the token its request took, and a client over its limit may still fetch a
-stored answer. Gateway-made 1007s carry `Retry-After`.
+`Admission.before_body` runs before the body is read (the app's `before_request`): one
+token-bucket check per POST (a limited client costs a dictionary look-up, not a body
+read); with `key_header` set, the client IP's bucket is checked as well, so made-up keys
+gain nothing. `Admission.around` wraps the route's handler: a keyed POST runs at most
+once per (key, fingerprint) across every gateway sharing the store, and is replayed
+byte for byte after that. With `key_header` set, Idempotency-Keys are scoped by that header's value: one client can
+neither replay nor squat another's key. Replays are free: a replay refunds the tokens its
+request took, and a client over its limit may still fetch a stored answer. Gateway-made
+1007s carry `Retry-After`. What is stored: the answer of a request that ran, unless it is
+a 1007 (the client is told to retry) or nobody was there to receive it.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from edge.web.http import Outcome, Request, Response, encode
+import trio
+
+from edge.web.http import ApiResponse, Exchange, Outcome, encode
 from edge.admission.idempotency import (
     Idempotency,
     IdempotencyUnavailable,
@@ -25,7 +31,7 @@ from edge.admission.idempotency import (
     validate_key,
 )
 from edge.observe.metrics import GatewayMetrics
-from edge.admission.rate_limit import ClientKeys, RateLimiter
+from edge.admission.rate_limit import ClientKeys, RateLimiter, header_key
 from shared.contract import (
     HEADER_IDEMPOTENCY_KEY,
     HEADER_IDEMPOTENCY_REPLAYED,
@@ -42,13 +48,14 @@ _KEY = HEADER_IDEMPOTENCY_KEY.lower().encode()
 _REPLAYED = (HEADER_IDEMPOTENCY_REPLAYED.lower().encode(), b"true")
 _RETRY_AFTER = HEADER_RETRY_AFTER.lower().encode()
 STORE_DOWN_RETRY_AFTER_SECONDS = 5
+FINGERPRINT_INLINE_BYTES = 64 * 1024  # larger bodies are fingerprinted in a worker thread
 
 
 @dataclass(frozen=True)
 class _Admitted:
-    """What `before_body` noted: whose bucket paid, and whether it was empty."""
+    """What `before_body` noted: whose buckets paid, and whether one was empty."""
 
-    client_key: str
+    client_keys: tuple[str, ...]  # the buckets that gave a token (a replay gives them back)
     limited_retry_after: int | None = None  # over the limit: only a stored replay may be served
 
 
@@ -67,40 +74,56 @@ class Admission:
         self._idempotency = idempotency
         self._metrics = metrics
 
-    async def before_body(self, request: Request) -> Response | None:
+    async def before_body(self, request: Exchange) -> ApiResponse | None:
         if self.limiter is None or request.method != "POST":
             return None
-        keys = self.client_keys
-        header = request.header(keys.key_header_name) if keys.key_header else None
-        client_key = keys.key(request.client_ip, request.header(b"x-forwarded-for"), header)
-        decision = await self.limiter.check(client_key)
-        if decision.allowed:
-            request.admission = _Admitted(client_key)
+        limiter = self.limiter
+        keys = self.client_keys.keys(
+            request.client_ip, request.header(b"x-forwarded-for"), self._key_header_value(request)
+        )
+        paid: list[str] = []
+        for client_key in keys:  # the client IP first: a refused request spends no API-key token
+            decision = await limiter.check(client_key)
+            if not decision.allowed:
+                for taken in paid:
+                    await limiter.refund(taken)
+                break
+            paid.append(client_key)
+        else:
+            request.admission = _Admitted(tuple(paid))
             return None
         if self._idempotency is not None and _KEY in request.headers:
             # a stored answer costs nothing to replay: look for one once the body is here
-            request.admission = _Admitted(client_key, decision.retry_after_seconds)
+            request.admission = _Admitted((), decision.retry_after_seconds)
             return None
         return _rate_limited(request.request_id, decision.retry_after_seconds)
 
-    async def around(self, request: Request, handle: Callable[[], Awaitable[Response]]) -> Response:
+    def _key_header_value(self, request: Exchange) -> str | None:
+        keys = self.client_keys
+        return request.header(keys.key_header_name) if keys.key_header else None
+
+    async def around(self, request: Exchange, handle: Callable[[], Awaitable[ApiResponse]]) -> ApiResponse:
         admitted = request.admission if isinstance(request.admission, _Admitted) else None
         raw_key = request.header(_KEY)
         if raw_key is None or self._idempotency is None or request.method != "POST":
             return await handle()
         try:
-            key = validate_key(raw_key)
+            key = self._scoped(validate_key(raw_key), request)
         except ContractError as error:
             return _envelope(request.request_id, error.code, error.message)
         target = f"{request.path}?{request.query}" if request.query else request.path
-        print_ = fingerprint(request.method, target, request.body, request.header(b"content-type"))
+        arguments = (request.method, target, request.body, request.header(b"content-type"))
+        if len(request.body) <= FINGERPRINT_INLINE_BYTES:
+            print_ = fingerprint(*arguments)
+        else:  # parsing and hashing megabytes takes milliseconds: not on the event loop
+            print_ = await trio.to_thread.run_sync(fingerprint, *arguments)
         try:
             if admitted is not None and admitted.limited_retry_after is not None:
                 stored = await self._idempotency.lookup(key, print_)
                 if stored is None:
                     return _rate_limited(request.request_id, admitted.limited_retry_after)
                 return _replay(stored)
-            produced: list[Response] = []
+            produced: list[ApiResponse] = []
             outcome = await self._idempotency.execute(key, print_, lambda: _run(handle, produced))
         except IdempotencyUnavailable:  # never run a keyed request unprotected
             return _envelope(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_UNAVAILABLE, STORE_DOWN_RETRY_AFTER_SECONDS)
@@ -109,27 +132,39 @@ class Admission:
             return _envelope(request.request_id, Code.INVALID_PARAMETER, MSG_IDEMPOTENCY_KEY_REUSED)
         if outcome.replayed:
             if admitted is not None and self.limiter is not None:
-                await self.limiter.refund(admitted.client_key)
+                for client_key in admitted.client_keys:
+                    await self.limiter.refund(client_key)
             assert outcome.response is not None
             return _replay(outcome.response)
         return produced[0]
 
+    def _scoped(self, key: str, request: Exchange) -> str:
+        """The key as stored: with `key_header` set, in the space of that header's value
+        (hashed: an API key never sits in the store); requests without one share a space."""
+        if not self.client_keys.key_header:
+            return key
+        value = self._key_header_value(request)
+        return f"{header_key(value)}:{key}" if value else "anon:" + key
 
-async def _run(handle: Callable[[], Awaitable[Response]], produced: list[Response]) -> RunResult:
+
+async def _run(handle: Callable[[], Awaitable[ApiResponse]], produced: list[ApiResponse]) -> RunResult:
     response = await handle()
     produced.append(response)
+    code = response.outcome.code if response.outcome else None
     stored = StoredResponse(
         status=response.status,
         headers=tuple((name.decode("latin-1"), value.decode("latin-1")) for name, value in response.headers),
         body=response.body,
-        code=response.outcome.code if response.outcome else None,
+        code=code,
     )
-    return RunResult(stored, storable=response.storable)
+    # A 1007 tells the client to retry (the gateway's own, or a worker's: a model restart,
+    # a timeout): storing it would answer every retry with the same failure for a day.
+    return RunResult(stored, storable=response.storable and code != Code.SYSTEM_ERROR)
 
 
-def _replay(stored: StoredResponse) -> Response:
+def _replay(stored: StoredResponse) -> ApiResponse:
     headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in stored.headers]
-    return Response(
+    return ApiResponse(
         stored.status,
         stored.body,
         headers=[*headers, _REPLAYED],
@@ -137,14 +172,14 @@ def _replay(stored: StoredResponse) -> Response:
     )
 
 
-def _rate_limited(request_id: str, retry_after_seconds: int) -> Response:
+def _rate_limited(request_id: str, retry_after_seconds: int) -> ApiResponse:
     response = _envelope(request_id, Code.SYSTEM_ERROR, MSG_RATE_LIMITED, retry_after_seconds)
     assert response.outcome is not None
     response.outcome = replace(response.outcome, rate_limited=True)
     return response
 
 
-def _envelope(request_id: str, code: Code, message: str | None, retry_after: float | None = None) -> Response:
+def _envelope(request_id: str, code: Code, message: str | None, retry_after: float | None = None) -> ApiResponse:
     headers = [] if retry_after is None else [(_RETRY_AFTER, str(max(1, math.ceil(retry_after))).encode())]
     body = encode(envelope(code, request_id, None, message))
-    return Response(200, body, headers=headers, outcome=Outcome(int(code)), storable=False)
+    return ApiResponse(200, body, headers=headers, outcome=Outcome(int(code)), storable=False)

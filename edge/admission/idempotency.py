@@ -2,7 +2,10 @@
 
 The router calls `execute(key, fingerprint, run)` once per keyed `/api/` POST, after
 `validate_key` and `fingerprint`. `run()` produces the final client-facing response and
-says whether it may be stored (worker answers: yes; gateway-made 1007s: no).
+says whether it may be stored (a worker's answer: yes; any 1007: no). Only a response a
+client can be given (`StoredResponse.replayable`: HTTP 200, an envelope) is ever stored,
+replayed or handed to waiters: a departed client's empty answer leaves nothing behind,
+and a record that is not one (written by an older version) is discarded and run afresh.
 
 - A completed record with the same fingerprint is replayed; `run` is not called.
 - Same key while it runs — in this process (an in-memory flight) or on another gateway
@@ -29,7 +32,6 @@ from typing import TypeVar
 
 import coredis
 import trio
-from werkzeug.http import parse_options_header
 
 from edge.admission.idempotency_stores import (
     IdempotencyStore,
@@ -42,6 +44,7 @@ from edge.admission.idempotency_stores import (
 from shared.logs import FailureLog
 from shared.contract import MSG_IDEMPOTENCY_KEY_INVALID, Code, ContractError
 from shared.settings import IdempotencySettings
+from shared.uploads import multipart_parts
 
 __all__ = [
     "Idempotency",
@@ -74,23 +77,43 @@ def validate_key(value: str) -> str:
 
 
 def fingerprint(method: str, path: str, body: bytes, content_type: str | None = None) -> str:
-    """SHA-256 of method + path + body (hex); the separators keep the parts from sliding.
+    """SHA-256 (hex) of method + path + what the body means; every item is length-prefixed.
 
-    A multipart body is hashed without its boundary: clients (curl, mobile HTTP stacks)
-    draw a new random boundary for every attempt, and a retry of the same photo and
-    fields must match its first attempt."""
-    digest = hashlib.sha256(method.upper().encode())
-    digest.update(b"\0" + path.encode() + b"\0")
-    mimetype, options = parse_options_header(content_type or "")
-    boundary = options.get("boundary") if mimetype == "multipart/form-data" else None
-    digest.update(body.replace(boundary.encode("latin-1"), b"") if boundary else body)
+    A multipart body counts as its parts in order (name, filename, content type, bytes):
+    clients (curl, mobile HTTP stacks) draw a new random boundary for every attempt, and a
+    retry of the same photo and fields must match its first attempt, while a changed field
+    must not. Any other body (JSON), or a multipart body that does not parse, is its bytes.
+    A 2 MB multipart body costs ~3 ms: call it off the event loop for large bodies.
+    """
+    digest = hashlib.sha256()
+    for item in (method.upper().encode(), path.encode()):
+        _add(digest, item)
+    parts = multipart_parts(body, content_type)
+    if parts is None:
+        _add(digest, b"bytes")
+        _add(digest, body)
+        return digest.hexdigest()
+    _add(digest, b"multipart")
+    for part in parts:
+        for text in (part.name, part.filename, part.content_type):
+            _add(digest, None if text is None else text.encode("utf-8", "surrogateescape"))
+        _add(digest, part.data)
     return digest.hexdigest()
+
+
+def _add(digest: hashlib._Hash, item: bytes | None) -> None:
+    digest.update(_ABSENT if item is None else len(item).to_bytes(8, "big"))
+    if item:
+        digest.update(item)
+
+
+_ABSENT = b"\xff" * 8  # a length no item has: None differs from b""
 
 
 @dataclass(frozen=True)
 class RunResult:
     response: StoredResponse
-    storable: bool  # False for gateway-made 1007s (no worker, busy, retries exhausted)
+    storable: bool  # False for 1007s (the gateway's: no worker, busy…; a worker's: restart, timeout)
 
 
 class Result(Enum):
@@ -155,9 +178,10 @@ class Idempotency:
             if flight.key_taken and flight.fingerprint != fingerprint:
                 return Outcome(Result.MISMATCH, None)
             await flight.finished.wait()
-            if flight.outcome is not None and flight.fingerprint == fingerprint:
+            if flight.outcome is not None and flight.fingerprint == fingerprint and _shareable(flight.outcome):
                 return _as_follower(flight.outcome)
-            # It ended without an answer, or with one for another fingerprint: look again.
+            # It ended without an answer for others (none, a departed client's, another
+            # fingerprint's): look again, and run it if nobody else does.
         flight = self._flights[key] = _Flight(fingerprint)
         try:
             flight.outcome = await self._lead(key, flight, run)
@@ -170,7 +194,7 @@ class Idempotency:
         """The stored response for a replay, without claiming anything (e.g. for a rate-limited client)."""
         record = await self._guarded(self.store.read(key))
         if record is not None and record.state is State.DONE and record.fingerprint == fingerprint:
-            return record.response
+            return record.answer
         return None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -196,6 +220,7 @@ class Idempotency:
     # --- the steps -------------------------------------------------------------------------
 
     async def _lead(self, key: str, flight: _Flight, run: Callable[[], Awaitable[RunResult]]) -> Outcome:
+        discarded = False
         while True:
             record = await self._guarded(self.store.claim(key, flight.fingerprint, self._owner, self._lease_seconds))
             if record is None:
@@ -203,7 +228,15 @@ class Idempotency:
             if record.fingerprint != flight.fingerprint:
                 return Outcome(Result.MISMATCH, None)
             if record.state is State.DONE:
-                return Outcome(Result.REPLAYED, record.response)
+                if (answer := record.answer) is not None:
+                    return Outcome(Result.REPLAYED, answer)
+                # poisoned (e.g. stored by an older version): never replayed, run afresh
+                if discarded:  # it did not go: never loop, never replay it
+                    raise IdempotencyUnavailable(f"a record that is no answer could not be discarded: {_key_hash(key)}")
+                log.warning("幂等记录不是可重放的应答，已丢弃并重新执行 | key_hash=%s", _key_hash(key))
+                await self._guarded(self.store.discard(key, flight.fingerprint))
+                discarded = True
+                continue
             flight.key_taken = True
             answered = await self._wait_elsewhere(key, flight.fingerprint)
             if answered is not None:
@@ -218,17 +251,18 @@ class Idempotency:
             if record is None or record.fingerprint != fingerprint:
                 return None
             if record.state is not State.PENDING:
-                return record.response
+                return record.answer
 
     async def _run_owned(self, key: str, flight: _Flight, run: Callable[[], Awaitable[RunResult]]) -> Outcome:
         flight.running = flight.key_taken = True
         try:
             produced = await run()
         except BaseException:
-            # Cancelled or crashed without an answer: free the key at once for a waiter.
-            with trio.CancelScope(shield=True), trio.move_on_after(_RELEASE_TIMEOUT_SECONDS):
-                await self._settle(self.store.release(key, self._owner, flight.fingerprint, None, 0))
+            await self._free(key, flight)  # cancelled or crashed without an answer
             raise
+        if not produced.response.replayable:
+            await self._free(key, flight)  # nobody to answer (the client left): nothing is kept
+            return Outcome(Result.UNSTORED, produced.response)
         if produced.storable:
             stored = self.store.complete(
                 key, self._owner, flight.fingerprint, produced.response, self._ttl_seconds, self._max_entries
@@ -239,6 +273,11 @@ class Idempotency:
             released = self.store.release(key, self._owner, flight.fingerprint, produced.response, RELEASED_LINGER_SECONDS)
             await self._settle(released)
         return Outcome(Result.UNSTORED, produced.response)
+
+    async def _free(self, key: str, flight: _Flight) -> None:
+        """Give the key up at once, so that a waiter (here or elsewhere) runs the request itself."""
+        with trio.CancelScope(shield=True), trio.move_on_after(_RELEASE_TIMEOUT_SECONDS):
+            await self._settle(self.store.release(key, self._owner, flight.fingerprint, None, 0))
 
     async def _guarded(self, operation: Awaitable[T]) -> T:
         try:
@@ -255,6 +294,16 @@ class Idempotency:
             self._failures.report(error)
             return False
         return True
+
+
+def _shareable(outcome: Outcome) -> bool:
+    """An answer a same-key request may be given too: a mismatch, or a client-facing answer."""
+    return outcome.response is None or outcome.response.replayable
+
+
+def _key_hash(key: str) -> str:
+    """How a key is named in a log: a client's keys may carry meaning (order numbers)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
 def _as_follower(outcome: Outcome) -> Outcome:

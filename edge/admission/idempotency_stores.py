@@ -8,7 +8,11 @@ is atomic in the store itself (an IMMEDIATE transaction, a Lua script), so sever
 gateways sharing one store run a key once. Expired records read as absent.
 
 Both stores raise `IdempotencyUnavailable` for any failure of the store (disk full, a
-locked or corrupt file, Redis down); the caller decides what the request gets.
+locked, read-only or corrupt file, Redis down); the caller decides what the request gets.
+No failure of the store may take the process down: the SQLite file is used in WAL mode
+with exclusive locking, which keeps the WAL index in this process's heap instead of a
+memory-mapped `-shm` file (a page fault on an `-shm` that cannot be written — immutable,
+on a full disk — is SIGBUS, the end of the gateway), and nothing else is memory-mapped.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import coredis
 import trio
 
 from edge.admission.shared_state import REDIS_ERRORS
+from shared.contract import is_envelope
 
 
 class IdempotencyUnavailable(Exception):
@@ -41,6 +46,20 @@ class StoredResponse:
     body: bytes
     code: int | None
 
+    @property
+    def replayable(self) -> bool:
+        """An answer a client could be given again: HTTP 200 with an envelope.
+
+        Anything else (a departed client's empty 499, a record written by a buggy
+        version) must never be replayed or shared with waiters: the request runs again.
+        """
+        if self.status != 200:
+            return False
+        try:
+            return is_envelope(json.loads(self.body))
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return False
+
 
 class State(Enum):
     PENDING = "P"
@@ -53,6 +72,12 @@ class Record:
     state: State
     fingerprint: str
     response: StoredResponse | None = None  # DONE always; RELEASED when the owner answered
+
+    @property
+    def answer(self) -> StoredResponse | None:
+        """The response a client may be given from this record; None when there is none
+        or it is no client-facing answer (`StoredResponse.replayable`)."""
+        return self.response if self.response is not None and self.response.replayable else None
 
 
 class IdempotencyStore(Protocol):
@@ -74,6 +99,9 @@ class IdempotencyStore(Protocol):
         self, key: str, owner: str, fingerprint: str, response: StoredResponse | None, linger_seconds: float
     ) -> None:
         """Give the key up: RELEASED with `response` for `linger_seconds`, or deleted when None."""
+
+    async def discard(self, key: str, fingerprint: str) -> None:
+        """Delete the DONE record of (key, fingerprint): its response must not be replayed."""
 
     async def purge(self, max_entries: int) -> None:
         """Drop expired records and the oldest beyond max_entries."""
@@ -122,8 +150,10 @@ def _sqlite_record(row: tuple[Any, ...] | None) -> Record | None:
 class SqliteStore:
     """One connection, used by one thread at a time (a CapacityLimiter of 1), WAL mode.
 
-    Times are wall-clock seconds from `clock` (records outlive the process). Several
-    processes may share the file: claims are IMMEDIATE transactions.
+    Times are wall-clock seconds from `clock` (records outlive the process). The file
+    belongs to one process (exclusive locking: see the module docstring): a second
+    gateway naming it fails to open it ("database is locked"); gateways that share
+    idempotency share a Redis (`edge.shared_state.redis_url`).
     """
 
     def __init__(self, connection: sqlite3.Connection, clock: Callable[[], float]) -> None:
@@ -182,7 +212,9 @@ class SqliteStore:
     async def complete(
         self, key: str, owner: str, fingerprint: str, response: StoredResponse, ttl_seconds: float, max_entries: int
     ) -> None:
-        await self._call(self._store, key, owner, fingerprint, response, State.DONE, ttl_seconds, self._clock())
+        await self._call(
+            self._store, key, owner, fingerprint, response, State.DONE, ttl_seconds, self._clock(), max_entries
+        )
 
     async def release(
         self, key: str, owner: str, fingerprint: str, response: StoredResponse | None, linger_seconds: float
@@ -193,7 +225,15 @@ class SqliteStore:
             await self._call(self._store, key, owner, fingerprint, response, State.RELEASED, linger_seconds, self._clock())
 
     def _store(
-        self, key: str, owner: str, fingerprint: str, response: StoredResponse, state: State, keep: float, now: float
+        self,
+        key: str,
+        owner: str,
+        fingerprint: str,
+        response: StoredResponse,
+        state: State,
+        keep: float,
+        now: float,
+        max_entries: int = 0,  # 0: no bound (a RELEASED record lingers seconds only)
     ) -> None:
         with _transaction(self._connection):
             # Ours, or nobody's any more (our lease ran out and no one took it over).
@@ -207,6 +247,17 @@ class SqliteStore:
                 (key, state.value, fingerprint, now, now + keep, response.status, _headers_json(response),
                  response.body, response.code),
             )
+            if max_entries:
+                self._trim(max_entries)  # bounded on insert, not only at the next purge
+
+    async def discard(self, key: str, fingerprint: str) -> None:
+        await self._call(self._discard, key, fingerprint)
+
+    def _discard(self, key: str, fingerprint: str) -> None:
+        with _transaction(self._connection):
+            self._connection.execute(
+                "DELETE FROM idempotency WHERE key = ? AND state = 'D' AND fingerprint = ?", (key, fingerprint)
+            )
 
     def _delete_owned(self, key: str, owner: str) -> None:
         with _transaction(self._connection):
@@ -218,13 +269,17 @@ class SqliteStore:
     def _purge(self, max_entries: int, now: float) -> None:
         with _transaction(self._connection):
             self._connection.execute("DELETE FROM idempotency WHERE expires_at <= ?", (now,))
-            (count,) = self._connection.execute("SELECT COUNT(*) FROM idempotency").fetchone()
-            if count > max_entries:
-                self._connection.execute(
-                    "DELETE FROM idempotency WHERE key IN"
-                    " (SELECT key FROM idempotency WHERE state != 'P' ORDER BY created_at LIMIT ?)",
-                    (count - max_entries,),
-                )
+            self._trim(max_entries)
+
+    def _trim(self, max_entries: int) -> None:
+        """Inside a transaction: drop the oldest finished records beyond `max_entries` (COUNT is µs)."""
+        (count,) = self._connection.execute("SELECT COUNT(*) FROM idempotency").fetchone()
+        if count > max_entries:
+            self._connection.execute(
+                "DELETE FROM idempotency WHERE key IN"
+                " (SELECT key FROM idempotency WHERE state != 'P' ORDER BY created_at LIMIT ?)",
+                (count - max_entries,),
+            )
 
     async def aclose(self) -> None:
         await trio.to_thread.run_sync(self._connection.close, limiter=self._limiter)
@@ -234,10 +289,22 @@ def _connect(path: Path) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
     # isolation_level=None: transactions are explicit (_transaction); the limiter makes
     # sure only one thread at a time uses the connection.
-    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5)
-    connection.execute("PRAGMA journal_mode=WAL")
-    connection.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL survives a process crash
-    connection.executescript(_SCHEMA)
+    # timeout: only another process can hold the lock (a second gateway naming this file):
+    # it never lets go, so waiting long would only delay that gateway's error at start
+    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=1)
+    try:
+        # Exclusive locking BEFORE the first access of the file: SQLite then keeps the WAL
+        # index in the heap and never maps an `-shm` file (module docstring).
+        connection.execute("PRAGMA locking_mode=EXCLUSIVE")
+        connection.execute("PRAGMA mmap_size=0")
+        (mode,) = connection.execute("PRAGMA journal_mode=WAL").fetchone()
+        if mode != "wal":
+            raise sqlite3.OperationalError(f"journal_mode is {mode}, not wal (a read-only file?)")
+        connection.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL survives a process crash
+        connection.executescript(_SCHEMA)
+    except BaseException:
+        connection.close()
+        raise
     return connection
 
 
@@ -251,7 +318,21 @@ class _transaction:
         self._connection.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
-        self._connection.execute("COMMIT" if kind is None else "ROLLBACK")
+        if kind is None:
+            try:
+                self._connection.execute("COMMIT")
+                return
+            except sqlite3.Error:
+                self._rollback()  # a failed COMMIT (disk full) would leave the connection stuck in it
+                raise
+        self._rollback()
+
+    def _rollback(self) -> None:
+        if self._connection.in_transaction:
+            try:
+                self._connection.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # the error that brought us here is the one to report
 
 
 # --- Redis -----------------------------------------------------------------------------------
@@ -301,6 +382,17 @@ return 0
 """
 
 
+# KEYS: record; ARGV: fingerprint. The JSON header starts after state + owner (byte 34).
+_DISCARD = """
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 1) == 'D' then
+  local header_end = string.find(v, '\\n', 34, true)
+  if header_end and cjson.decode(string.sub(v, 34, header_end - 1))['fp'] == ARGV[1] then redis.call('DEL', KEYS[1]) end
+end
+return 0
+"""
+
+
 def _encode(state: State, owner: str, fingerprint: str, response: StoredResponse | None) -> bytes:
     header: dict[str, Any] = {"fp": fingerprint}
     body = b""
@@ -339,6 +431,7 @@ class RedisStore:
         self._renew = redis.register_script(_RENEW)
         self._store = redis.register_script(_STORE)
         self._delete_owned = redis.register_script(_DELETE_OWNED)
+        self._discard = redis.register_script(_DISCARD)
 
     async def _call(self, operation: Any) -> Any:
         try:
@@ -373,13 +466,16 @@ class RedisStore:
         else:
             await self._write(key, owner, _encode(State.RELEASED, _NO_OWNER, fingerprint, response), linger_seconds, 0)
 
+    async def discard(self, key: str, fingerprint: str) -> None:
+        await self._call(self._discard(keys=[self.PREFIX + key], args=[fingerprint]))
+
     async def _write(self, key: str, owner: str, value: bytes, keep_seconds: float, max_entries: int) -> None:
-        args = [owner, value, _ms(keep_seconds), _ms(self._clock()), max_entries]
+        args: list[str | bytes | int] = [owner, value, _ms(keep_seconds), _ms(self._clock()), max_entries]
         await self._call(self._store(keys=[self.PREFIX + key, self.INDEX], args=args))
 
     async def purge(self, max_entries: int) -> None:
         expired_before = _ms(self._clock() - self._ttl_seconds)
-        await self._call(self._redis.zremrangebyscore(self.INDEX, "-inf", expired_before))
+        await self._call(self._redis.zremrangebyscore(self.INDEX, float("-inf"), expired_before))
 
     async def aclose(self) -> None:
         """The client belongs to whoever opened it (shared with the rate limiter)."""

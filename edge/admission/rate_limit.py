@@ -7,9 +7,10 @@ reading the body, and gives the token back (`refund`) when the request turns out
 replay of a stored idempotent answer, which is free.
 
 The client is its IP (`X-Forwarded-For` is believed only from `trusted_proxies`: the
-right-most address that is not one of them), or the value of `key_header` when set and
-sent. Header values (API keys) are hashed before they name a bucket, so they never sit in
-memory dumps or in Redis.
+right-most address that is not one of them) and, when `key_header` is set and sent, also
+the header's value: such a request takes a token from both buckets, so a client inventing
+a new key per request is still held to its IP's limit. Header values (API keys) are
+hashed before they name a bucket, so they never sit in memory dumps or in Redis.
 
 Buckets live in this process (bounded: buckets that refilled are dropped, and the least
 recently used beyond `max_clients`), or in Redis when `edge.shared_state.redis_url` is set
@@ -59,7 +60,7 @@ class RateLimiter(Protocol):
 
 
 class ClientKeys:
-    """Who a request counts against: `key(peer, forwarded_for, key_header_value)`."""
+    """Who a request counts against: `keys(peer, forwarded_for, key_header_value)`."""
 
     def __init__(self, settings: RateLimitSettings) -> None:
         self.key_header = settings.key_header  # the header the router passes the value of; "" for none
@@ -68,10 +69,14 @@ class ClientKeys:
         self._trusted_addresses = frozenset(str(n.network_address) for n in networks if n.num_addresses == 1)
         self._trusted_networks = tuple(n for n in networks if n.num_addresses > 1)
 
-    def key(self, peer: str, forwarded_for: str | None = None, key_header_value: str | None = None) -> str:
+    def keys(
+        self, peer: str, forwarded_for: str | None = None, key_header_value: str | None = None
+    ) -> tuple[str, ...]:
+        """The buckets a request takes a token from: its IP's, then its API key's (if any)."""
+        by_ip = "ip:" + self.client_ip(peer, forwarded_for)
         if self.key_header and key_header_value:
-            return "key:" + hashlib.blake2b(key_header_value.encode(), digest_size=16).hexdigest()
-        return "ip:" + self.client_ip(peer, forwarded_for)
+            return by_ip, header_key(key_header_value)
+        return (by_ip,)
 
     def client_ip(self, peer: str, forwarded_for: str | None) -> str:
         if not forwarded_for or not self._is_trusted(peer):
@@ -92,6 +97,11 @@ class ClientKeys:
         except ValueError:
             return False
         return any(parsed in network for network in self._trusted_networks)
+
+
+def header_key(value: str) -> str:
+    """The name of a `key_header` value's bucket (and idempotency key space): a hash, never the value."""
+    return "key:" + hashlib.blake2b(value.encode(), digest_size=16).hexdigest()
 
 
 class MemoryRateLimiter:
@@ -206,6 +216,8 @@ class RedisRateLimiter:
 
     async def _take_token(self, client_key: str, cost: int) -> Decision:
         try:
+            allowed: int
+            tokens: bytes
             allowed, tokens = await self._take(
                 keys=[self.PREFIX + client_key], args=[self._rate, self._burst, self._clock(), cost]
             )

@@ -7,11 +7,14 @@ stop the gateway; the features that need it fail their own way (keyed requests 1
 rate limits fall back to memory).
 
 A store that is down fails every request that touches it; `shared.logs.FailureLog` keeps
-that to one log line a minute, saying how many failures it did not log.
+that to one log line a minute, saying how many failures it did not log. coredis' own
+logger is held at WARNING: at INFO it writes a line per retry of every command (three
+per request) and, for a dropped connection, a stray "NoneType: None" traceback line.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -31,6 +34,7 @@ async def redis_client(url: str) -> AsyncIterator[coredis.Redis[bytes] | None]:
     if not url:
         yield None
         return
+    logging.getLogger("coredis").setLevel(logging.WARNING)
     client: coredis.Redis[bytes] = coredis.Redis.from_url(
         url, connect_timeout=_CONNECT_TIMEOUT_SECONDS, stream_timeout=_STREAM_TIMEOUT_SECONDS
     )

@@ -2,8 +2,10 @@
 
 One `GatewayMetrics` per gateway, on its own CollectorRegistry (never the process-global
 one, so tests and several gateways in one process do not mix). Per-request calls are plain
-counter/histogram updates; the pool's gauges are read only when Prometheus scrapes, from
-the source given to `watch_pool`. Workers are labelled by index, never by URL; paths are
+counter/histogram updates; the pool's gauges (up, busy, generation-ready, disk low) and
+the dispatcher's counters (early refusals, departures) are read only when Prometheus
+scrapes, from the source given to `watch_pool`. Queue waits are split by class (`classify`
+says whether a path is one of `slow_paths`). Workers are labelled by index, never by URL; paths are
 bounded like `/admin/stats` (beyond `max_paths`, "other").
 
 `metrics_app(metrics)` is the ASGI app for the second listener: `GET /metrics` in the
@@ -13,15 +15,17 @@ text format, 404 elsewhere; it answers the lifespan protocol so Hypercorn can se
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.asgi import make_asgi_app
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from edge.pool.dispatch import DispatchCounters
 from edge.pool.pool import Pool
+from edge.pool.scheduling import QUEUE_CLASSES, all_fast, queue_class
 from edge.observe.request_log import RequestRecord
 from edge.observe.stats import MAX_PATHS, NO_CODE, OTHER_PATHS
 
@@ -32,6 +36,8 @@ _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30
 _QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600)
 
 
+
+
 @dataclass(frozen=True)
 class PoolGauges:
     """What the pool looks like at scrape time; index i is worker i."""
@@ -39,13 +45,19 @@ class PoolGauges:
     up: tuple[bool, ...]
     busy: tuple[bool, ...]
     queue_length: int
+    generation_ready: tuple[bool, ...] = ()  # empty: as many False as workers
+    disk_low: tuple[bool, ...] = ()
+    counters: DispatchCounters = field(default_factory=DispatchCounters)
 
 
-def pool_gauges(pool: Pool, queue_length: int) -> PoolGauges:
+def pool_gauges(pool: Pool, queue_length: int, counters: DispatchCounters | None = None) -> PoolGauges:
     return PoolGauges(
         up=tuple(w.online for w in pool.workers),  # by index; a retired worker reads 0
-        busy=tuple(w.leased or w.reported_busy for w in pool.workers),
+        busy=tuple(w.leased or w.reported_busy or w.draining_until is not None for w in pool.workers),
         queue_length=queue_length,
+        generation_ready=tuple(w.generation_ready for w in pool.workers),
+        disk_low=tuple(w.disk_low and not w.retired for w in pool.workers),
+        counters=counters or DispatchCounters(),
     )
 
 
@@ -55,15 +67,39 @@ class _PoolCollector:
 
     def collect(self) -> Iterable[Metric]:
         gauges = self._source()
-        up = GaugeMetricFamily("hairgate_worker_up", "1 when the worker is online", labels=["worker"])
-        busy = GaugeMetricFamily("hairgate_worker_busy", "1 while the worker runs a job", labels=["worker"])
-        for index, (online, working) in enumerate(zip(gauges.up, gauges.busy, strict=True)):
-            up.add_metric([str(index)], float(online))
-            busy.add_metric([str(index)], float(working))
-        yield up
-        yield busy
+        per_worker = (
+            ("hairgate_worker_up", "1 when the worker is online", gauges.up),
+            ("hairgate_worker_busy", "1 while the worker runs a job", gauges.busy),
+            (
+                "hairgate_worker_generation_ready",
+                "1 when the worker is online and can draw (ComfyUI ok, or the built-in preview)",
+                gauges.generation_ready or (False,) * len(gauges.up),
+            ),
+            (
+                "hairgate_worker_disk_low",
+                "1 while the worker's /health reports a disk below gpu_host.min_free_disk_mb",
+                gauges.disk_low or (False,) * len(gauges.up),
+            ),
+        )
+        for name, documentation, values in per_worker:
+            family = GaugeMetricFamily(name, documentation, labels=["worker"])
+            for index, value in enumerate(values):
+                family.add_metric([str(index)], float(value))
+            yield family
         yield GaugeMetricFamily("hairgate_workers_online", "Workers online", value=sum(gauges.up))
         yield GaugeMetricFamily("hairgate_queue_length", "Requests waiting for a slot or a worker", value=gauges.queue_length)
+        counters = gauges.counters
+        yield CounterMetricFamily(
+            "hairgate_early_refusals",
+            "Requests answered busy at once: by the estimate they could not start within their queue wait",
+            value=counters.early_refusals,
+        )
+        departures = CounterMetricFamily(
+            "hairgate_departures", "Clients that left before their answer, by where their request was", labels=["stage"]
+        )
+        departures.add_metric(["queued"], counters.departures_queued)
+        departures.add_metric(["forward"], counters.departures_forward)
+        yield departures
 
 
 class GatewayMetrics:
@@ -78,9 +114,12 @@ class GatewayMetrics:
             buckets=_DURATION_BUCKETS, registry=self.registry,
         )  # fmt: skip
         self._queue_wait = Histogram(
-            "hairgate_queue_wait_seconds", "Time waiting for a slot and a worker", buckets=_QUEUE_BUCKETS,
-            registry=self.registry,
+            "hairgate_queue_wait_seconds", "Time waiting for a slot and a worker, by class (slow = slow_paths)",
+            ["class"], buckets=_QUEUE_BUCKETS, registry=self.registry,
         )  # fmt: skip
+        self._queue_wait_by_class = {name: self._queue_wait.labels(name) for name in QUEUE_CLASSES}
+        # Is this path slow (edge.dispatch.slow_paths)? The gateway sets it to the live setting.
+        self.classify: Callable[[str], bool] = all_fast
         self._ejections = Counter(
             "hairgate_worker_ejections", "Workers taken out after a failed request", ["worker", "reason"],
             registry=self.registry,
@@ -100,7 +139,7 @@ class GatewayMetrics:
         requests, duration = self._children(entry.path, entry.code)
         requests.inc()
         duration.observe(entry.duration_ms / 1000)
-        self._queue_wait.observe(entry.queue_ms / 1000)
+        self._queue_wait_by_class[queue_class(entry.path, self.classify)].observe(entry.queue_ms / 1000)
         if entry.rate_limited:
             self._rate_limited.inc()
 

@@ -43,6 +43,8 @@ class RequestRecord:
     bytes_out: int
     idempotent_replay: bool = False
     rate_limited: bool = False
+    early_refusal: bool = False  # busy at once: by the estimate it could not start within its queue wait
+    failed_workers: tuple[int, ...] = ()  # indexes whose forward failed (retried elsewhere, or the last try)
 
 
 class RequestLog:

@@ -1,31 +1,38 @@
-"""Dispatch: global in-flight slots, FIFO waiters for a worker, and explicit leases.
+"""Dispatch: global in-flight slots, waiters for a worker in service order, explicit leases.
 
 The dispatcher is the only runtime writer of the `Pool`; the prober and the forwarder
 report to it (`record_probe`, `eject`), and it logs the pool's transitions. A request:
 
-    async with dispatcher.slot():                  # one of max_inflight, FIFO
-        async with dispatcher.worker(tried) as w:  # an idle eligible worker, FIFO
-            ...                                    # forward to w.url
+    async with dispatcher.slot():                              # one of max_inflight, FIFO
+        async with dispatcher.worker(tried, path=p, slow=s) as w:  # see edge.pool.scheduling
+            with w.forwarding(timeout):                        # an abandoned forward drains
+                ...                                            # forward to w.url
 
+Who gets the next idle worker is `scheduling.next_assignment` (fast and slow classes, the
+reservation, the slow offset); a request that would wait longer than its queue wait by
+the estimate of `scheduling.estimated_start` is refused at once (`EarlyRefusal`).
 Queue-wait timeouts (work never started) raise `Busy`; no online worker, on arrival or
-while waiting, raises `Unavailable` at once; a client that leaves while its request waits
-(`ClientWatch.mark_left`) ends those waits with `ClientLeft`, but never a forward already
-under way (the worker's state must stay true). Upstream timeouts are the forwarder's
-business. Both context managers give back what they took on every exit path,
+while waiting, raises `Unavailable` at once. A client that leaves cancels its handler
+(quart-trio): a wait ends and gives back its place; a forward left unfinished leaves its
+worker draining: no new job until a probe sent after it says the host is free (the
+prober probes it at once, then every 100 ms: `departures()`), or the attempt's timeout
+has passed. Both context managers give back what they took on every exit path,
 cancellation included.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager, nullcontext
+import math
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 import trio
 
+from edge.pool.forward import WorkerBusy, WorkerFailure, WorkerRefusal
 from edge.pool.pool import Pool, PoolEvent, ProbeResult, Thresholds, Transition
+from edge.pool.scheduling import SchedulingPolicy, ServiceTimes, Waiting, estimated_start, next_assignment
 
 log = logging.getLogger("edge.pool")
 
@@ -42,71 +49,64 @@ class Busy(DispatchError):
     """A queue wait timed out: every eligible worker stayed busy."""
 
 
+class EarlyRefusal(Busy):
+    """By the estimate, the request could not start within its queue wait: busy at once."""
+
+    def __init__(self, retry_after_seconds: int) -> None:
+        super().__init__(f"estimated start in {retry_after_seconds}s")
+        self.retry_after_seconds = retry_after_seconds
+
+
 class Unavailable(DispatchError):
     """No online worker could take the request."""
 
 
-class ClientLeft(DispatchError):
-    """The client disconnected while its request was still waiting in the queue."""
+# A forward that ended in one of these had its exchange finished: nothing is left running
+# because of it (a timeout ejects the worker instead).
+_EXCHANGE_ENDED = (WorkerFailure, WorkerBusy, WorkerRefusal)
 
 
-class ClientWatch:
-    """Lets a request's client end the request's queue waits, and only those.
-
-    Hypercorn does not cancel an application whose client disconnects. While a request
-    waits for a slot or a worker, `departure()` (the ASGI layer's "wait until the client
-    disconnects") is awaited beside the wait, and a departure ends the wait with
-    `ClientLeft`, giving back the place. Nothing listens outside the waits: a request
-    that never waits pays nothing, and a forward under way is never interrupted.
-    """
-
-    def __init__(self, departure: Callable[[], Awaitable[None]] | None = None) -> None:
-        self.left = False
-        self._departure = departure
-
-    def mark_left(self) -> None:
-        self.left = True
-
-    @asynccontextmanager
-    async def cancellable_wait(self) -> AsyncIterator[None]:
-        if self.left:
-            raise ClientLeft
-        if self._departure is None:
-            yield
-            return
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._end_on_departure, nursery.cancel_scope)
-                try:
-                    yield
-                finally:
-                    nursery.cancel_scope.cancel()  # the wait is over: stop listening
-        except BaseExceptionGroup as group:
-            # the listener never raises: what is inside is the wait's own outcome (Busy, …)
-            raise group.exceptions[0] if len(group.exceptions) == 1 else group
-        if self.left:
-            raise ClientLeft
-
-    async def _end_on_departure(self, wait: trio.CancelScope) -> None:
-        await self._departure()  # type: ignore[misc]
-        self.left = True
-        wait.cancel()
-
-
-@dataclass(frozen=True)
 class WorkerLease:
     """The worker a request holds; returned to the pool when the `worker()` block exits."""
 
-    index: int
-    url: str
+    def __init__(self, index: int, url: str, path: str, service_times: ServiceTimes) -> None:
+        self.index = index
+        self.url = url
+        self._path = path
+        self._service_times = service_times
+        self.abandoned_timeout: float | None = None  # set when a forward was left unfinished
+
+    @contextmanager
+    def forwarding(self, timeout_seconds: float) -> Iterator[None]:
+        """Around the forward: an answer times the path; leaving it any other way than with
+        an answer or a finished exchange (cancelled, the client left) leaves the worker
+        draining for at most `timeout_seconds`."""
+        started = trio.current_time()
+        try:
+            yield
+        except _EXCHANGE_ENDED:
+            raise
+        except BaseException:
+            self.abandoned_timeout = timeout_seconds
+            raise
+        self._service_times.record(self._path, trio.current_time() - started)
 
 
 @dataclass
 class _Waiter:
-    exclude: frozenset[int]
+    waiting: Waiting
     event: trio.Event = field(default_factory=trio.Event)
     index: int | None = None  # set when a worker is handed over
     unavailable: bool = False
+
+
+@dataclass
+class DispatchCounters:
+    """Counted since start, read by the metrics at scrape time."""
+
+    early_refusals: int = 0
+    departures_queued: int = 0  # the handler was cancelled (its client left) while waiting
+    departures_forward: int = 0  # … during its forward
 
 
 @dataclass(frozen=True)
@@ -126,18 +126,24 @@ class Dispatcher:
         max_inflight: int,
         queue_wait_seconds: float,
         max_queue_wait_seconds: float,
+        policy: SchedulingPolicy = SchedulingPolicy(),
     ) -> None:
         self.pool = pool
+        self.policy = policy
+        self.counters = DispatchCounters()
+        self.service_times = ServiceTimes()
         self._slots = trio.CapacityLimiter(max_inflight)
         self._queue_wait_seconds = queue_wait_seconds
         self._max_queue_wait_seconds = max_queue_wait_seconds
         self._slot_waiters: set[trio.CancelScope] = set()
-        self._waiters: deque[_Waiter] = deque()
+        self._waiters: list[_Waiter] = []
+        self._departed: set[int] = set()  # workers left draining, for the prober to follow
+        self._departed_changed = trio.Event()
 
     # --- slots --------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def slot(self, watch: ClientWatch | None = None) -> AsyncIterator[None]:
+    async def slot(self) -> AsyncIterator[None]:
         # The borrower is a token object, not the current task, so the slot's owner is
         # this block whatever task machinery runs it.
         token = object()
@@ -146,8 +152,11 @@ class Dispatcher:
         try:
             self._slots.acquire_on_behalf_of_nowait(token)
         except trio.WouldBlock:
-            async with watch.cancellable_wait() if watch else nullcontext():
+            try:
                 await self._wait_for_slot(token)
+            except trio.Cancelled:
+                self.counters.departures_queued += 1
+                raise
         try:
             yield
         finally:
@@ -170,47 +179,68 @@ class Dispatcher:
 
     @asynccontextmanager
     async def worker(
-        self, exclude: frozenset[int] = frozenset(), watch: ClientWatch | None = None
+        self,
+        exclude: frozenset[int] = frozenset(),
+        *,
+        path: str = "",
+        slow: bool = False,
     ) -> AsyncIterator[WorkerLease]:
-        """Lease an idle eligible worker not in `exclude` (those already tried)."""
-        index = self._take_now(exclude)
-        if index is None:
-            index = await self._wait_for_worker(exclude, watch)
-        try:
-            yield WorkerLease(index, self.pool.workers[index].url)
-        finally:
-            self.pool.release(index, trio.current_time())
-            self._hand_over()
-
-    def _take_now(self, exclude: frozenset[int]) -> int | None:
-        self.pool.expire_busy_elsewhere(trio.current_time())
+        """Lease an idle eligible worker not in `exclude` (those already tried) for a
+        request on `path` of the slow class or not."""
+        now = trio.current_time()
+        self.pool.expire_holds(now)
         if not self.pool.eligible(exclude):
             raise Unavailable
-        if self._waiters:  # first come, first served: queue behind earlier requests
-            return None
-        worker = self.pool.select(exclude)
-        if worker is None:
-            return None
-        self.pool.lease(worker.index)
-        return worker.index
-
-    async def _wait_for_worker(self, exclude: frozenset[int], watch: ClientWatch | None) -> int:
-        waiter = _Waiter(exclude)
+        waiter = _Waiter(Waiting(now, slow, exclude, path))
         self._waiters.append(waiter)
         self._hand_over()
+        if waiter.index is None:
+            self._refuse_if_hopeless(waiter)
+            await self._wait_for_worker(waiter)
+        assert waiter.index is not None
+        lease = WorkerLease(waiter.index, self.pool.workers[waiter.index].url, path, self.service_times)
         try:
-            async with watch.cancellable_wait() if watch else nullcontext():
-                with trio.move_on_after(self._queue_wait_seconds):
-                    while not waiter.event.is_set():
-                        # a worker marked busy elsewhere frees itself by time alone, not by an event
-                        with trio.move_on_after(BUSY_ELSEWHERE_SECONDS):
-                            await waiter.event.wait()
-                        self._hand_over()
+            yield lease
+        finally:
+            now = trio.current_time()
+            if lease.abandoned_timeout is None:
+                self.pool.release(lease.index, now)
+            else:
+                self.counters.departures_forward += 1
+                self.pool.release(lease.index, now, drain_seconds=lease.abandoned_timeout)
+                self._departed.add(lease.index)
+                self._departed_changed.set()
+            self._hand_over()
+
+    def _refuse_if_hopeless(self, waiter: _Waiter) -> None:
+        """Early answer: the estimated start is later than the queue wait allows."""
+        others = [w.waiting for w in self._waiters if w is not waiter]
+        start = estimated_start(
+            self.pool, others, waiter.waiting, self.policy, self.service_times.median, trio.current_time()
+        )
+        if start is not None and start > self._queue_wait_seconds:
+            self._waiters.remove(waiter)
+            self.counters.early_refusals += 1
+            raise EarlyRefusal(max(1, math.ceil(start)))
+
+    async def _wait_for_worker(self, waiter: _Waiter) -> None:
+        try:
+            with trio.move_on_after(self._queue_wait_seconds):
+                while not waiter.event.is_set():
+                    # holds that end by time alone (busy elsewhere, draining) free a
+                    # worker without an event
+                    with trio.move_on_after(BUSY_ELSEWHERE_SECONDS):
+                        await waiter.event.wait()
+                    self._hand_over()
+        except trio.Cancelled:
+            self.counters.departures_queued += 1
+            self._abandon(waiter)
+            raise
         except BaseException:
             self._abandon(waiter)
             raise
         if waiter.index is not None:
-            return waiter.index
+            return
         self._abandon(waiter)
         raise Unavailable if waiter.unavailable else Busy
 
@@ -224,25 +254,29 @@ class Dispatcher:
             self._hand_over()
 
     def _hand_over(self) -> None:
-        """Give idle workers to waiters in arrival order; cheap when nobody waits."""
+        """Give idle workers to waiters in service order; cheap when nobody waits."""
         if not self._waiters:
             return
-        self.pool.expire_busy_elsewhere(trio.current_time())
-        for waiter in list(self._waiters):
-            worker = self.pool.select(waiter.exclude)
-            if worker is None:
-                if self.pool.select() is None:
-                    return  # nothing idle at all: later waiters cannot be served either
-                continue  # this waiter has tried the idle ones; a later one may take them
-            self.pool.lease(worker.index)
-            waiter.index = worker.index
-            self._waiters.remove(waiter)
+        now = trio.current_time()
+        self.pool.expire_holds(now)
+        while (pair := next_assignment(self.pool, [w.waiting for w in self._waiters], self.policy)) is not None:
+            position, index = pair
+            waiter = self._waiters.pop(position)
+            self.pool.lease(index, now, path=waiter.waiting.path, slow=waiter.waiting.slow)
+            waiter.index = index
             waiter.event.set()
+
+    async def departures(self) -> list[int]:
+        """Wait until forwards were abandoned; the workers left draining since the last call."""
+        await self._departed_changed.wait()
+        self._departed_changed = trio.Event()
+        departed, self._departed = sorted(self._departed), set()
+        return departed
 
     def _fail_hopeless_waiters(self) -> None:
         """Waiters no online worker can ever serve fail now, not after queue_wait_seconds."""
         for waiter in list(self._waiters):
-            if not self.pool.eligible(waiter.exclude):
+            if not self.pool.eligible(waiter.waiting.exclude):
                 waiter.unavailable = True
                 self._waiters.remove(waiter)
                 waiter.event.set()
@@ -261,10 +295,12 @@ class Dispatcher:
         max_inflight: int,
         queue_wait_seconds: float,
         max_queue_wait_seconds: float,
+        policy: SchedulingPolicy,
     ) -> None:
         """Apply reloaded settings; requests in flight keep their slot and their worker."""
         for event in self.pool.reconfigure(workers, primary_workers, thresholds):
             _log_event(event)
+        self.policy = policy
         self._slots.total_tokens = max_inflight
         self._queue_wait_seconds = queue_wait_seconds
         self._max_queue_wait_seconds = max_queue_wait_seconds
@@ -277,6 +313,11 @@ class Dispatcher:
         event = self.pool.record_probe(index, result, trio.current_time())
         _log_event(event)
         self._fail_hopeless_waiters()
+        self._hand_over()
+
+    def expire_holds(self) -> None:
+        """Holds that end by time alone (busy elsewhere, draining) end now if due."""
+        self.pool.expire_holds(trio.current_time())
         self._hand_over()
 
     def mark_busy_elsewhere(self, index: int) -> None:
@@ -308,6 +349,8 @@ def _log_event(event: PoolEvent | None) -> None:
         log.info("Worker 已移除（不再分配新请求） | worker=%d | url=%s", event.index, event.url)
     elif event.transition is Transition.WENT_OFFLINE:
         log.warning("Worker 下线 | worker=%d | url=%s | 原因=%s", event.index, event.url, event.reason)
+    elif event.transition is Transition.LOADING:
+        log.info("Worker 模型加载中（loading），暂未上线 | worker=%d | url=%s", event.index, event.url)
     elif event.transition is Transition.UNREACHABLE:
         log.warning("Worker 探活失败，未上线 | worker=%d | url=%s | 原因=%s", event.index, event.url, event.reason)
     else:

@@ -1,9 +1,8 @@
 """Forwarding one request to one worker, and the policy for retrying on another.
 
-One shared keep-alive `httpcore` connection pool carries every forward and every probe
-(httpcore directly: the gateway needs none of httpx's conveniences, and skipping them is
-measurably cheaper; see docs/drill_and_bench.md). Outcomes are split the way a retry
-policy needs them, as in httpx's exception tree:
+`Upstream` carries every forward and every probe on kept-alive HTTP/1.1 connections
+(h11 on trio streams, TLS by `ssl`; see the class for why not httpcore). Outcomes are
+split the way a retry policy needs them, as in httpx's exception tree:
 
     WorkerFailure       the worker is broken: eject it, maybe retry elsewhere
       never answered    connect, closed, timeout
@@ -16,22 +15,38 @@ policy needs them, as in httpx's exception tree:
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import ssl
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+from urllib.parse import urlsplit
 
-import httpcore
+import h11
 import trio
 
-from shared.contract import BUSY_KEY, HEADER_FORWARDED_FOR, HEADER_REQUEST_ID, HEADER_TOKEN, is_envelope
+from shared.contract import (
+    BUSY_KEY,
+    HEADER_FORWARDED_FOR,
+    HEADER_REQUEST_ID,
+    HEADER_REQUEST_TIMEOUT_MS,
+    HEADER_TOKEN,
+    is_envelope,
+)
 from shared.errors import reason
 
+# An idle connection is dropped after this, below the workers' own keep-alive timeout
+# (Hypercorn's default is 5 s): a connection the worker is closing right now would fail a
+# request and eject a healthy worker.
 KEEPALIVE_EXPIRY_SECONDS = 4.0
 # Answers larger than this are parsed in a worker thread: a 12 MB answer holds the event
 # loop for ~13 ms, every other request's latency included.
 PARSE_IN_THREAD_BYTES = 256 * 1024
+RECEIVE_BYTES = 64 * 1024
+_TOKEN, _REQUEST_ID = HEADER_TOKEN.encode(), HEADER_REQUEST_ID.encode()
+_FORWARDED_FOR, _REQUEST_TIMEOUT_MS = HEADER_FORWARDED_FOR.encode(), HEADER_REQUEST_TIMEOUT_MS.encode()
 
 
 class FailureKind(Enum):
@@ -119,23 +134,27 @@ class RetryPolicy:
 
 
 class Upstream:
-    """The shared keep-alive client to the workers; one per gateway process."""
+    """The gateway's HTTP/1.1 client to the workers; one per gateway process.
+
+    Keep-alive connections are kept per worker and taken one exchange at a time: a worker
+    runs one job at a time, so its forwards reuse one connection and its probes (which may
+    run beside a forward) another. Written on h11 rather than httpcore's pool: the pool's
+    bookkeeping, its request and response objects and its two writes per request (head,
+    then body) were half the gateway's CPU per forward at its ceiling, this is a third of
+    that (docs/drill_and_bench.md § gateway bench).
+    """
 
     def __init__(self, token: str, *, keepalive_connections: int, ca_file: str = "") -> None:
         self._token = token.encode()
-        context = ssl.create_default_context(cafile=ca_file or None)
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=context,
-            max_connections=None,  # dispatch bounds concurrency, not the client
-            max_keepalive_connections=keepalive_connections,
-            # Below the workers' own keep-alive timeout (Hypercorn's default is 5 s): a
-            # connection the worker is closing right now would fail a request and eject a
-            # healthy worker.
-            keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS,
-        )
+        self._ssl_context = ssl.create_default_context(cafile=ca_file or None)
+        self._keepalive_connections = keepalive_connections  # idle ones kept, all workers together
+        self._idle: dict[_Origin, list[_Connection]] = {}
 
     async def aclose(self) -> None:
-        await self._pool.aclose()
+        idle, self._idle = self._idle, {}
+        for connections in idle.values():
+            for connection in connections:
+                connection.close()
 
     def set_token(self, token: str) -> None:
         """Send `token` from the next request on; requests already sent keep theirs."""
@@ -143,14 +162,17 @@ class Upstream:
 
     async def forward(self, base_url: str, request: ForwardRequest, timeout_seconds: float) -> WorkerAnswer:
         headers = [
-            (HEADER_TOKEN.encode(), self._token),
-            (HEADER_REQUEST_ID.encode(), request.request_id.encode()),
-            (HEADER_FORWARDED_FOR.encode(), request.forwarded_for.encode("latin-1")),
+            (_TOKEN, self._token),
+            (_REQUEST_ID, request.request_id.encode()),
+            (_FORWARDED_FOR, request.forwarded_for.encode("latin-1")),
+            # the attempt's deadline, so the host never works on what nobody will read
+            (_REQUEST_TIMEOUT_MS, str(deadline_milliseconds(timeout_seconds)).encode()),
+            (b"Content-Length", str(len(request.body)).encode()),
         ]
         if request.content_type is not None:
             headers.append((b"Content-Type", request.content_type.encode("latin-1")))
-        url = base_url.encode() + request.target.encode("latin-1")  # the client's bytes, as sent
-        status, raw = await self._send(request.method, url, headers, request.body, timeout_seconds)
+        target = request.target.encode("latin-1")  # the client's bytes, as sent
+        status, raw = await self._send(base_url, request.method, target, headers, request.body, timeout_seconds)
         if 400 <= status < 500 and status != 401:
             raise WorkerRefusal(status)
         if status == 503 and _says_busy(raw):
@@ -164,35 +186,163 @@ class Upstream:
         return WorkerAnswer(raw, body)
 
     async def probe(self, url: str, timeout_seconds: float) -> HealthAnswer:
-        status, body = await self._send("GET", url.encode(), [(HEADER_TOKEN.encode(), self._token)], None, timeout_seconds)
+        base_url, target = _split_target(url)
+        status, body = await self._send(base_url, "GET", target, [(_TOKEN, self._token)], b"", timeout_seconds)
         return HealthAnswer(status, body)
 
     async def _send(
         self,
+        base_url: str,
         method: str,
-        url: bytes,
+        target: bytes,
         headers: list[tuple[bytes, bytes]],
-        body: bytes | None,
+        body: bytes,
         timeout_seconds: float,
     ) -> tuple[int, bytes]:
-        timeouts = dict.fromkeys(("connect", "read", "write", "pool"), timeout_seconds)
-        # httpcore's timeouts are per read or write; the deadline bounds the whole exchange.
-        with trio.move_on_after(timeout_seconds):
-            try:
-                response = await self._pool.request(
-                    method, url, headers=headers, content=body, extensions={"timeout": timeouts}
-                )
-            except httpcore.ConnectTimeout as error:
-                raise WorkerFailure(FailureKind.CONNECT, f"connect timeout: {reason(error)}") from None
-            except httpcore.TimeoutException as error:
-                raise WorkerFailure(FailureKind.TIMEOUT, f"{type(error).__name__}: {error}") from None
-            except (httpcore.ConnectError, httpcore.UnsupportedProtocol, httpcore.LocalProtocolError) as error:
-                # the request never left: refused, unreachable, TLS, or a URL we cannot send to
-                raise WorkerFailure(FailureKind.CONNECT, reason(error)) from None
-            except (httpcore.NetworkError, httpcore.RemoteProtocolError) as error:
-                raise WorkerFailure(FailureKind.CLOSED, f"{type(error).__name__}: {error}") from None
-            return response.status, response.content
+        """One exchange; `timeout_seconds` bounds all of it, connecting included."""
+        origin = _origin(base_url)
+        deadline = trio.current_time() + timeout_seconds
+        try:
+            head = h11.Request(method=method, target=origin.path + target, headers=[(b"Host", origin.host), *headers])
+        except h11.LocalProtocolError as error:  # nothing we could send: it never left
+            raise WorkerFailure(FailureKind.CONNECT, reason(error)) from None
+        connection = self._take_idle(origin)
+        if connection is None:
+            with trio.move_on_at(deadline):
+                connection = await self._connect(origin)
+            if connection is None:
+                raise WorkerFailure(FailureKind.CONNECT, f"connect timeout after {timeout_seconds:g}s")
+        try:
+            with trio.move_on_at(deadline):
+                answer = await connection.exchange(head, body)
+                self._keep(origin, connection)
+                return answer
+        except (h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
+            connection.close()
+            raise WorkerFailure(FailureKind.CLOSED, reason(error)) from None
+        except BaseException:  # cancelled (the client left): the host must see the close
+            connection.close()
+            raise
+        connection.close()
         raise WorkerFailure(FailureKind.TIMEOUT, f"no complete answer in {timeout_seconds:g}s")
+
+    def _take_idle(self, origin: _Origin) -> _Connection | None:
+        """The most recently used idle connection to `origin` still fit to send on."""
+        connections = self._idle.get(origin, [])
+        while connections:
+            connection = connections.pop()
+            if connection.reusable():
+                return connection
+            connection.close()  # closed or expired: nothing to say on it
+        return None
+
+    def _keep(self, origin: _Origin, connection: _Connection) -> None:
+        if not connection.start_next_cycle() or sum(map(len, self._idle.values())) >= self._keepalive_connections:
+            connection.close()
+            return
+        self._idle.setdefault(origin, []).append(connection)
+
+    async def _connect(self, origin: _Origin) -> _Connection:
+        if origin.scheme not in ("http", "https"):
+            raise WorkerFailure(FailureKind.CONNECT, f"unsupported scheme {origin.scheme!r}")
+        try:
+            socket_stream = await trio.open_tcp_stream(origin.hostname, origin.port)
+        except OSError as error:  # refused, unreachable, no such host
+            raise WorkerFailure(FailureKind.CONNECT, reason(error)) from None
+        if origin.scheme == "http":
+            return _Connection(socket_stream, socket_stream)
+        tls = trio.SSLStream(socket_stream, self._ssl_context, server_hostname=origin.hostname)
+        try:
+            await tls.do_handshake()
+        except BaseException as error:
+            socket_stream.socket.close()
+            if isinstance(error, (trio.BrokenResourceError, ssl.SSLError, OSError)):
+                raise WorkerFailure(FailureKind.CONNECT, reason(error)) from None
+            raise
+        return _Connection(tls, socket_stream)
+
+
+@dataclass(frozen=True)
+class _Origin:
+    scheme: str
+    hostname: str
+    port: int
+    host: bytes  # the Host header
+    path: bytes  # a path prefix of the worker's URL, usually none
+
+
+@functools.lru_cache(maxsize=256)
+def _origin(base_url: str) -> _Origin:
+    parts = urlsplit(base_url)
+    default_port = 443 if parts.scheme == "https" else 80
+    try:
+        port = parts.port or default_port
+    except ValueError:
+        port = default_port  # refused when connecting: no such port
+    return _Origin(parts.scheme, parts.hostname or "", port, parts.netloc.encode(), parts.path.rstrip("/").encode())
+
+
+def _split_target(url: str) -> tuple[str, bytes]:
+    """"http://host:port/health?x" -> ("http://host:port", b"/health?x")."""
+    parts = urlsplit(url)
+    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    return f"{parts.scheme}://{parts.netloc}", target.encode("latin-1")
+
+
+class _Connection:
+    """One HTTP/1.1 connection to a worker: one exchange at a time, request in one write."""
+
+    def __init__(self, stream: trio.abc.Stream, socket_stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.socket_stream = socket_stream
+        self._protocol = h11.Connection(h11.CLIENT)
+        self._idle_since = trio.current_time()
+        self._write_failed = False
+
+    async def exchange(self, head: h11.Request, body: bytes) -> tuple[int, bytes]:
+        events = (head, h11.Data(data=body), h11.EndOfMessage())
+        try:
+            await self.stream.send_all(b"".join(self._protocol.send(event) or b"" for event in events))  # one write
+        except trio.BrokenResourceError:
+            self._write_failed = True  # it may have answered before reading it all (a 413) and closed: read that
+        status, chunks = 0, []
+        while True:
+            event = self._protocol.next_event()
+            if event is h11.NEED_DATA:
+                self._protocol.receive_data(bytes(await self.stream.receive_some(RECEIVE_BYTES)))  # bytes: no copy
+            elif isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                chunks.append(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                return status, b"".join(chunks)
+            elif isinstance(event, h11.ConnectionClosed):
+                raise h11.RemoteProtocolError("the worker closed the connection before its answer")
+
+    def start_next_cycle(self) -> bool:
+        """Ready the connection for the next exchange; False when it must be closed instead."""
+        if self._write_failed or self._protocol.our_state is not h11.DONE or self._protocol.their_state is not h11.DONE:
+            return False
+        self._protocol.start_next_cycle()
+        self._idle_since = trio.current_time()
+        return True
+
+    def close(self) -> None:
+        """At once, also when cancelled: the worker sees the connection end."""
+        self.socket_stream.socket.close()
+
+    def reusable(self) -> bool:
+        """Idle for less than the keep-alive expiry, and the worker has not closed it (a
+        closed socket reads as readable)."""
+        fresh = trio.current_time() - self._idle_since < KEEPALIVE_EXPIRY_SECONDS
+        return fresh and not self.socket_stream.socket.is_readable()
+
+
+def deadline_milliseconds(timeout_seconds: float) -> int:
+    """`X-Request-Timeout-Ms`: the whole milliseconds the gateway waits (rounded down, so
+    the host never works past the gateway's deadline; 1.001 s is 1001 ms, not the 1000 its
+    binary fraction would floor to)."""
+    return math.floor(round(timeout_seconds * 1000, 6))
 
 
 def _says_busy(raw: bytes) -> bool:

@@ -8,6 +8,12 @@ Invariants:
 - a worker is leased to at most one request at a time (`per_worker_concurrency` = 1);
 - a worker is selectable only when online, not leased, and not reported busy by a probe
   sent after the gateway's last request to it ended;
+- a worker whose request was abandoned mid-forward (its client left) is draining: it is
+  not selectable until a probe sent after the abandonment says it is free, or until the
+  attempt's timeout has passed (by then the host has given up the job itself);
+- for a slow request, a worker whose last probe said ComfyUI is "down" is not eligible
+  while another eligible worker says "ok" (`eligible(slow=True)`, the one eligibility rule
+  shared by dispatch and the capabilities of gateway.md);
 - the offline warning is emitted only on an online -> offline transition;
 - a worker's index never changes and is never reused: a reload (`reconfigure`) retires
   removed workers (a request still on one finishes and releases it by its index) and
@@ -17,9 +23,15 @@ Invariants:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
+
+COMFYUI_CHECK = "comfyui"
+DISK_CHECK = "disk"
+COMFYUI_DOWN = "down"
+COMFYUI_OK = "ok"
+DISK_LOW = "low"
 
 
 @dataclass(frozen=True)
@@ -48,10 +60,30 @@ class WorkerState:
     idle_since: float = -math.inf
     retired: bool = False  # removed from the settings: gets nothing new, counts nowhere
     busy_elsewhere_until: float | None = None  # it said "busy" to a forward: another gateway's job
+    draining_until: float | None = None  # its client left mid-forward: the host may still be at it
+    running_slow: bool = False  # leased (or draining) with a slow request: the reservation counts it
+    leased_at: float = -math.inf
+    leased_path: str = ""
+    checks: Mapping[str, str] = field(default_factory=dict)  # the host's deep checks, last seen
+    inference_timeout_seconds: float | None = None  # as its /health reports it
 
     @property
     def idle(self) -> bool:
-        return self.online and not self.leased and not self.reported_busy
+        return self.online and not self.leased and not self.reported_busy and self.draining_until is None
+
+    @property
+    def comfyui_down(self) -> bool:
+        return self.checks.get(COMFYUI_CHECK) == COMFYUI_DOWN
+
+    @property
+    def generation_ready(self) -> bool:
+        """Online and able to draw: ComfyUI "ok", or "off" (the built-in preview). A host
+        that reports no checks is not known to be unable."""
+        return self.online and not self.comfyui_down
+
+    @property
+    def disk_low(self) -> bool:
+        return self.checks.get(DISK_CHECK) == DISK_LOW
 
 
 @dataclass(frozen=True)
@@ -62,6 +94,9 @@ class ProbeResult:
     ok: bool
     busy: bool = False
     reason: str = ""
+    loading: bool = False  # 503 {"status": "loading"}: models still loading, not a failure to report loudly
+    checks: Mapping[str, str] | None = None  # None: the answer carried no JSON body (keep the last)
+    inference_timeout_seconds: float | None = None
 
 
 class Transition(Enum):
@@ -71,6 +106,7 @@ class Transition(Enum):
     ADDED = "added"
     RETIRED = "retired"
     UNREACHABLE = "unreachable"  # not online and failing its probes: logged once per streak, with why
+    LOADING = "loading"  # not online yet because its models are loading: waiting, not failing
 
 
 @dataclass(frozen=True)
@@ -93,6 +129,7 @@ class PoolStatistics:
     workers_primary_total: int
     workers_primary_healthy: int
     drill: bool
+    workers_generation_ready: int = 0
 
 
 class Pool:
@@ -127,15 +164,15 @@ class Pool:
                 worker.retired, worker.online = True, False
                 events.append(PoolEvent(Transition.RETIRED, worker.index, worker.url))
         for url in wanted:
-            worker = by_url.get(url)
-            if worker is None or worker.retired:
-                if worker is None:
-                    worker = WorkerState(len(self.workers), url, False)
-                    self.workers.append(worker)
+            known = by_url.get(url)
+            if known is None or known.retired:
+                if known is None:
+                    known = WorkerState(len(self.workers), url, False)
+                    self.workers.append(known)
                 # new, or back after a removal: unknown health until a probe says otherwise
-                worker.retired, worker.online, worker.successes, worker.failures = False, False, 0, 0
-                events.append(PoolEvent(Transition.ADDED, worker.index, worker.url))
-            worker.primary = url in primaries
+                known.retired, known.online, known.successes, known.failures = False, False, 0, 0
+                events.append(PoolEvent(Transition.ADDED, known.index, known.url))
+            known.primary = url in primaries
         self.thresholds = thresholds
         return events
 
@@ -145,9 +182,12 @@ class Pool:
         worker = self.workers[index]
         if worker.retired:
             return None  # a probe sent before the reload that retired it
+        if result.checks is not None:
+            worker.checks = result.checks
+            worker.inference_timeout_seconds = result.inference_timeout_seconds
         if result.ok:
             return self._probe_succeeded(worker, result, now)
-        return self._probe_failed(worker, result.reason)
+        return self._probe_failed(worker, result)
 
     def _probe_succeeded(self, worker: WorkerState, result: ProbeResult, now: float) -> PoolEvent | None:
         worker.failures = 0
@@ -157,6 +197,8 @@ class Pool:
         if result.sent_at >= worker.last_request_ended:
             worker.reported_busy = result.busy and not worker.leased
             worker.busy_elsewhere_until = None
+            if not result.busy and worker.draining_until is not None:
+                worker.draining_until, worker.running_slow = None, False
         if worker.online or now < worker.cooldown_until:
             return None
         if worker.successes < self.thresholds.healthy_threshold:
@@ -165,7 +207,8 @@ class Pool:
         worker.idle_since = min(worker.idle_since, now)
         return PoolEvent(Transition.CAME_ONLINE, worker.index, worker.url)
 
-    def _probe_failed(self, worker: WorkerState, reason: str) -> PoolEvent | None:
+    def _probe_failed(self, worker: WorkerState, result: ProbeResult) -> PoolEvent | None:
+        reason = result.reason
         worker.successes = 0
         worker.failures += 1
         if worker.online and worker.failures >= self.thresholds.unhealthy_threshold:
@@ -174,35 +217,47 @@ class Pool:
         if not worker.online and worker.failures == self.thresholds.unhealthy_threshold:
             # A worker that never came online (a certificate the CA did not sign, a wrong
             # port) would otherwise fail silently: its operator needs the reason once.
-            return PoolEvent(Transition.UNREACHABLE, worker.index, worker.url, reason)
+            transition = Transition.LOADING if result.loading else Transition.UNREACHABLE
+            return PoolEvent(transition, worker.index, worker.url, reason)
         return None
 
     # --- requests -----------------------------------------------------------------------
 
-    def eligible(self, exclude: frozenset[int] = frozenset()) -> list[WorkerState]:
-        """Online primaries; online backups only when no primary is online."""
+    def eligible(self, exclude: frozenset[int] = frozenset(), *, slow: bool = False) -> list[WorkerState]:
+        """Online primaries; online backups only when no primary is online. For a slow
+        request, not a worker whose ComfyUI is down while another eligible one says "ok"
+        (when none does, generation goes where it would have gone)."""
         online = [w for w in self.workers if w.online]  # a retired worker is never online
         tier = [w for w in online if w.primary] or online
+        if slow and any(w.checks.get(COMFYUI_CHECK) == COMFYUI_OK for w in tier):
+            tier = [w for w in tier if not w.comfyui_down]
         return [w for w in tier if w.index not in exclude]
 
-    def select(self, exclude: frozenset[int] = frozenset()) -> WorkerState | None:
+    def select(self, exclude: frozenset[int] = frozenset(), *, slow: bool = False) -> WorkerState | None:
         """The idle eligible worker idle the longest (ties: lowest index), or None."""
-        idle = [w for w in self.eligible(exclude) if w.idle]
+        idle = [w for w in self.eligible(exclude, slow=slow) if w.idle]
         return min(idle, key=lambda w: (w.idle_since, w.index), default=None)
 
-    def lease(self, index: int) -> None:
+    def lease(self, index: int, now: float = 0.0, *, path: str = "", slow: bool = False) -> None:
         worker = self.workers[index]
         if not worker.idle:
             raise RuntimeError(f"worker {index} is not idle")
         worker.leased = True
+        worker.leased_at, worker.leased_path, worker.running_slow = now, path, slow
 
-    def release(self, index: int, now: float) -> None:
+    def release(self, index: int, now: float, *, drain_seconds: float | None = None) -> None:
+        """The request on `index` is over. `drain_seconds`: it was abandoned mid-forward, so
+        the worker waits for a probe that says it is free, at most that long."""
         worker = self.workers[index]
         worker.leased = False
         worker.reported_busy = False
         worker.busy_elsewhere_until = None
         worker.last_request_ended = now
         worker.idle_since = now
+        if drain_seconds is None:
+            worker.running_slow = False
+        else:
+            worker.draining_until = now + drain_seconds
 
     def mark_busy_elsewhere(self, index: int, now: float, hold_seconds: float) -> None:
         """The worker answered a forward with "busy" (another gateway's job runs there): not a
@@ -211,11 +266,14 @@ class Pool:
         worker.reported_busy = True
         worker.busy_elsewhere_until = now + hold_seconds
 
-    def expire_busy_elsewhere(self, now: float) -> None:
+    def expire_holds(self, now: float) -> None:
+        """End the holds that end by time alone: "busy elsewhere", and draining."""
         for worker in self.workers:
             if worker.busy_elsewhere_until is not None and worker.busy_elsewhere_until <= now:
                 worker.reported_busy = False
                 worker.busy_elsewhere_until = None
+            if worker.draining_until is not None and worker.draining_until <= now:
+                worker.draining_until, worker.running_slow = None, False
 
     def eject(self, index: int, now: float, reason: str) -> PoolEvent | None:
         """Passive ejection after a failed forward: offline at once, then a cooldown.
@@ -246,8 +304,9 @@ class Pool:
         return PoolStatistics(
             workers_total=len(active),
             workers_healthy=sum(w.online for w in active),
-            workers_busy=sum(w.leased or w.reported_busy for w in active),
+            workers_busy=sum(w.leased or w.reported_busy or w.draining_until is not None for w in active),
             workers_primary_total=sum(w.primary for w in active),
             workers_primary_healthy=sum(w.primary and w.online for w in active),
             drill=self.drill,
+            workers_generation_ready=sum(w.generation_ready for w in active),
         )

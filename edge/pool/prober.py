@@ -5,13 +5,22 @@ never accepts a connection before it knows who is online; that is also when the 
 `Worker 池初始化完成` line is logged. Probes run concurrently and on their own
 connections: a worker busy with an inference still answers `/health`, so a probe never
 waits for a request to finish.
+
+Beside the rounds, a worker whose forward was abandoned (its client left) is probed at
+once and then every `DEPARTURE_PROBE_INTERVAL_SECONDS` until a probe says it is free, so
+the GPU it no longer works for serves the next request within a probe's round trip.
+Each probe also keeps the host's deep `checks` and its `inference_timeout_seconds`; a
+host whose timeout leaves no margin below the gateway's request timeout is named in one
+warning (per worker and value).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import trio
 
@@ -25,17 +34,40 @@ log = logging.getLogger("edge.pool")
 # (url, timeout_seconds) -> the answer; raises on transport errors and timeouts.
 ProbeFunction = Callable[[str, float], Awaitable[HealthAnswer]]
 
+DEPARTURE_PROBE_INTERVAL_SECONDS = 0.1  # gateway.md § Scheduling: at once, then every 100 ms
+# The host's own inference timeout must end at least this much before the gateway gives up
+# on the request, or its 1007 (with its reason) never reaches the client (issue 15 item 7).
+INFERENCE_TIMEOUT_MARGIN_SECONDS = 1.0
+LOADING_STATUS = "loading"
+
 
 def judge(answer: HealthAnswer, sent_at: float) -> ProbeResult:
-    """Success is HTTP 200 with a JSON body; `"busy": true` in it marks the worker busy."""
-    if answer.status != 200:
-        return ProbeResult(sent_at, ok=False, reason=f"HTTP {answer.status}")
+    """Success is HTTP 200 with a JSON body; `"busy": true` in it marks the worker busy.
+    Any JSON object (a 503 for a low disk too) carries the host's `checks`."""
     try:
-        body = json.loads(answer.body)
-    except ValueError:
+        body: Any = json.loads(answer.body)
+    except (ValueError, RecursionError):
+        body = None
+    document = body if isinstance(body, dict) else {}
+    checks = _checks(document.get("checks")) if body is not None else None
+    timeout = document.get("inference_timeout_seconds")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout):
+        timeout = None
+    if answer.status != 200:
+        loading = answer.status == 503 and document.get("status") == LOADING_STATUS
+        reason = f"HTTP {answer.status} {LOADING_STATUS}" if loading else f"HTTP {answer.status}"
+        return ProbeResult(sent_at, ok=False, reason=reason, loading=loading, checks=checks, inference_timeout_seconds=timeout)
+    if body is None:
         return ProbeResult(sent_at, ok=False, reason="health body is not JSON")
-    busy = isinstance(body, dict) and body.get(BUSY_KEY) is True
-    return ProbeResult(sent_at, ok=True, busy=busy)
+    busy = document.get(BUSY_KEY) is True
+    return ProbeResult(sent_at, ok=True, busy=busy, checks=checks, inference_timeout_seconds=timeout)
+
+
+def _checks(value: object) -> Mapping[str, str]:
+    """The `checks` object, its string entries only (anything else a host sends is ignored)."""
+    if not isinstance(value, dict):
+        return {}
+    return {name: state for name, state in value.items() if isinstance(name, str) and isinstance(state, str)}
 
 
 class Prober:
@@ -49,28 +81,60 @@ class Prober:
         path: str,
         interval_seconds: float,
         timeout_seconds: float,
+        request_timeout_seconds: float = math.inf,
     ) -> None:
         self._dispatcher = dispatcher
         self._probe = probe
         self._path = path
         self._interval_seconds = interval_seconds
         self._timeout_seconds = timeout_seconds
+        self._request_timeout_seconds = request_timeout_seconds
+        self._warned_timeouts: dict[int, float] = {}  # worker -> the value a warning named
+        self._following: set[int] = set()  # workers probed every 100 ms after a departure
 
-    def reconfigure(self, *, path: str, interval_seconds: float, timeout_seconds: float) -> None:
+    def reconfigure(
+        self, *, path: str, interval_seconds: float, timeout_seconds: float, request_timeout_seconds: float = math.inf
+    ) -> None:
         """Reloaded settings; the next round uses them."""
         self._path, self._interval_seconds, self._timeout_seconds = path, interval_seconds, timeout_seconds
+        if request_timeout_seconds != self._request_timeout_seconds:
+            self._warned_timeouts.clear()  # a new request timeout: judge every host again
+        self._request_timeout_seconds = request_timeout_seconds
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         next_round = trio.current_time()
         await self.probe_all()
         self._log_initialised()
         task_status.started()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._follow_departures, nursery)
+            while True:
+                # Rounds start every interval; a round slower than that (timeout > interval)
+                # delays the next one instead of piling up rounds to catch up.
+                next_round = max(next_round + self._interval_seconds, trio.current_time())
+                await trio.sleep_until(next_round)
+                await self.probe_all()
+
+    async def _follow_departures(self, nursery: trio.Nursery) -> None:
         while True:
-            # Rounds start every interval; a round slower than that (timeout > interval)
-            # delays the next one instead of piling up rounds to catch up.
-            next_round = max(next_round + self._interval_seconds, trio.current_time())
-            await trio.sleep_until(next_round)
-            await self.probe_all()
+            for index in await self._dispatcher.departures():
+                if index not in self._following:
+                    self._following.add(index)
+                    nursery.start_soon(self._probe_until_free, index)
+
+    async def _probe_until_free(self, index: int) -> None:
+        """At once, then every 100 ms, until the worker is no longer draining (a probe said
+        it is free, its hold ran out, or it went offline or was removed)."""
+        worker = self._dispatcher.pool.workers[index]
+        try:
+            next_probe = trio.current_time()
+            while worker.draining_until is not None and worker.online:
+                await self._probe_one(index, worker.url)
+                next_probe = max(next_probe + DEPARTURE_PROBE_INTERVAL_SECONDS, trio.current_time())
+                await trio.sleep_until(min(next_probe, worker.draining_until or next_probe))
+                self._dispatcher.expire_holds()
+        finally:
+            self._following.discard(index)
 
     async def probe_all(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -90,6 +154,24 @@ class Prober:
         if scope.cancelled_caught:
             result = ProbeResult(sent_at, ok=False, reason="timeout")
         self._dispatcher.record_probe(index, result)
+        self._check_margin(index, result.inference_timeout_seconds)
+
+    def _check_margin(self, index: int, inference_timeout_seconds: float | None) -> None:
+        if inference_timeout_seconds is None:
+            return
+        limit = self._request_timeout_seconds - INFERENCE_TIMEOUT_MARGIN_SECONDS
+        if inference_timeout_seconds <= limit:
+            self._warned_timeouts.pop(index, None)
+            return
+        if self._warned_timeouts.get(index) == inference_timeout_seconds:
+            return
+        self._warned_timeouts[index] = inference_timeout_seconds
+        log.warning(
+            "Worker 推理超时未留余量：gpu_host.inference_timeout_seconds (%g) 应比网关 "
+            "edge.dispatch.request_timeout_seconds (%g) 至少小 %g 秒 | worker=%d | url=%s",
+            inference_timeout_seconds, self._request_timeout_seconds, INFERENCE_TIMEOUT_MARGIN_SECONDS,
+            index, self._dispatcher.pool.workers[index].url,
+        )  # fmt: skip
 
     def _log_initialised(self) -> None:
         stats = self._dispatcher.pool.statistics()

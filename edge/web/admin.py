@@ -7,8 +7,16 @@
   requests already sent finish with the old one. A token from the environment cannot be
   persisted (it would win again at the next start): 409, nothing changed.
 
-The router checks the internal token for both routes (`token=True`) before any handler
-runs. Tokens are named only by fingerprint, in answers and in logs.
+| path            | methods   | body  |
+|-----------------|-----------|-------|
+| /admin/stats    | GET, HEAD | none  |
+| /admin/workers  | GET, HEAD | none  |
+| /admin/token    | POST      | 4 KiB |
+
+Every route needs the internal token, checked before any body byte is read
+(`requires_token`). A switch and a settings reload (SIGHUP) take the same lock
+(`Gateway.settings_lock`): neither can undo the other. Tokens are named only by
+fingerprint, in answers and in logs.
 """
 
 from __future__ import annotations
@@ -18,10 +26,21 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import trio
+from quart import Blueprint
+from quart import Response as QuartResponse
+from quart import request
 
-from edge.web.http import Request, Response, json_response
+from edge.web.http import current_gateway_request, json_page
 from edge.web.monitor import error_answer
-from shared.secrets_file import MIN_TOKEN_CHARS, SecretsFileError, SecretsSource, is_acceptable_token, write_secret
+from edge.web.refusals import requires_token
+from shared.secrets_file import (
+    MIN_DISTINCT_TOKEN_CHARS,
+    MIN_TOKEN_CHARS,
+    SecretsFileError,
+    SecretsSource,
+    is_acceptable_token,
+    write_secret,
+)
 from shared.settings import token_fingerprint
 
 if TYPE_CHECKING:
@@ -31,47 +50,75 @@ log = logging.getLogger("edge.admin")
 
 ADMIN_BODY_LIMIT_BYTES = 4096
 SHARED_PASSWORD_KEY = "auth.shared_password"
-MSG_BAD_TOKEN_BODY = f'请求体必须是 JSON 对象 {{"shared_password": "<至少 {MIN_TOKEN_CHARS} 个可打印 ASCII 字符，无空格>"}}'
+MSG_BAD_TOKEN_BODY = (
+    f'请求体必须是 JSON 对象 {{"shared_password": "<至少 {MIN_TOKEN_CHARS} 个可打印 ASCII 字符，'
+    f'其中至少 {MIN_DISTINCT_TOKEN_CHARS} 个不同，无空格>"}}'
+)
 MSG_TOKEN_FROM_ENVIRONMENT = "当前 token 来自环境变量 {variable}，无法写入 secrets 文件；未做任何修改"
 MSG_NO_SECRETS_FILE = "该网关启动时未指定 secrets 文件，无法保存新 token；未做任何修改"
 MSG_NOT_PERSISTED = "新 token 未能写入 secrets 文件，未做任何修改：{error}"
 
 
+def admin_blueprint(gateway: Gateway) -> Blueprint:
+    admin = Blueprint("admin", __name__, url_prefix="/admin")
+    tokens = TokenAdmin(gateway)
+    token = requires_token(gateway)
+
+    @admin.get("/stats")
+    @token
+    async def stats() -> QuartResponse:
+        return json_page(200, gateway.stats.snapshot())
+
+    @admin.get("/workers")
+    @token
+    async def workers() -> QuartResponse:
+        return json_page(200, tokens.workers())
+
+    @admin.post("/token")
+    @token
+    async def set_token() -> QuartResponse:
+        request.max_content_length = ADMIN_BODY_LIMIT_BYTES
+        return json_page(*await tokens.set_token(await current_gateway_request().read_body()))
+
+    return admin
+
+
 class TokenAdmin:
-    """The two handlers, bound to one gateway and where its secret lives."""
+    """The pool listing and the token switch of one gateway (and where its secret lives)."""
 
-    def __init__(self, gateway: Gateway, secrets: SecretsSource | None) -> None:
+    def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
-        self._secrets = secrets
-        self._switching = trio.Lock()  # one switch at a time: file and memory stay in step
 
-    async def workers(self, request: Request) -> Response:
-        pool = self._gateway.pool
+    def workers(self) -> dict[str, Any]:
         listing = [
-            {"index": worker.index, "url": worker.url, "online": worker.online, "primary": worker.primary}
-            for worker in pool.active
-        ]
-        return json_response(200, {"workers": listing})
+            {
+                "index": worker.index, "url": worker.url, "online": worker.online, "primary": worker.primary,
+                # the host's deep checks and its own model-call timeout, as its /health last said
+                "checks": dict(worker.checks), "inference_timeout_seconds": worker.inference_timeout_seconds,
+            }
+            for worker in self._gateway.pool.active
+        ]  # fmt: skip
+        return {"workers": listing}
 
-    async def set_token(self, request: Request) -> Response:
-        new = _parse_token(request.body)
+    async def set_token(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        new = _parse_token(body)
         if new is None:
-            return json_response(400, error_answer(MSG_BAD_TOKEN_BODY))
-        if self._secrets is None:
-            return json_response(409, error_answer(MSG_NO_SECRETS_FILE))
-        if self._secrets.from_environment:
-            message = MSG_TOKEN_FROM_ENVIRONMENT.format(variable=self._secrets.environment_variable)
-            return json_response(409, error_answer(message))
-        async with self._switching:
+            return 400, error_answer(MSG_BAD_TOKEN_BODY)
+        secrets = self._gateway.secrets
+        if secrets is None:
+            return 409, error_answer(MSG_NO_SECRETS_FILE)
+        if secrets.from_environment:
+            return 409, error_answer(MSG_TOKEN_FROM_ENVIRONMENT.format(variable=secrets.environment_variable))
+        async with self._gateway.settings_lock:  # file and memory in step, and no reload in between
             try:
-                await trio.to_thread.run_sync(write_secret, self._secrets.path, SHARED_PASSWORD_KEY, new)
+                await trio.to_thread.run_sync(write_secret, secrets.path, SHARED_PASSWORD_KEY, new)
             except SecretsFileError as error:
                 log.error("切换 token 失败，继续使用旧 token | %s", error)
-                return json_response(500, error_answer(MSG_NOT_PERSISTED.format(error=error)))
-            self._switch(new)
-        return json_response(200, {"status": "ok", "fingerprint": token_fingerprint(new)})
+                return 500, error_answer(MSG_NOT_PERSISTED.format(error=error))
+            self._switch(new, secrets)
+        return 200, {"status": "ok", "fingerprint": token_fingerprint(new)}
 
-    def _switch(self, new: str) -> None:
+    def _switch(self, new: str, secrets: SecretsSource) -> None:
         gateway = self._gateway
         old = gateway.settings.auth.shared_password
         auth = gateway.settings.auth.model_copy(update={"shared_password": new})
@@ -81,7 +128,7 @@ class TokenAdmin:
             "shared_password 已切换 | 旧=%s 新=%s 来源=%s",
             token_fingerprint(old),
             token_fingerprint(new),
-            self._secrets.path,
+            secrets.path,
         )
 
 

@@ -2,20 +2,21 @@
 
 This is the gateway's request policy with no HTTP server in it: `ApiService.handle()`
 takes a `ForwardRequest` and returns an `ApiAnswer` holding an envelope, so every failure
-the client sees is an envelope (never a bare disconnect or a 5xx page). The one answer
-without an envelope is for a client that left while its request was still queued: it
-gets nothing, and no worker ever sees its job.
+the client sees is an envelope (never a bare disconnect or a 5xx page). A client that
+leaves cancels `handle()` (quart-trio cancels the handler): a queued request gives back
+its place and never reaches a worker; a forward under way is abandoned, its upstream
+connection closed and its worker left draining (`edge.pool.dispatch`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
-from edge.pool.dispatch import Busy, ClientLeft, ClientWatch, Dispatcher, Unavailable
+from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal, Unavailable
 from edge.pool.forward import (
     FailureKind,
     ForwardRequest,
@@ -31,11 +32,9 @@ from edge.web.http import encode
 from edge.annotations.rewrite import BadImage, DecodedImages, ImageStore, ImageWriteError, has_images
 from shared.contract import (
     DEFAULT_MESSAGES,
-    GPU_ENDPOINT_PATHS,
     MSG_BACKEND_BUSY,
     MSG_BACKEND_UNAVAILABLE,
     MSG_REFUSED_BY_HOST,
-    MSG_UNKNOWN_ENDPOINT,
     Code,
     ContractError,
     envelope,
@@ -60,14 +59,15 @@ class ApiAnswer:
     worker: int | None = None
     attempts: int = 0
     queue_seconds: float = 0.0
-    client_left: bool = False  # nobody to answer: the client disconnected
     gateway_made: bool = False  # the gateway's own envelope, not a worker's answer
+    early_refusal: bool = False  # busy at once: by the estimate it could not start in its queue wait
+    failed_workers: tuple[int, ...] = ()  # workers whose forward failed (then retried elsewhere, or not)
 
     @property
     def storable(self) -> bool:
         """May be replayed to a retry with the same Idempotency-Key: never a gateway-made
         1007 (no worker, busy, retries exhausted), which the client should try again."""
-        return not self.client_left and not (self.gateway_made and self.code == Code.SYSTEM_ERROR)
+        return not (self.gateway_made and self.code == Code.SYSTEM_ERROR)
 
 
 class ApiService:
@@ -120,36 +120,37 @@ class ApiService:
             retry_after = math.ceil(self._probe_interval_seconds) if nothing_online else BUSY_RETRY_AFTER_SECONDS
         return ApiAnswer(encode(envelope(code, request_id, None, message)), int(code), retry_after, gateway_made=True)
 
-    async def handle(self, request: ForwardRequest, watch: ClientWatch | None = None) -> ApiAnswer:
-        if request.path not in GPU_ENDPOINT_PATHS or request.method != "POST":
-            message = MSG_UNKNOWN_ENDPOINT.format(method=request.method, path=request.path)
-            return self.gateway_failure(request.request_id, Code.INVALID_PARAMETER, message)
+    async def handle(self, request: ForwardRequest) -> ApiAnswer:
+        # only the GPU endpoints' POST routes get here (`edge.web.api_routes`)
         try:
             await self._check(request)
         except ContractError as error:  # refused before taking a slot or a worker
             return ApiAnswer(encode(failure_envelope(error, request.request_id)), int(error.code))
         progress = _Progress(trio.current_time())
+        progress.wait_began()
         try:
-            async with self._dispatcher.slot(watch):
-                progress.queue_seconds = trio.current_time() - progress.started
-                answer = await self._forward_with_retries(request, progress, watch)
+            async with self._dispatcher.slot():
+                progress.wait_ended()
+                answer = await self._forward_with_retries(request, progress)
+        except EarlyRefusal as refusal:
+            answer = self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_BUSY)
+            answer.retry_after, answer.early_refusal = refusal.retry_after_seconds, True
+            progress.waiting_since, progress.queue_seconds = None, 0.0  # it did not wait (gateway.md)
         except Busy:
             answer = self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_BUSY)
         except Unavailable:
             answer = self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_UNAVAILABLE)
-        except ClientLeft:
-            answer = ApiAnswer(b"", None, client_left=True)
+        progress.wait_ended()  # a wait that ended in Busy or Unavailable still counts
         answer.worker, answer.attempts, answer.queue_seconds = progress.worker, progress.attempts, progress.queue_seconds
+        answer.failed_workers = tuple(progress.failed_workers)
         return answer
 
-    async def _forward_with_retries(
-        self, request: ForwardRequest, progress: _Progress, watch: ClientWatch | None
-    ) -> ApiAnswer:
+    async def _forward_with_retries(self, request: ForwardRequest, progress: _Progress) -> ApiAnswer:
         timeout_seconds = self._timeout_for(request.path)
         tried: set[int] = set()
         while True:
             try:
-                answer, images = await self._attempt(request, timeout_seconds, tried, progress, watch)
+                answer, images = await self._attempt(request, timeout_seconds, tried, progress)
             except WorkerBusy:  # shared with another gateway: not an attempt, not a failure
                 assert progress.worker is not None
                 tried.discard(progress.worker)
@@ -157,6 +158,8 @@ class ApiService:
                 self._dispatcher.mark_busy_elsewhere(progress.worker)
                 continue
             except WorkerFailure as failure:
+                assert progress.worker is not None
+                progress.failed_workers.append(progress.worker)
                 log.warning(
                     "转发失败 | request_id=%s | worker=%s | 第%d次 | 原因=%s",
                     request.request_id, progress.worker, progress.attempts, failure,
@@ -169,8 +172,6 @@ class ApiService:
                 log.warning("后端拒绝请求 | request_id=%s | worker=%s | %s", request.request_id, progress.worker, refusal)
                 code = Code.TOO_LARGE if refusal.status == 413 else Code.INVALID_PARAMETER
                 return self.gateway_failure(request.request_id, code, MSG_REFUSED_BY_HOST.format(status=refusal.status))
-            if watch is not None and watch.left:
-                return ApiAnswer(b"", answer.envelope["code"], client_left=True)  # no files for nobody
             return await self._finish(request, answer, images)
 
     async def _attempt(
@@ -179,26 +180,29 @@ class ApiService:
         timeout_seconds: float,
         tried: set[int],
         progress: _Progress,
-        watch: ClientWatch | None,
     ) -> tuple[WorkerAnswer, DecodedImages | None]:
         """One forward; the answer is judged while the lease is held, so a worker that sent
         garbage is ejected before anyone else can be handed it."""
-        waiting_since = trio.current_time()
-        async with self._dispatcher.worker(frozenset(tried), watch) as lease:
-            progress.queue_seconds += trio.current_time() - waiting_since
+        progress.wait_began()
+        slow = self.is_slow(request.path)
+        async with self._dispatcher.worker(frozenset(tried), path=request.path, slow=slow) as lease:
+            progress.wait_ended()
             progress.attempts += 1  # an attempt is a worker tried, not a wait for one
             progress.worker = lease.index
             tried.add(lease.index)
             try:
-                answer = await self._upstream.forward(lease.url, request, timeout_seconds)
+                # A client that leaves now cancels the forward (the upstream connection is
+                # closed) and leaves the worker draining until the host says it is free.
+                with lease.forwarding(timeout_seconds):
+                    answer = await self._upstream.forward(lease.url, request, timeout_seconds)
                 images = await self._images.decode(answer.envelope) if has_images(answer.raw) else None
             except WorkerFailure as failure:
                 self._eject(lease.index, failure)
                 raise
             except BadImage as error:
-                failure = WorkerFailure(FailureKind.UNUSABLE_BODY, str(error))
-                self._eject(lease.index, failure)
-                raise failure from None
+                unusable = WorkerFailure(FailureKind.UNUSABLE_BODY, str(error))
+                self._eject(lease.index, unusable)
+                raise unusable from None
         return answer, images
 
     async def _check(self, request: ForwardRequest) -> None:
@@ -226,9 +230,12 @@ class ApiService:
             return self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, DEFAULT_MESSAGES[Code.SYSTEM_ERROR])
         return ApiAnswer(encode(rewritten), code)
 
+    def is_slow(self, path: str) -> bool:
+        """A generation endpoint (`slow_paths`): its own timeout, class and reservation."""
+        return path in self._policy.slow_paths
+
     def _timeout_for(self, path: str) -> float:
-        slow = path in self._policy.slow_paths
-        return self._slow_request_timeout_seconds if slow else self._request_timeout_seconds
+        return self._slow_request_timeout_seconds if self.is_slow(path) else self._request_timeout_seconds
 
 
 @dataclass
@@ -237,3 +244,14 @@ class _Progress:
     queue_seconds: float = 0.0
     attempts: int = 0
     worker: int | None = None
+    failed_workers: list[int] = field(default_factory=list)
+    waiting_since: float | None = None  # a queue wait (slot, worker) under way
+
+    def wait_began(self) -> None:
+        self.waiting_since = trio.current_time()
+
+    def wait_ended(self) -> None:
+        """Counts the wait under way into `queue_seconds`, also one that ended in Busy."""
+        if self.waiting_since is not None:
+            self.queue_seconds += trio.current_time() - self.waiting_since
+            self.waiting_since = None

@@ -1,13 +1,20 @@
-"""The gateway's HTTP layer: one ASGI router over the route table of `edge.routes`.
+"""The gateway's HTTP layer on Quart: the app class, and what it adds to Quart's request.
 
-Every route declares its policy — methods, whether it needs the internal token, how large
-a body it takes, whether it goes in the request log — and the router applies it the same
-way for all, in this order: header block size, method, token (before any body byte is
-read), body (bounded in size and in time), handler, answer, log line. Handlers get a
-`Request` with the body already read and return a `Response`; they never see ASGI.
+`GatewayApp` is a `QuartTrio` app with three extensions, each in the slot Quart provides
+for it (`request_class`, `asgi_http_class`, `log_exception`):
+- `GatewayRequest`: Quart's request with a body limit that a view can lower
+  (`request.max_content_length = n` bounds the body itself, not only form parsing) and
+  an idle bound between two body chunks beside Quart's `BODY_TIMEOUT` for the whole body
+  (Hypercorn's `read_timeout` cannot be that bound: it also cuts off a client that
+  is quietly waiting for a 20 s answer);
+- `GatewayConnection`: the request-log line of every `/api/` request, taken after its
+  answer was written — or with status 499 when its client left first (quart-trio then
+  cancels the handler: that is how a departed client frees its place in the queue) —
+  and an answer held in memory sent as one ASGI message;
+- the exception log names the request id.
 
-No web framework sits in between: the `/api/` path is the gateway's hot path and its
-latency budget is a millisecond (docs/drill_and_bench.md has the measurements).
+The `/api/` handlers work on an `Exchange` (request id, headers, body) and answer an
+`ApiResponse`; admission and idempotency (`edge.admission`) see only those two.
 """
 
 from __future__ import annotations
@@ -16,61 +23,154 @@ import hmac
 import json
 import logging
 import time
-from functools import partial
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from types import TracebackType
+from typing import Any, cast
 
 import trio
+from hypercorn.typing import (
+    ASGIReceiveCallable,
+    ASGISendCallable,
+    ASGISendEvent,
+    HTTPResponseBodyEvent,
+    HTTPResponseStartEvent,
+)
+from quart import Response as QuartResponse
+from quart import current_app, request
+from quart.utils import encode_headers
+from quart.wrappers.response import DataBody
+from quart_trio import QuartTrio
+from quart_trio.asgi import TrioASGIHTTPConnection
+from quart_trio.wrappers.request import TrioBody, TrioRequest
+from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
-from edge.pool.dispatch import ClientWatch
 from edge.observe.request_log import RequestRecord
-from shared.contract import HEADER_REQUEST_ID, HEADER_TOKEN, request_id_from_header
+from shared.contract import API_PREFIX, HEADER_REQUEST_ID, request_id_from_header
 
 log = logging.getLogger("edge.http")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-Handler = Callable[["Request"], Awaitable["Response"]]
-
 CLIENT_CLOSED = 499  # request-log status of a client that left before its answer (nginx's)
-_DRAIN_LIMIT_BYTES = 64 * 1024 * 1024
-_DRAIN_LIMIT_SECONDS = 10.0
-_TOKEN = HEADER_TOKEN.lower().encode()
+BODY_IDLE_TIMEOUT = "HAIRGATE_BODY_IDLE_TIMEOUT"  # app.config key: longest gap between two body chunks
+JSON = "application/json"
 _REQUEST_ID = HEADER_REQUEST_ID.lower().encode()
-_JSON = b"application/json"
+Scope = Mapping[str, Any]  # an ASGI HTTP scope
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What the router bounds for every request (`edge` settings)."""
-
-    max_header_bytes: int
-    max_api_body_bytes: int  # the body limit of the business endpoints (`Route.max_body_bytes` None)
-    body_idle_timeout_seconds: float
-    body_timeout_seconds: float
+# --- the body and the request ------------------------------------------------------------
 
 
-@dataclass
-class Request:
-    """A request as handlers see it: body read, headers lower-cased, client departure watched."""
+class GatewayBody(TrioBody):
+    """Quart's body buffer, which also knows when the client sent its last byte and when
+    its last chunk came (for the idle bound), and whose limit a view can lower."""
 
-    method: str
-    path: str
-    query: str
-    headers: dict[bytes, bytes]
-    client_ip: str
-    request_id: str
-    body: bytes
-    watch: ClientWatch
-    admission: object | None = None  # what the route's `admit` hook noted for its handler
+    def __init__(self, expected_content_length: int | None, max_content_length: int | None) -> None:
+        super().__init__(expected_content_length, max_content_length)
+        self._expected = expected_content_length
+        self.received_bytes = 0  # counted past the limit too: what a drain has to read
+        self.ended = trio.Event()  # the client's last byte arrived
+        self.last_arrival = trio.current_time()
+        self._arrival = trio.Event()
 
-    def header(self, name: bytes) -> str | None:
-        value = self.headers.get(name)
-        return None if value is None else value.decode("latin-1")
+    def limit(self, max_content_length: int | None) -> None:
+        self._max_content_length = max_content_length
+        if max_content_length is None or self._must_raise is not None:
+            return
+        if (self._expected or 0) > max_content_length or len(self._data) > max_content_length:
+            self._refuse()
+
+    def append(self, data: bytes) -> None:
+        # Quart's own, except that an over-limit body is not marked as received in full
+        self.received_bytes += len(data)
+        self._arrived()
+        if data == b"" or self._must_raise is not None:
+            return
+        self._data.extend(data)
+        self._has_data.set()
+        if self._max_content_length is not None and len(self._data) > self._max_content_length:
+            self._refuse()
+
+    def set_complete(self) -> None:  # Quart calls it on the request's last message
+        super().set_complete()
+        self.ended.set()
+        self._arrived()
+
+    async def read(self, whole_seconds: float | None, idle_seconds: float | None) -> bytes:
+        """The whole body; RequestTimeout past either bound, RequestEntityTooLarge over the limit."""
+        deadline = trio.current_time() + (whole_seconds if whole_seconds is not None else float("inf"))
+        idle = idle_seconds if idle_seconds is not None else float("inf")
+        while self._must_raise is None and not self._complete.is_set():
+            arrival = self._arrival
+            with trio.move_on_at(min(deadline, self.last_arrival + idle)):
+                await arrival.wait()
+            if not arrival.is_set():
+                raise RequestTimeout()
+        if self._must_raise is not None:
+            raise self._must_raise
+        return bytes(self._data)
+
+    async def drain(self, max_bytes: int, max_seconds: float) -> None:
+        """Let the rest of a refused body arrive (bounded), so that a client that writes
+        its whole body before reading is not reset before it reads its answer."""
+        with trio.move_on_after(max_seconds):
+            while not self.ended.is_set() and self.received_bytes <= max_bytes:
+                arrival = self._arrival
+                await arrival.wait()
+
+    def _refuse(self) -> None:
+        self._must_raise = RequestEntityTooLarge()
+        self._complete.set()
+        self._has_data.set()
+        self._arrived()
+
+    def _arrived(self) -> None:
+        self.last_arrival = trio.current_time()
+        arrival, self._arrival = self._arrival, trio.Event()
+        arrival.set()
+
+
+class GatewayRequest(TrioRequest):
+    """Quart's request plus the gateway's per-request facts: its id, and what the request
+    log records about an `/api/` answer (`outcome`, `exchange`)."""
+
+    body_class = GatewayBody
+    body: GatewayBody
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        headers = self.scope["headers"]
+        given = next((value for name, value in headers if name == _REQUEST_ID), None)
+        self.request_id = request_id_from_header(None if given is None else given.decode("latin-1"))
+        self.outcome: Outcome | None = None
+        self.exchange: Exchange | None = None
+
+    @property
+    def max_content_length(self) -> int | None:
+        return super().max_content_length
+
+    @max_content_length.setter
+    def max_content_length(self, value: int | None) -> None:
+        self._max_content_length = value
+        self.body.limit(value)
+
+    async def read_body(self) -> bytes:
+        """The whole body, within its limit and both timeouts."""
+        return await self.body.read(self.body_timeout, current_app.config[BODY_IDLE_TIMEOUT])
+
+    async def get_data(self, cache: bool = True, as_text: bool = False, parse_form_data: bool = False) -> Any:
+        if parse_form_data or not cache:
+            raise NotImplementedError("the gateway reads bodies whole, as bytes")
+        data = await self.read_body()
+        return data.decode() if as_text else data
+
+
+def current_gateway_request() -> GatewayRequest:
+    """Quart's `request`, as the gateway's app makes it."""
+    return cast(GatewayRequest, request)
+
+
+# --- what the /api/ handlers see -------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -83,200 +183,154 @@ class Outcome:
     queue_seconds: float = 0.0
     idempotent_replay: bool = False
     rate_limited: bool = False
+    early_refusal: bool = False
+    failed_workers: tuple[int, ...] = ()  # workers whose forward failed before the answer
 
 
 @dataclass
-class Response:
-    """An answer: status, body, extra headers; `outcome` feeds the request log."""
+class Exchange:
+    """An `/api/` request as admission and the handlers see it: headers lower-cased
+    (X-Forwarded-For hops joined), the body once it has been read."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[bytes, bytes]
+    client_ip: str
+    request_id: str
+    body: bytes = b""
+    admission: object | None = None  # what admission noted before the body, for after it
+
+    def header(self, name: bytes) -> str | None:
+        value = self.headers.get(name)
+        return None if value is None else value.decode("latin-1")
+
+
+@dataclass
+class ApiResponse:
+    """An `/api/` answer: status, body, extra headers; `outcome` feeds the request log."""
 
     status: int
     body: bytes
-    content_type: bytes = _JSON
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     outcome: Outcome | None = None
     storable: bool = True  # may be replayed to a retry with the same Idempotency-Key
-    body_unread: bool = False  # refused before its body was read to the end: close after it
-    drain_body: bool = False  # … unless the rest is to be read and dropped (a body too large)
 
 
-@dataclass(frozen=True)
-class Refusals:
-    """The answers a route gives when the router refuses a request before its handler."""
-
-    headers_too_large: Callable[[str, int], Response]  # (request_id, limit_bytes)
-    body_too_large: Callable[[str, int], Response]  # (request_id, limit_bytes)
-    body_too_slow: Callable[[str, float], Response]  # (request_id, seconds)
-    bad_token: Callable[[str], Response]  # (request_id)
-
-
-@dataclass(frozen=True)
-class Route:
-    """One entry of the route table: a path (or a prefix ending in "/") and its policy."""
-
-    path: str
-    methods: frozenset[str] | None  # None: any method (the handler answers each)
-    handler: Handler
-    refusals: Refusals
-    max_body_bytes: int | None = 0  # None: `Limits.max_api_body_bytes`, which a reload may change
-    token: bool = False
-    logged: bool = False  # one request-log line per request (the `/api/` routes)
-    drain_refused_body: bool = False  # answer an over-limit body, then read and drop the rest
-    watch_departure: bool = False  # a client that leaves ends its request's queue waits (`Request.watch`)
-    # Runs after the token check and before the body is read (a rate limit): an answer
-    # refuses the request without reading its body, None lets it in.
-    admit: Handler | None = None
-
-    @property
-    def is_prefix(self) -> bool:
-        return self.path.endswith("/")
+def exchange_of(request: GatewayRequest) -> Exchange:
+    scope = request.scope
+    client = scope.get("client")
+    exchange = Exchange(
+        method=request.method,
+        path=request.path,
+        query=scope["query_string"].decode("latin-1"),
+        headers=_headers(scope),
+        client_ip=client[0] if client else "",
+        request_id=request.request_id,
+    )
+    request.exchange = exchange
+    return exchange
 
 
-class _ClientGone(Exception):
-    """The client disconnected before its body arrived."""
+# --- the app ---------------------------------------------------------------------------
 
 
-class _BodyTooLarge(Exception):
-    pass
+class GatewayConnection(TrioASGIHTTPConnection):
+    """quart-trio's connection, plus the request-log line of each `/api/` request."""
 
+    app: GatewayApp
 
-class _BodyTooSlow(Exception):
-    pass
-
-
-class Router:
-    """The gateway's ASGI callable: matches a `Route`, applies its policy, runs its handler."""
-
-    def __init__(
-        self,
-        routes: Sequence[Route],
-        not_found: Handler,
-        record: Callable[[RequestRecord], None],  # the request log
-        limits: Limits,
-        token: Callable[[], str],
-    ) -> None:
-        self._exact = {route.path: route for route in routes if not route.is_prefix}
-        self._prefixes = [route for route in routes if route.is_prefix]
-        self._not_found = not_found
-        self._record = record
-        self._limits = limits
-        self._token = token  # read per request: the shared password can change while serving
-
-    def reconfigure(self, limits: Limits) -> None:
-        """Reloaded limits (body, head, timeouts): requests that start from now on see them."""
-        self._limits = limits
-
-    def match(self, path: str) -> Route | None:
-        route = self._exact.get(path)
-        if route is None:
-            route = next((r for r in self._prefixes if path.startswith(r.path)), None)
-        return route
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await _refuse_lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return  # websockets: nothing here speaks them; the server closes the connection
+    async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         started = time.perf_counter()
-        route = self.match(scope["path"])
-        headers = _headers(scope)
-        request_id = request_id_from_header(_text(headers.get(_REQUEST_ID)))
-        request = Request(
-            method=scope["method"],
-            path=scope["path"],
-            query=scope["query_string"].decode("latin-1"),
-            headers=headers,
-            client_ip=scope["client"][0] if scope.get("client") else "",
-            request_id=request_id,
-            body=b"",
-            watch=ClientWatch(partial(_departure, receive) if route is not None and route.watch_departure else None),
-        )
-        response: Response | None = None
+        request = self._create_request_from_scope(send)
+        sent = _Sent(send)
         try:
-            if route is None:
-                response = await self._not_found(request)
-            else:
-                response = await self._respond(route, scope, request, receive)
-            await _send(send, response, request_id, receive if response.drain_body else None)
+            async with trio.open_nursery() as nursery:  # quart-trio's, with `sent` in between
+                nursery.start_soon(self.handle_messages, nursery, request, receive)
+                nursery.start_soon(self.handle_request, nursery, request, sent.send)
         finally:
-            if route is not None and route.logged:
-                self._log(request, response, started)
+            if request.path.startswith(API_PREFIX):
+                self.app.record(_record(request, sent, started))  # type: ignore[arg-type]
 
-    async def _respond(self, route: Route, scope: Scope, request: Request, receive: Receive) -> Response:
-        refusals = route.refusals
-        if _header_bytes(scope) > self._limits.max_header_bytes:
-            return _unread(refusals.headers_too_large(request.request_id, self._limits.max_header_bytes))
-        if route.methods is not None and request.method not in route.methods:
-            return _method_not_allowed(route.methods)
-        if route.token and not _token_ok(request.headers.get(_TOKEN), self._token()):
-            return _unread(refusals.bad_token(request.request_id))
-        if route.admit is not None and (refused := await route.admit(request)) is not None:
-            return _unread(refused)
-        limit = self._limits.max_api_body_bytes if route.max_body_bytes is None else route.max_body_bytes
-        try:
-            body = await self._read_body(request.headers, receive, limit)
-        except _BodyTooLarge:
-            refused = _unread(refusals.body_too_large(request.request_id, limit))
-            # a client that writes its whole body before reading must still get the answer
-            refused.drain_body = route.drain_refused_body
-            return refused
-        except _BodyTooSlow:
-            return _unread(refusals.body_too_slow(request.request_id, self._limits.body_idle_timeout_seconds))
-        except _ClientGone:
-            request.watch.mark_left()
-            return Response(CLIENT_CLOSED, b"")
-        request.body = body
-        return await route.handler(request)
+    async def _send_response(self, send: ASGISendCallable, response: Any) -> None:
+        if not isinstance(response, QuartResponse) or not isinstance(response.response, DataBody):
+            await super()._send_response(send, response)  # a streamed answer (a drain)
+            return
+        # A body in memory goes out in one message, not a chunk and an empty end: one pass
+        # fewer through Hypercorn on every request.
+        start = {"type": "http.response.start", "status": response.status_code, "headers": encode_headers(response.headers)}
+        await send(cast(HTTPResponseStartEvent, start))
+        await send(cast(HTTPResponseBodyEvent, {"type": "http.response.body", "body": response.response.data}))
 
-    async def _read_body(self, headers: dict[bytes, bytes], receive: Receive, limit: int) -> bytes:
-        """The whole body within the limits; raises as soon as one is exceeded."""
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise _BodyTooLarge
-        chunks: list[bytes] = []
-        size = 0
-        limits = self._limits
-        # A body that trickles holds a connection and a descriptor: bound both the gaps
-        # between chunks and the whole read (one cancel scope per chunk: the nearer deadline).
-        whole_deadline = trio.current_time() + limits.body_timeout_seconds
-        while True:
-            with trio.move_on_at(min(whole_deadline, trio.current_time() + limits.body_idle_timeout_seconds)) as wait:
-                message = await receive()
-            if wait.cancelled_caught:
-                raise _BodyTooSlow
-            if message["type"] == "http.disconnect":
-                raise _ClientGone
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise _BodyTooLarge
-            chunks.append(chunk)
+
+class GatewayApp(QuartTrio):
+    """The gateway's Quart app; `record` takes each `/api/` request's log line."""
+
+    request_class = GatewayRequest
+    asgi_http_class = GatewayConnection
+
+    def __init__(self, import_name: str, record: Callable[[RequestRecord], None]) -> None:
+        super().__init__(import_name, static_folder=None, template_folder=None)
+        self.record = record
+
+    def log_exception(
+        self, exception_info: tuple[type, BaseException, TracebackType] | tuple[None, None, None]
+    ) -> None:
+        failed = current_gateway_request()
+        log.error("请求处理异常 | request_id=%s | %s %s", failed.request_id, failed.method, failed.path, exc_info=exception_info)
+
+
+class _Sent:
+    """What went out on an ASGI connection: the status and the body's size."""
+
+    def __init__(self, send: ASGISendCallable) -> None:
+        self._send = send
+        self.status: int | None = None
+        self.body_bytes = 0
+        self.complete = False
+
+    async def send(self, message: ASGISendEvent) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        elif message["type"] == "http.response.body":
+            self.body_bytes += len(message.get("body", b""))
             if not message.get("more_body", False):
-                return b"".join(chunks)
+                # Hypercorn ends the exchange inside this call (and closes the connection
+                # when it must): the client's disconnect it causes would otherwise cancel
+                # that half-way (quart-trio's receiver cancels the sender).
+                with trio.CancelScope(shield=True):
+                    await self._send(message)
+                self.complete = True
+                return
+        await self._send(message)
 
-    def _log(self, request: Request, response: Response | None, started: float) -> None:
-        outcome = response.outcome if response else None
-        left = response is None or response.status == CLIENT_CLOSED or request.watch.left
-        status = CLIENT_CLOSED if left else response.status  # type: ignore[union-attr]
-        self._record(
-            RequestRecord(
-                ts=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-                request_id=request.request_id,
-                method=request.method,
-                path=request.path,
-                client_ip=request.client_ip,
-                worker=outcome.worker if outcome else None,
-                attempts=outcome.attempts if outcome else 0,
-                queue_ms=round(outcome.queue_seconds * 1000, 3) if outcome else 0.0,
-                duration_ms=round((time.perf_counter() - started) * 1000, 3),
-                http_status=status,
-                code=outcome.code if outcome else None,
-                bytes_in=len(request.body),
-                bytes_out=0 if left or response is None else len(response.body),
-                idempotent_replay=outcome.idempotent_replay if outcome else False,
-                rate_limited=outcome.rate_limited if outcome else False,
-            )
-        )
+
+def _record(request: GatewayRequest, sent: _Sent, started: float) -> RequestRecord:
+    outcome = request.outcome
+    left = not sent.complete
+    exchange = request.exchange
+    return RequestRecord(
+        ts=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+        request_id=request.request_id,
+        method=request.method,
+        path=request.path,
+        client_ip=exchange.client_ip if exchange else _client_ip(request.scope),
+        worker=outcome.worker if outcome else None,
+        attempts=outcome.attempts if outcome else 0,
+        queue_ms=round(outcome.queue_seconds * 1000, 3) if outcome else 0.0,
+        duration_ms=round((time.perf_counter() - started) * 1000, 3),
+        http_status=CLIENT_CLOSED if left or sent.status is None else sent.status,
+        code=outcome.code if outcome else None,
+        bytes_in=len(exchange.body) if exchange else 0,
+        bytes_out=0 if left else sent.body_bytes,
+        idempotent_replay=outcome.idempotent_replay if outcome else False,
+        rate_limited=outcome.rate_limited if outcome else False,
+        early_refusal=outcome.early_refusal if outcome else False,
+        failed_workers=outcome.failed_workers if outcome else (),
+    )
+
+
+# --- small shared pieces -----------------------------------------------------------------
 
 
 def encode(document: Any) -> bytes:
@@ -284,65 +338,29 @@ def encode(document: Any) -> bytes:
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def json_response(status: int, document: Any) -> Response:
+def json_page(status: int, document: Any, *, close: bool = False) -> QuartResponse:
     """A status page, admin or error answer: JSON plus a newline, as curl users like it."""
-    return Response(status, encode(document) + b"\n")
-
-
-def _unread(response: Response) -> Response:
-    response.body_unread = True
+    response = QuartResponse(encode(document) + b"\n", status=status, content_type=JSON)
+    if close:
+        close_after(response)
     return response
 
 
-def _method_not_allowed(methods: frozenset[str]) -> Response:
-    allow = ", ".join(sorted(methods)).encode()
-    return Response(405, b"", content_type=b"text/plain", headers=[(b"allow", allow)])
+def close_after(response: QuartResponse) -> QuartResponse:
+    """The request's body is left unread: the connection cannot carry another request."""
+    response.headers["Connection"] = "close"
+    return response
 
 
-async def _departure(receive: Receive) -> None:
-    """Return when the client disconnects: after the body, the only message left to receive."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+def header_block_bytes(scope: Scope) -> int:
+    """The request line's target and every header, as they count against a worker's read limit."""
+    return len(scope.get("raw_path") or b"") + len(scope["query_string"]) + sum(
+        len(name) + len(value) + 4 for name, value in scope["headers"]
+    )
 
 
-async def _send(send: Send, response: Response, request_id: str, drain: Receive | None) -> None:
-    """Send `response`; with `drain`, read and drop the unread body before ending it."""
-    if response.status == CLIENT_CLOSED:
-        return  # nobody to answer
-    headers = [
-        (b"content-type", response.content_type),
-        (b"content-length", str(len(response.body)).encode()),
-        (_REQUEST_ID, request_id.encode()),
-        *response.headers,
-    ]
-    if response.body_unread and drain is None:
-        headers.append((b"connection", b"close"))  # the unread body makes the connection unusable
-    await send({"type": "http.response.start", "status": response.status, "headers": headers})
-    await send({"type": "http.response.body", "body": response.body, "more_body": drain is not None})
-    if drain is not None:
-        # The answer is on the wire; reading the rest (bounded) keeps the connection from
-        # being reset under a client still writing, so that it can read the answer.
-        await _discard_body(drain)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def _discard_body(receive: Receive) -> None:
-    """Read and drop what a refused client still sends (bounded), so it can read its answer."""
-    discarded = 0
-    with trio.move_on_after(_DRAIN_LIMIT_SECONDS):
-        while discarded <= _DRAIN_LIMIT_BYTES:
-            message = await receive()
-            discarded += len(message.get("body", b""))
-            if message["type"] == "http.disconnect" or not message.get("more_body", False):
-                return
-
-
-async def _refuse_lifespan(receive: Receive, send: Send) -> None:
-    # The gateway's lifecycle lives in `edge.main.serve`, not in ASGI lifespan events.
-    while (message := await receive())["type"] != "lifespan.shutdown":
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-    await send({"type": "lifespan.shutdown.complete"})
+def token_ok(given: str | None, expected: str) -> bool:
+    return given is not None and hmac.compare_digest(given.encode("latin-1"), expected.encode())
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -356,16 +374,7 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
     return headers
 
 
-def _header_bytes(scope: Scope) -> int:
-    """The request line's target and every header, as they count against a worker's read limit."""
-    return len(scope.get("raw_path") or b"") + len(scope["query_string"]) + sum(
-        len(name) + len(value) + 4 for name, value in scope["headers"]
-    )
+def _client_ip(scope: Scope) -> str:
+    client = scope.get("client")
+    return client[0] if client else ""
 
-
-def _token_ok(given: bytes | None, expected: str) -> bool:
-    return given is not None and hmac.compare_digest(given, expected.encode())
-
-
-def _text(value: bytes | None) -> str | None:
-    return None if value is None else value.decode("latin-1")

@@ -45,6 +45,8 @@ def gateway_health(stats: PoolStatistics) -> dict[str, Any]:
         "workers_busy": stats.workers_busy,
         "workers_primary_total": stats.workers_primary_total,
         "workers_primary_healthy": stats.workers_primary_healthy,
+        # online hosts that can draw: ComfyUI "ok", or the built-in preview (gateway.md § Capabilities)
+        "workers_generation_ready": stats.workers_generation_ready,
     }
 
 

@@ -15,6 +15,7 @@ from PIL import Image
 from skimage import data
 
 from analysis.calibration import calibrate
+from analysis.hairnet import HairNetSegmenter
 from analysis.landmarks import FaceMeshDetector
 from analysis.segmentation import FallbackSegmenter
 from analysis.types import Calibration, Face
@@ -42,8 +43,8 @@ def astronaut() -> np.ndarray:
 @pytest.fixture(scope="session")
 def grace_hopper() -> np.ndarray:
     """Grace Hopper, 600×512 (H×W) RGB, from matplotlib's sample data: frontal, iris ≈ 16 px."""
-    with cbook.get_sample_data("grace_hopper.jpg") as file:
-        return _read_only(np.asarray(Image.open(file).convert("RGB")))
+    with Image.open(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)) as picture:
+        return _read_only(np.asarray(picture.convert("RGB")))
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +61,14 @@ def segmenter() -> Iterator[FallbackSegmenter]:
     fallback = FallbackSegmenter()
     yield fallback
     fallback.close()
+
+
+@pytest.fixture(scope="session")
+def hairnet() -> Iterator[HairNetSegmenter]:
+    """The default segmenter (the hair network, on the CPU here), one for the session."""
+    network = HairNetSegmenter("cpu")
+    yield network
+    network.close()
 
 
 @pytest.fixture(scope="session")

@@ -160,3 +160,17 @@ def test_broken_config_is_a_system_error_named_on_stderr(capsys: pytest.CaptureF
     captured = capsys.readouterr()
     assert json.loads(captured.out)["code"] == 1007
     assert "analysis.min_short_side" in captured.err
+
+
+@pytest.mark.parametrize("out", ["/proc/nope", "file"])
+def test_an_unusable_out_folder_is_a_one_line_usage_error_before_any_analysis(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, out: str
+) -> None:
+    (tmp_path / "file").write_text("a file, not a folder")
+    out_path = out if out.startswith("/") else str(tmp_path / out)
+    missing = tmp_path / "missing.jpg"  # never read: --out fails first
+    assert command.run(_args(str(missing), "--out", out_path)) == command.EXIT_BAD_INPUT
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert captured.err.startswith(f"hairgate analyze: error: --out {out_path}: ")

@@ -11,7 +11,9 @@ import pytest
 from analysis.calibration import calibrate
 from analysis.hair_evidence import NOTE_BALD, NOTE_HAT
 from analysis.hairline import trace_hairline
-from analysis.hairline_checks import NOTE_FRINGE
+from analysis.edge_profile import EdgeProfile
+from analysis.hairline_checks import NOTE_FRINGE, NOTE_NO_IMAGE_EDGE, NOTE_SNAP, NOTE_SOFT, weigh_edges
+from analysis.hairnet import HairNetSegmenter
 from analysis.head_crop import HeadCrop
 from analysis.landmarks import FaceMeshDetector
 from analysis.measurements import measure_face
@@ -35,13 +37,15 @@ def test_the_segmenters_head_crop_is_reused_only_for_the_same_crop(
 ) -> None:
     segmentation = segmenter.segment(astronaut, face)
     assert segmentation.work is not None
-    crop, work = segmentation.work
-    assert crop == HeadCrop.around(face) and segmentation.work_rgb(crop, astronaut) is work
+    key, work = segmentation.work
+    crop = HeadCrop.around(face)
+    assert key == crop.key and crop.cut_reusing(segmentation, astronaut) is work
     other = replace(crop, x0=crop.x0 + 8)
-    np.testing.assert_array_equal(segmentation.work_rgb(other, astronaut), other.cut(astronaut))
+    np.testing.assert_array_equal(other.cut_reusing(segmentation, astronaut), other.cut(astronaut))
     reused = trace_hairline(astronaut, face, segmentation, calibration)
     recut = trace_hairline(astronaut, face, replace(segmentation, work=None), calibration)
     assert (reused.status, reused.notes) == (recut.status, recut.notes)
+    assert reused.points is not None and recut.points is not None
     np.testing.assert_array_equal(reused.points, recut.points)
 
 
@@ -105,6 +109,21 @@ def test_grace_hopper_runs_and_says_something_allowed(grace_hopper: np.ndarray, 
     hairline = trace_hairline(grace_hopper, face, segmentation, calibrate(face))
     assert segmentation.segmenter == "fallback"
     assert hairline.status in ("ok", "uncertain", "no_hairline", "occluded")
+
+
+@pytest.mark.parametrize("edit", ["as is", "mirrored", "half size", "jpeg q30"])
+def test_a_caps_band_taken_for_hair_is_occluded(edit: str, grace_hopper: np.ndarray, detector: FaceMeshDetector,
+                                                hairnet: HairNetSegmenter) -> None:
+    """The hair network takes Grace Hopper's black cap band for hair; traced, it was a fringe
+    on the cap's edge (`uncertain`) and the preview grew the cap down her forehead."""
+    rgb = {"as is": grace_hopper, "mirrored": mirrored(grace_hopper),
+           "half size": cv2.resize(grace_hopper, (256, 300), interpolation=cv2.INTER_AREA),
+           "jpeg q30": cv2.cvtColor(cv2.imdecode(np.frombuffer(encode(grace_hopper, "JPEG", quality=30), np.uint8),
+                                                 cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)}[edit]
+    face = detector.detect(rgb)
+    hairline = trace_hairline(rgb, face, hairnet.segment(rgb, face), calibrate(face))
+    assert hairline.status == "occluded" and hairline.notes == (NOTE_HAT,)
+    assert hairline.trichion is None and hairline.points is None
 
 
 def m_shaped_edge(columns: np.ndarray, centre_x: float, centre_row: float, temple_rise: float, half_width: float) -> np.ndarray:
@@ -184,3 +203,63 @@ def test_an_empty_mask_is_a_status_not_a_crash(astronaut: np.ndarray, detector: 
     empty = HairSegmentation("bisenet", np.zeros_like(real.hair), real.person)
     hairline = trace_hairline(astronaut, face, empty, calibrate(face))
     assert hairline.status == "no_hairline" and hairline.notes
+
+
+def _edge(row: float, sharpness: float, width_px: float = 4.0) -> EdgeProfile:
+    return EdgeProfile(crossing_row=row, sharpness=sharpness, width_px=width_px)
+
+
+SHARP, SOFT = 15.0, 6.0
+NETWORK, COLOUR = False, True  # where the mask came from: the hair network, or colour models (fallback)
+# mask edge at row 100, 1 mm per px: (image crossing, left/right halves, top of the clear
+# forehead, low contrast, mask from colour) -> (shift of the point in rows, band's disagreement, note)
+EDGE_CASES = {
+    "sharp, near, halves agree: snap": (_edge(101.5, SHARP), (101.0, 102.0), 100.0, False, NETWORK, (1.5, 0.5, None)),
+    "sharp, too far: middle, band to both": (_edge(104.0, SHARP), (104.0, 104.0), 100.0, False, NETWORK,
+                                             (2.0, 4.0, NOTE_SNAP)),
+    "sharp, halves split but the crossing is on the mask: tilted line": (
+        _edge(100.5, SHARP), (98.5, 102.0), 100.0, False, NETWORK, (0.5, 1.75, None)),
+    "sharp, halves split and the crossing off the mask": (_edge(102.0, SHARP), (100.0, 104.0), 100.0, False, NETWORK,
+                                                          (1.0, 2.0, NOTE_SNAP)),
+    "soft, all three views agree: middle of mask and crossing": (
+        _edge(101.0, SOFT), (100.8, 101.2), 98.0, False, NETWORK, (0.5, 0.5, None)),
+    "soft, forehead skin runs 8 mm into the mask: middle of skin top and mask": (
+        _edge(100.0, SOFT), (100.0, 100.0), 92.0, False, NETWORK, (-4.0, 4.0, NOTE_SOFT)),
+    "soft, skin ends 4 mm below the mask (baby hairs): band to the far end of the ramp": (
+        _edge(101.0, SOFT), (101.0, 101.0), 104.0, False, NETWORK, (0.0, 3.0, NOTE_SOFT)),
+    "soft, halves split": (_edge(101.0, SOFT), (99.0, 104.0), 100.0, False, NETWORK, (0.0, 3.0, NOTE_SOFT)),
+    "soft, hair close to skin colour: middle of mask and crossing, band over the ramp": (
+        _edge(102.0, SOFT, width_px=6.0), (102.0, 102.0), 80.0, True, NETWORK, (1.0, 4.0, NOTE_SOFT)),
+    "soft, hair close to skin colour, GrabCut's mask: the crossing": (
+        _edge(102.0, SOFT, width_px=6.0), (102.0, 102.0), 80.0, True, COLOUR, (2.0, 3.0, NOTE_SOFT)),
+}
+
+
+@pytest.mark.parametrize("case", list(EDGE_CASES), ids=list(EDGE_CASES))
+def test_the_image_edge_is_weighed_against_the_mask_and_the_forehead(case: str) -> None:
+    whole, (left, right), forehead_top, low_contrast, from_colour, expected = EDGE_CASES[case]
+    halves = (_edge(left, whole.sharpness), _edge(right, whole.sharpness))
+    shift, disagreement, note = weigh_edges(100.0, whole, halves, forehead_top, 1.0, low_contrast, from_colour)
+    assert (shift, disagreement) == pytest.approx(expected[:2])
+    assert note == expected[2]
+
+
+def test_a_mask_edge_the_image_does_not_show_is_not_trusted() -> None:
+    """statham_big mirrored at 0.7x: the network's scalp cap 10 mm above the stubble line,
+    no skin-to-hair crossing near it, and was answered `ok`."""
+    assert weigh_edges(100.0, None, (None, None), None, 1.0, False, False) == (0.0, 0.0, NOTE_NO_IMAGE_EDGE)
+
+
+def test_the_photos_calibration_holds_on_a_resized_copy(astronaut: np.ndarray, detector: FaceMeshDetector,
+                                                        segmenter: FallbackSegmenter) -> None:
+    """The endpoints turn a rolled head upright on a smaller canvas and pass the photo's own
+    calibration: the millimetre gates and the band must not shrink with the canvas (a 4600 px
+    photo read its 58 mm forehead as < 40 mm)."""
+    photo_face = detector.detect(astronaut)
+    half = cv2.resize(astronaut, None, fx=0.5, fy=0.5, interpolation=cv2.INTER_AREA)
+    face = detector.detect(half)
+    segmentation = segmenter.segment(half, face)
+    own = trace_hairline(half, face, segmentation, calibrate(face))
+    photos = trace_hairline(half, face, segmentation, calibrate(photo_face))
+    assert (photos.status, photos.notes, photos.trichion) == (own.status, own.notes, own.trichion)
+    assert photos.uncertainty_mm == pytest.approx(own.uncertainty_mm, abs=0.15)

@@ -168,9 +168,9 @@ def test_decompression_bomb_is_1004_without_decoding(bomb_30000, limits, no_deco
 
 
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # as analysis.image_input does
-@pytest.mark.parametrize("width, height", [(8000, 6000), (10000, 10000)])
+@pytest.mark.parametrize("width, height", [(8000, 7000), (10000, 10000)])
 def test_pixel_count_over_the_limit_is_1004_without_decoding(limits, no_decoding, width, height):
-    # 48 MP passes Pillow's own guard and is stopped by ours; 100 MP trips Pillow's warning.
+    # 56 MP passes Pillow's own guard and is stopped by ours; 100 MP trips Pillow's warning.
     error = refusal(huge_blank_png(width, height), limits)
     assert error.code == Code.BAD_RESOLUTION
     assert f"{width * height / 1e6:.0f} 百万像素" in error.message
@@ -194,14 +194,15 @@ def test_small_image_is_1004_with_both_numbers(limits, no_decoding):
 
 
 def test_long_image_is_1004_without_decoding(limits, no_decoding):
-    error = refusal(huge_blank_png(6000, 4000), limits)
+    error = refusal(huge_blank_png(9000, 4000), limits)
     assert error.code == Code.BAD_RESOLUTION
-    assert "最长边 6000px" in error.message and "4096px" in error.message
+    assert "最长边 9000px" in error.message and "8192px" in error.message
 
 
 @pytest.mark.parametrize(
     "width, height, accepted",
-    [(480, 480, True), (479, 4096, False), (4096, 480, True), (4097, 1000, False), (640, 479, False)],
+    [(480, 480, True), (479, 4096, False), (8192, 480, True), (8193, 1000, False), (640, 479, False),
+     (4352, 2903, True), (3061, 4600, True), (8192, 6144, True)],  # phone photos are normal input
 )
 def test_resolution_rule_edges(limits, width, height, accepted):
     if accepted:

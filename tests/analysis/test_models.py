@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from analysis import hairnet
 from analysis.bisenet import BiSeNet, BisenetSegmenter
+from analysis.hairnet import HairNetSegmenter
 from analysis.models import ModelLoadError, load_models, resolve_device
 from analysis.segmentation import FallbackSegmenter
 
@@ -75,11 +77,26 @@ def test_wrong_network_weights_name_the_key(tmp_path):
         load_models(str(wrong), device="cpu")
 
 
-def test_no_weights_means_the_fallback_on_the_cpu():
+def test_no_weights_means_the_hair_network_on_the_gpu_when_there_is_one():
     with closing(load_models("", device="auto")) as models:
+        assert isinstance(models.segmenter, HairNetSegmenter)
+        assert models.segmenter.name == "hairnet"
+        assert models.device == ("cuda:0" if torch.cuda.is_available() else "cpu")
+        assert next(models.segmenter.network.parameters()).device.type == models.device.split(":")[0]
+
+
+def test_the_fallback_only_when_the_network_cannot_run(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(hairnet, "MODEL_FILE", tmp_path / "absent.tflite")
+    with closing(load_models("", device="cpu")) as models:
         assert isinstance(models.segmenter, FallbackSegmenter)
-        assert models.segmenter.name == "fallback"
-        assert models.device == "cpu"
+        assert models.segmenter.name == "fallback" and models.device == "cpu"
+    assert "hair network unavailable" in caplog.text and "absent.tflite" in caplog.text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_an_asked_for_gpu_that_is_missing_is_an_error_not_the_fallback():
+    with pytest.raises(ModelLoadError, match="no CUDA GPU"):
+        load_models("", device="cuda")
 
 
 def test_close_releases_the_segmenter_too(astronaut, face):

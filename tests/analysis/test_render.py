@@ -109,6 +109,42 @@ def test_markers_and_labels_outside_are_moved_inside() -> None:
     assert np.array_equal(canvas, before)
 
 
+def visible_share(image: np.ndarray, points: np.ndarray, colour: tuple[int, int, int]) -> float:
+    """Share of a drawn line's own points (inside the image) where its colour shows."""
+    points = np.asarray(points, dtype=np.float64).reshape(-1, 2)
+    height, width = image.shape[:2]
+    xy = np.round(points[np.isfinite(points).all(axis=1)]).astype(int)
+    xy = xy[(xy[:, 0] >= 0) & (xy[:, 0] < width) & (xy[:, 1] >= 0) & (xy[:, 1] < height)]
+    pixels = image[xy[:, 1], xy[:, 0]].astype(int)
+    return float(np.mean(np.abs(pixels - np.array(colour)).max(axis=1) <= 40))
+
+
+def test_the_legend_never_covers_the_hairline(astronaut, face, hairline, calibration) -> None:
+    # the fixture's hairline runs through the top-left corner, where the legend used to sit
+    annotated = render.annotate_measurement(astronaut.copy(), face, hairline, calibration, MEASURE_DATA)
+    assert visible_share(annotated, hairline.points, render.HAIRLINE) >= 0.95
+
+
+def test_a_legend_with_nowhere_free_covers_the_least() -> None:
+    pen = render.Pen(np.zeros((200, 300, 3), np.uint8))
+    pen.protect_hull(np.array([[0, 0], [300, 0], [300, 120], [0, 120]], dtype=np.float64))  # the top 60 %
+    x, y = pen.place(pen.text_size(["a legend"]), [(0, 0)])
+    assert y >= 120  # below the subject, not over it
+
+
+def test_plus_minus_is_drawn_as_itself() -> None:
+    # issue 17: the band read "+-10.0 mm"; the font must have the glyph, not a box or "?"
+    def drawn(text: str) -> np.ndarray:
+        canvas = np.zeros((60, 200, 3), np.uint8)
+        render.Pen(canvas).text_block([text])
+        return canvas
+
+    plus_minus = drawn("\u00b1")
+    assert plus_minus.any()
+    for other in ("+-", "?", "\u25a1", "+"):
+        assert not np.array_equal(plus_minus, drawn(other)), other
+
+
 def test_encoding_several_images_keeps_their_order(astronaut: np.ndarray) -> None:
     images = [astronaut, astronaut[::-1], np.zeros((480, 500), dtype=np.uint8)]
     assert render.png_base64_all(images) == [render.png_base64(image) for image in images]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -48,8 +50,46 @@ def test_a_service_that_exits_on_its_own_stops_the_rest_and_dev_exits_1(
     exit_code = supervise(replace(cluster, hosts=[host], gateway=gateway), photo=None)
 
     out, err = capfd.readouterr()
-    host_pid = int(re.search(r"gateway    \| giving up, host pid (\d+)", out).group(1))
+    said = re.search(r"gateway    \| giving up, host pid (\d+)", out)
+    assert said is not None, out
+    host_pid = int(said.group(1))
     assert exit_code == 1
     assert "ready" not in out
     assert "hairgate dev: gateway exited with code 3; stopped everything" in err
     assert not is_running(host_pid)
+
+
+def test_a_dev_gateway_lets_the_benchmarks_burst(tmp_path: Path) -> None:
+    """Issue 15: bench_gpu_host stopped with 请求过于频繁 against the shipped 30/min, burst 10."""
+    from edge.admission.rate_limit import MemoryRateLimiter
+
+    cluster = prepare(REPO_ROOT / "settings.toml", 1, free_port(), free_port(), tmp_path)
+    limit = load_settings(cluster.settings_path, cluster.secrets_path, environ={}).edge.rate_limit
+    limiter = MemoryRateLimiter(limit.requests_per_minute, limit.burst, clock=lambda: 0.0)
+    assert limit.enabled, "the limit stays on in dev: its answers can be tried"
+    assert all(limiter.check_now("ip:127.0.0.1").allowed for _ in range(1000)), "1000 requests back to back"
+
+
+def test_every_dev_option_explains_itself_and_shows_its_default() -> None:
+    from shared.cli import build_parser
+
+    commands = next(action for action in build_parser()._actions if action.dest == "command")
+    dev = commands.choices["dev"]  # type: ignore[index]
+    options = [action for action in dev._actions if action.option_strings and action.dest != "help"]
+    assert {action.dest for action in options} == {"workers", "config", "port", "first_worker_port", "metrics_port"}
+    text = " ".join(dev.format_help().split())
+    for action in options:
+        assert action.help, action.dest
+        assert f"(default: {action.default})" in text, action.dest
+
+
+def test_make_run_passes_its_ports_and_config_to_hairgate_dev() -> None:
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed here")
+    variables = ["PORT=18080", "METRICS_PORT=19464", "WORKER_PORT=28300", "WORKERS=3", "CONFIG=my.toml"]
+    result = subprocess.run(["make", "-n", "-o", ".venv/.installed", "run", *variables],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    command = " ".join(result.stdout.replace("\\\n", " ").split())
+    assert ("hairgate dev --config my.toml --workers 3 --port 18080 --metrics-port 19464 "
+            "--first-worker-port 28300") in command

@@ -1,6 +1,6 @@
 """`/api/` end to end inside one process: the ASGI front, dispatch, retries, rewrite, log.
 
-The workers are a fake `Upstream` (the seam the gateway's real httpcore client plugs into):
+The workers are a fake `Upstream` (the seam the gateway's real client (`edge.pool.forward`) plugs into):
 per-URL behaviours, a record of every forward, and an overlap counter.
 """
 
@@ -18,6 +18,7 @@ import trio
 import trio.testing
 from PIL import Image
 
+from edge.admission.idempotency import open_idempotency
 from edge.gateway import Gateway, build_gateway
 from edge.app import create_app
 from edge.pool.forward import FailureKind, ForwardRequest, WorkerAnswer, WorkerBusy, WorkerFailure, WorkerRefusal
@@ -129,6 +130,7 @@ async def test_success_passes_through_with_request_id(client, upstream: FakeUpst
     assert set(entry) == {
         "ts", "request_id", "method", "path", "client_ip", "worker", "attempts", "queue_ms",
         "duration_ms", "http_status", "code", "bytes_in", "bytes_out", "idempotent_replay", "rate_limited",
+        "early_refusal", "failed_workers",
     }
     assert PNG_BASE64 not in gateway.request_log.path.read_text()
 
@@ -319,3 +321,26 @@ async def test_when_every_worker_is_busy_elsewhere_the_request_waits_then_runs(
     assert response.json()["code"] == Code.OK
     assert 2.5 <= trio.current_time() < 5, "retried each second, within queue_wait_seconds"
     assert all(worker.online for worker in gateway.pool.workers[:2])
+
+
+async def test_a_replay_names_the_request_whose_answer_it_is(tmp_path: Path, upstream: FakeUpstream) -> None:
+    # the header said the retry's own id while the replayed body carried the first one's
+    settings = make_settings(tmp_path, idempotency={"enabled": True, "path": str(tmp_path / "keys.sqlite3")})
+    idempotency = await open_idempotency(settings.edge.idempotency, None)
+    gateway = build_gateway(settings, upstream=upstream, idempotency=idempotency)
+    bring_online(gateway, 0, 1)
+    transport = httpx.ASGITransport(app=create_app(gateway))
+    try:
+        async with trio.open_nursery() as nursery, httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            await nursery.start(idempotency.run)
+            answers = [
+                await client.post(MEASURE, json=PHOTO, headers={"Idempotency-Key": "k-1", "X-Request-ID": rid})
+                for rid in ("first", "retry")
+            ]
+            nursery.cancel_scope.cancel()
+    finally:
+        await idempotency.aclose()
+    replay = answers[1]
+    assert replay.headers["Idempotency-Replayed"] == "true" and len(upstream.forwards) == 1
+    assert replay.json()["request_id"] == "first"
+    assert replay.headers["X-Request-ID"] == "first", "the header follows the replayed body"

@@ -6,8 +6,9 @@ import pytest
 import trio
 import trio.testing
 
-from edge.pool.dispatch import Busy, Dispatcher, Unavailable
+from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal, Unavailable
 from edge.pool.pool import Pool, ProbeResult
+from edge.pool.scheduling import SchedulingPolicy
 
 URLS = ["http://w0", "http://w1", "http://w2"]
 
@@ -114,7 +115,8 @@ async def test_slot_wait_timeout_is_busy(autojump_clock) -> None:
 
 async def test_waiters_fail_at_once_when_the_last_worker_goes(autojump_clock) -> None:
     dispatcher = make_dispatcher(1, queue_wait=30)
-    release, outcomes = trio.Event(), []
+    release = trio.Event()
+    outcomes: list[str | tuple[str, float]] = []
 
     async def waiter() -> None:
         try:
@@ -223,7 +225,7 @@ async def test_worker_freed_by_a_probe_is_handed_to_a_waiter(autojump_clock) -> 
 
 async def test_worker_coming_online_serves_waiters(autojump_clock) -> None:
     dispatcher = make_dispatcher(2, online=1)
-    release, got = trio.Event(), []
+    release, got = trio.Event(), list[int]()
     async with trio.open_nursery() as nursery:
         await nursery.start(hold_worker, dispatcher, release, got)
         nursery.start_soon(hold_worker, dispatcher, release, got)
@@ -232,3 +234,157 @@ async def test_worker_coming_online_serves_waiters(autojump_clock) -> None:
         await trio.testing.wait_all_tasks_blocked()
         assert sorted(got) == [0, 1]
         release.set()
+
+
+# --- scheduling: classes, early answers, departures (gateway.md § Scheduling) ----------
+
+GROW, MEASURE = "/api/v1/hair/grow", "/api/v1/hair/measure"
+
+
+async def test_a_measurement_never_waits_behind_generations_on_the_reserved_worker(autojump_clock) -> None:
+    dispatcher = make_dispatcher(3)
+    served: list[tuple[str, int, float]] = []
+
+    async def client(name: str, slow: bool, seconds: float) -> None:
+        async with dispatcher.worker(path=GROW if slow else MEASURE, slow=slow) as lease:
+            served.append((name, lease.index, trio.current_time()))
+            await trio.sleep(seconds)
+
+    async with trio.open_nursery() as nursery:
+        for number in range(4):
+            nursery.start_soon(client, f"g{number}", True, 2.0)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(client, "m", False, 0.05)
+    starts = {name: (index, at) for name, index, at in served}
+    assert starts["m"] == (2, 0), "the reserved worker serves the measurement at once"
+    assert sorted(starts[f"g{n}"][1] for n in range(4)) == [0, 0, 2, 2], "two generations at a time"
+
+
+async def test_an_early_answer_when_the_estimate_exceeds_the_queue_wait(autojump_clock) -> None:
+    for queue_wait, refused in [(1, True), (3, False)]:
+        dispatcher = make_dispatcher(1, queue_wait=queue_wait)
+        for _ in range(5):
+            dispatcher.service_times.record(GROW, 1.2)
+        release = trio.Event()
+        outcome: list[tuple[str, float] | tuple[str, int, float]] = []
+        async with trio.open_nursery() as nursery:
+
+            async def first() -> None:
+                async with dispatcher.worker(path=GROW, slow=True):
+                    await trio.sleep(1.2)
+
+            nursery.start_soon(first)
+            await trio.testing.wait_all_tasks_blocked()
+            started = trio.current_time()
+            try:
+                async with dispatcher.worker(path=GROW, slow=True):
+                    outcome.append(("served", trio.current_time() - started))
+            except EarlyRefusal as refusal:
+                outcome.append(("refused", refusal.retry_after_seconds, trio.current_time() - started))
+            release.set()
+        if refused:
+            assert outcome == [("refused", 2, 0)]
+            assert dispatcher.counters.early_refusals == 1
+        else:
+            assert outcome == [("served", pytest.approx(1.2))]
+            assert dispatcher.counters.early_refusals == 0
+
+
+async def test_no_estimate_before_five_answers_means_waiting(autojump_clock) -> None:
+    dispatcher = make_dispatcher(1, queue_wait=1)
+    for _ in range(4):
+        dispatcher.service_times.record(GROW, 30)
+    release = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(hold_worker, dispatcher, release, [])
+        with pytest.raises(Busy) as caught:
+            async with dispatcher.worker(path=GROW, slow=True):
+                pass
+        assert not isinstance(caught.value, EarlyRefusal)
+        release.set()
+
+
+async def _abandon_a_forward(dispatcher: Dispatcher, timeout: float) -> int:
+    """A forward cancelled half-way (its client left); returns the worker it held."""
+    with trio.move_on_after(0.5):
+        async with dispatcher.worker(path=GROW, slow=True) as lease:
+            with lease.forwarding(timeout):
+                await trio.sleep_forever()
+    return lease.index
+
+
+async def test_a_departed_forward_leaves_its_worker_draining_until_a_probe_says_free(autojump_clock) -> None:
+    dispatcher = make_dispatcher(1)
+    index = await _abandon_a_forward(dispatcher, timeout=60)
+    assert dispatcher.counters.departures_forward == 1
+    assert await dispatcher.departures() == [index], "the prober is told to follow it"
+    served_at: list[float] = []
+
+    async def next_request() -> None:
+        async with dispatcher.worker(path=MEASURE):
+            served_at.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(next_request)
+        await trio.sleep(0.3)
+        dispatcher.record_probe(index, ProbeResult(trio.current_time(), ok=True, busy=True))
+        await trio.sleep(0.3)
+        assert served_at == [], "the host still works on the abandoned job"
+        freed_at = trio.current_time()
+        dispatcher.record_probe(index, ProbeResult(freed_at, ok=True, busy=False))
+    assert served_at == [freed_at]
+
+
+async def test_a_draining_worker_is_idle_again_after_the_attempt_timeout(autojump_clock) -> None:
+    dispatcher = make_dispatcher(1, queue_wait=30)
+    await _abandon_a_forward(dispatcher, timeout=4)
+    departed_at = trio.current_time()
+    async with dispatcher.worker(path=MEASURE):
+        waited = trio.current_time() - departed_at
+    assert 4 <= waited <= 4 + 1, "no later than the timeout, give or take one hand-over tick"
+
+
+async def test_an_answer_times_its_path_and_leaves_the_worker_idle(autojump_clock) -> None:
+    dispatcher = make_dispatcher(1)
+    for _ in range(5):
+        async with dispatcher.worker(path=MEASURE) as lease:
+            with lease.forwarding(10):
+                await trio.sleep(0.25)
+    assert dispatcher.service_times.median(MEASURE) == pytest.approx(0.25)
+    assert dispatcher.pool.workers[0].idle and dispatcher.counters.departures_forward == 0
+
+
+async def test_a_client_leaving_the_queue_is_a_queued_departure(autojump_clock) -> None:
+    dispatcher = make_dispatcher(1)
+    release = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(hold_worker, dispatcher, release, [])
+        with trio.move_on_after(1):
+            async with dispatcher.worker():
+                pass
+        release.set()
+    assert (dispatcher.counters.departures_queued, dispatcher.counters.departures_forward) == (1, 0)
+    assert dispatcher.statistics().waiting_for_worker == 0
+
+
+async def test_a_reload_of_the_reservation_applies_to_waiters(autojump_clock) -> None:
+    dispatcher = make_dispatcher(2)
+    served: list[str] = []
+
+    async def generation(name: str) -> None:
+        async with dispatcher.worker(path=GROW, slow=True):
+            served.append(name)
+            await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        for name in ("g1", "g2"):
+            nursery.start_soon(generation, name)
+            await trio.testing.wait_all_tasks_blocked()
+        assert served == ["g1"], "one of two workers is reserved for fast work"
+        dispatcher.reconfigure(
+            URLS[:2], [], dispatcher.pool.thresholds, max_inflight=64, queue_wait_seconds=30,
+            max_queue_wait_seconds=590, policy=SchedulingPolicy(reserved_fast_workers=0),
+        )  # fmt: skip
+        await trio.testing.wait_all_tasks_blocked()
+        assert served == ["g1", "g2"]
+        nursery.cancel_scope.cancel()

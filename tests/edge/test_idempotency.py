@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -102,6 +101,12 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], o
     return lambda: redis_store(server)
 
 
+@pytest.fixture
+def shared_store(redis_server: RedisServer) -> Callable[[], object]:  # noqa: F811
+    """A factory of stores several gateways share: Redis (a SQLite file has one owner)."""
+    return lambda: redis_store(redis_server)
+
+
 # --- keys and fingerprints ------------------------------------------------------------------
 
 
@@ -140,6 +145,50 @@ def test_a_multipart_retry_with_a_new_boundary_has_the_same_fingerprint() -> Non
     retry = fingerprint("POST", "/api/v1/hair/measure", *form("----z9y8x7", b"PNGDATA"))
     other = fingerprint("POST", "/api/v1/hair/measure", *form("----z9y8x7", b"OTHER"))
     assert first == retry != other
+
+
+def _multipart(boundary: str, *parts: tuple[str, str | None, str | None, bytes]) -> tuple[bytes, str]:
+    """A multipart/form-data body of (name, filename, content type, bytes) parts."""
+    body = b""
+    for name, filename, content_type, data in parts:
+        disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        head = f"--{boundary}\r\nContent-Disposition: {disposition}\r\n"
+        if content_type:
+            head += f"Content-Type: {content_type}\r\n"
+        body += head.encode() + b"\r\n" + data + b"\r\n"
+    return body + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+PHOTO_PART = ("image", "a.png", "image/png", b"\x89PNG photo")
+
+
+def test_a_field_value_that_differs_only_by_the_boundary_differs() -> None:
+    """Issue 15: the boundary was cut from the whole body, field values and photo included."""
+    female = fingerprint("POST", "/api/v1/hair/measure", *_multipart("fe", ("gender", None, None, b"female"), PHOTO_PART))
+    male = fingerprint("POST", "/api/v1/hair/measure", *_multipart("zz", ("gender", None, None, b"male"), PHOTO_PART))
+    assert female != male
+
+
+def test_a_multipart_fingerprint_is_its_parts_in_order() -> None:
+    gender = ("gender", None, None, b"female")
+    base = fingerprint("POST", "/p", *_multipart("b1", gender, PHOTO_PART))
+    assert base == fingerprint("POST", "/p", *_multipart("another-boundary", gender, PHOTO_PART))
+    variants = [
+        _multipart("b1", PHOTO_PART, gender),  # order
+        _multipart("b1", ("sex", None, None, b"female"), PHOTO_PART),  # name
+        _multipart("b1", gender, ("image", "b.png", "image/png", PHOTO_PART[3])),  # filename
+        _multipart("b1", gender, ("image", "a.png", "image/jpeg", PHOTO_PART[3])),  # content type
+        _multipart("b1", gender, ("image", None, "image/png", PHOTO_PART[3])),  # a field, not a file
+        _multipart("b1", gender, PHOTO_PART, ("extra", None, None, b"")),  # one more part
+    ]
+    assert len({base, *(fingerprint("POST", "/p", *variant) for variant in variants)}) == len(variants) + 1
+
+
+def test_a_multipart_body_that_does_not_parse_is_its_bytes() -> None:
+    body, content_type = _multipart("b1", PHOTO_PART)
+    truncated = body[:-8]
+    assert fingerprint("POST", "/p", truncated, content_type) == fingerprint("POST", "/p", truncated)
+    assert fingerprint("POST", "/p", truncated, content_type) != fingerprint("POST", "/p", body[:-9], content_type)
 
 
 # --- one gateway ----------------------------------------------------------------------------
@@ -243,6 +292,73 @@ async def test_run_raising_frees_the_key(open_store) -> None:
     assert outcome.result is Result.STORED
 
 
+DEPARTED = StoredResponse(499, (), b"", None)  # what the router produces for a client that left
+
+
+async def test_a_departed_clients_answer_is_neither_stored_nor_given_to_waiters(open_store) -> None:
+    departed = Job(DEPARTED, gated=True)
+    outcomes: list[Outcome] = []
+    async with open_store() as store, serving(store) as idempotency:
+        async with trio.open_nursery() as nursery:
+
+            async def one(job: Job) -> None:
+                outcomes.append(await idempotency.execute("order-16", FP, job))
+
+            nursery.start_soon(one, departed)
+            await departed.started.wait()
+            waiter = Job(answer("waiter"))
+            nursery.start_soon(one, waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            departed.gate.set()
+        retried = await idempotency.execute("order-16", FP, Job(answer("retry")))
+    assert outcomes[0] == Outcome(Result.UNSTORED, DEPARTED)
+    assert outcomes[1] == Outcome(Result.STORED, waiter.response), "the waiter ran it itself"
+    assert retried == Outcome(Result.REPLAYED, waiter.response)
+
+
+@pytest.mark.parametrize(
+    "poison",
+    [DEPARTED, StoredResponse(500, (), b"", None), StoredResponse(200, (), b"not json", None)],
+    ids=["499-empty", "500-empty", "not-an-envelope"],
+)
+async def test_a_poisoned_record_is_never_replayed_and_the_request_runs(open_store, poison: StoredResponse) -> None:
+    async with open_store() as store, serving(store) as idempotency:
+        # as an older version stored a departed client's "answer"
+        assert await store.claim("order-17", FP, "e" * 32, 10) is None
+        await store.complete("order-17", "e" * 32, FP, poison, TTL, 1000)
+        assert await idempotency.lookup("order-17", FP) is None, "not even to a rate-limited client"
+        job = Job()
+        ran = await idempotency.execute("order-17", FP, job)
+        again = await idempotency.execute("order-17", FP, Job(answer("again")))
+    assert ran == Outcome(Result.STORED, job.response)
+    assert again == Outcome(Result.REPLAYED, job.response)
+
+
+class StuckDiscard:
+    """Delegates to a store whose `discard` does nothing (a bug, a read-only replica)."""
+
+    def __init__(self, store: IdempotencyStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def discard(self, key: str, fingerprint: str) -> None:
+        return None
+
+
+async def test_a_poisoned_record_that_cannot_be_discarded_is_refused_not_looped_on(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "i.sqlite3")
+    assert await store.claim("order-19", FP, "e" * 32, 10) is None
+    await store.complete("order-19", "e" * 32, FP, DEPARTED, TTL, 1000)
+    idempotency = Idempotency(StuckDiscard(store), TTL, 1000)  # type: ignore[arg-type]
+    job = Job()
+    with trio.fail_after(5), pytest.raises(IdempotencyUnavailable):
+        await idempotency.execute("order-19", FP, job)
+    await store.aclose()
+    assert job.calls == 0
+
+
 # --- two gateways on one store --------------------------------------------------------------
 
 
@@ -261,10 +377,10 @@ class ReadSpy:
         return await self._store.read(key)
 
 
-async def test_two_gateways_split_twenty_identical_requests_and_run_once(open_store) -> None:
+async def test_two_gateways_split_twenty_identical_requests_and_run_once(shared_store) -> None:
     job = Job(gated=True)
     outcomes: list[Outcome] = []
-    async with open_store() as store_a, open_store() as store_b:
+    async with shared_store() as store_a, shared_store() as store_b:
         spy_b = ReadSpy(store_b)
         async with serving(store_a) as gateway_a, serving(spy_b) as gateway_b, trio.open_nursery() as nursery:
 
@@ -296,7 +412,7 @@ async def test_a_runner_that_died_elsewhere_frees_the_key_when_its_lease_ends(op
     assert outcome.result is Result.STORED and taken_over.calls == 1
 
 
-async def test_a_run_longer_than_the_lease_keeps_its_key(open_store) -> None:
+async def test_a_run_longer_than_the_lease_keeps_its_key(shared_store) -> None:
     """The lease is renewed while the run lasts: nobody elsewhere takes the key over.
 
     Real time (a mock clock runs ahead of the store's threads and of Redis' own expiry).
@@ -311,7 +427,7 @@ async def test_a_run_longer_than_the_lease_keeps_its_key(open_store) -> None:
 
     second = Job(answer("second"))
     outcomes: list[Outcome] = []
-    async with open_store() as store_a, open_store() as store_b:
+    async with shared_store() as store_a, shared_store() as store_b:
         async with serving(store_a, lease_seconds=lease) as gateway_a, serving(store_b, lease_seconds=lease) as gateway_b:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(lambda: _collect(gateway_a.execute("order-15", FP, slow), outcomes, []))
@@ -346,7 +462,7 @@ async def test_sqlite_records_expire_and_are_purged(tmp_path: Path, autojump_clo
         await trio.sleep(1300)  # past the TTL, and past a purge round after it
         # the purge runs in a thread, during which the mock clock may jump: allow a few rounds
         for _ in range(5):
-            rows = await trio.to_thread.run_sync(_row_count, tmp_path / "i.sqlite3")
+            rows = await trio.to_thread.run_sync(_row_count, store)
             if rows == 0:
                 break
             await trio.sleep(600)
@@ -356,23 +472,53 @@ async def test_sqlite_records_expire_and_are_purged(tmp_path: Path, autojump_clo
     assert rows == 0
 
 
-async def test_sqlite_keeps_at_most_max_entries_dropping_the_oldest(tmp_path: Path, autojump_clock) -> None:
-    store = await SqliteStore.open(tmp_path / "i.sqlite3", trio_clock)
-    async with serving(store, max_entries=3, purge_interval_seconds=10) as idempotency:
-        for number in range(5):
-            await idempotency.execute(f"order-{number}", FP, Job())
-            await trio.sleep(1)
-        await trio.sleep(30)  # a purge round after the last insert (every 10 s, checked every 5 s)
-        rows = await trio.to_thread.run_sync(_row_count, tmp_path / "i.sqlite3")
-        kept = [await idempotency.lookup(f"order-{n}", FP) is not None for n in range(5)]
-    await store.aclose()
+async def test_sqlite_keeps_max_entries_on_insert_before_any_purge(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "i.sqlite3")
+    idempotency = Idempotency(store, TTL, 3)  # its purge task never runs here
+    for number in range(5):
+        await idempotency.execute(f"order-{number}", FP, Job())
+    rows = await trio.to_thread.run_sync(_row_count, store)
+    kept = [await idempotency.lookup(f"order-{n}", FP) is not None for n in range(5)]
+    await idempotency.aclose()
     assert rows == 3
     assert kept == [False, False, True, True, True]
 
 
-def _row_count(path: Path) -> int:
-    with sqlite3.connect(path) as connection:
-        return connection.execute("SELECT COUNT(*) FROM idempotency").fetchone()[0]
+def _row_count(store: SqliteStore) -> int:
+    """Rows through the store's own connection (the file has one owner)."""
+    return store._connection.execute("SELECT COUNT(*) FROM idempotency").fetchone()[0]
+
+
+async def test_the_sqlite_file_has_one_owner_and_no_shared_memory_file(tmp_path: Path) -> None:
+    path = tmp_path / "i.sqlite3"
+    store = await SqliteStore.open(path)
+    idempotency = Idempotency(store, TTL, 1000)
+    await idempotency.execute("order-18", FP, Job())
+    siblings = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(IdempotencyUnavailable, match="locked"):
+        await SqliteStore.open(path)  # a second gateway naming the same file
+    await idempotency.aclose()
+    assert "i.sqlite3-shm" not in siblings, f"WAL with exclusive locking maps no -shm: {siblings}"
+
+
+async def test_a_full_sqlite_store_refuses_then_recovers(tmp_path: Path) -> None:
+    """SQLITE_FULL (here: a page limit; a real full disk is in tests/edge/e2e/test_e2e_store_faults.py)."""
+    store = await SqliteStore.open(tmp_path / "i.sqlite3")
+    idempotency = Idempotency(store, TTL, 100_000)
+    big = Job(answer("x" * 20_000))
+    (pages,) = await trio.to_thread.run_sync(lambda: store._connection.execute("PRAGMA page_count").fetchone())
+    await trio.to_thread.run_sync(store._connection.execute, f"PRAGMA max_page_count = {pages + 8}")
+    full = 0  # refused before the run (the claim failed), or answered but not stored
+    for number in range(20):
+        try:
+            full += (await idempotency.execute(f"order-{number}", FP, big)).result is Result.UNSTORED
+        except IdempotencyUnavailable:
+            full += 1
+    await trio.to_thread.run_sync(store._connection.execute, "PRAGMA max_page_count = 1000000")
+    after = await idempotency.execute("order-after", FP, Job())
+    await idempotency.aclose()
+    assert full > 0
+    assert after.result is Result.STORED, "space again: the store works again"
 
 
 async def test_a_failing_store_refuses_keyed_requests_without_running_them(
@@ -443,6 +589,25 @@ async def test_redis_killed_mid_run_answers_that_run_and_refuses_the_next(redis_
     assert outcomes == [Outcome(Result.UNSTORED, job.response)], "the job ran once; its answer is not lost"
     assert [type(e) for e in refused] == [IdempotencyUnavailable], "the waiter on B cannot be answered"
     assert job.calls == 1 and late.calls == 0
+
+
+async def test_a_dead_redis_is_logged_once_and_coredis_does_not_flood_the_log(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture  # noqa: F811
+) -> None:
+    """Issue 15: 70 coredis INFO lines (a retry each) for 20 requests, and a stray "NoneType: None"."""
+    async with redis_client(redis_server.url) as redis:
+        assert redis is not None
+        idempotency = Idempotency(RedisStore(redis, TTL), TTL, 1000)
+        await idempotency.execute("before", FP, Job())  # a live connection, then Redis dies under it
+        redis_server.kill()
+        with caplog.at_level(logging.INFO):
+            for number in range(20):
+                with pytest.raises(IdempotencyUnavailable):
+                    await idempotency.execute(f"order-{number}", FP, Job())
+    ours = [r for r in caplog.records if r.name == "edge.idempotency"]
+    theirs = [r for r in caplog.records if r.name.startswith("coredis") and r.levelno < logging.WARNING]
+    assert len(ours) == 1, "once a minute"
+    assert theirs == [], [r.getMessage() for r in theirs]
 
 
 async def _collect(operation, outcomes: list[Outcome], errors: list[BaseException]) -> None:  # type: ignore[no-untyped-def]

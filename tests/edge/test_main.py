@@ -76,3 +76,18 @@ def test_port_in_use_is_one_line_not_a_traceback(tmp_path: Path, capsys) -> None
         assert main(args) == 1
     err = capsys.readouterr().err
     assert f"cannot serve on 127.0.0.1:{port}" in err and "Traceback" not in err
+
+
+def test_a_taken_metrics_port_is_named_alone(tmp_path: Path, capsys) -> None:
+    with socket.socket() as taken, socket.socket() as spare:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        spare.bind(("127.0.0.1", 0))
+        metrics_port, public_port = taken.getsockname()[1], spare.getsockname()[1]
+        spare.close()  # free again: only the metrics listener's port is taken
+        settings = GOOD_EDGE.replace("18161", "1").replace("18160", str(public_port))
+        settings = settings.replace("[edge.pool]", f'metrics_bind = "127.0.0.1:{metrics_port}"\n[edge.pool]')
+        assert main(write(tmp_path, settings, GOOD_SECRETS)) == 1
+    err = capsys.readouterr().err  # the public listener's "Running on …" line may come before
+    assert f"hairgate edge: cannot serve on 127.0.0.1:{metrics_port}: " in err.strip().splitlines()[-1]
+    assert str(public_port) not in err.strip().splitlines()[-1] and "Traceback" not in err

@@ -11,6 +11,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from edge.observe.metrics import GatewayMetrics, PoolGauges, metrics_app, pool_gauges
+from edge.pool.dispatch import DispatchCounters
 from edge.pool.pool import Pool, ProbeResult
 from tests.edge.test_stats import GROW, MEASURE, entry
 
@@ -18,7 +19,8 @@ SPEC_NAMES = {  # gateway.md § Metrics, as exposed (counters carry _total)
     "hairgate_requests_total", "hairgate_request_duration_seconds", "hairgate_queue_wait_seconds",
     "hairgate_queue_length", "hairgate_workers_online", "hairgate_worker_up", "hairgate_worker_busy",
     "hairgate_worker_ejections_total", "hairgate_retries_total", "hairgate_idempotency_total",
-    "hairgate_rate_limited_total", "hairgate_build_info",
+    "hairgate_rate_limited_total", "hairgate_build_info", "hairgate_early_refusals_total", "hairgate_departures_total",
+    "hairgate_worker_generation_ready", "hairgate_worker_disk_low",
 }  # fmt: skip
 WORKERS = ["http://10.9.8.7:28187", "http://10.9.8.6:28187", "http://10.9.8.5:28187"]
 
@@ -39,11 +41,14 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 async def test_every_spec_metric_with_the_counts_sent() -> None:
     metrics = GatewayMetrics(version="0.1.0")
+    metrics.classify = lambda path: path == GROW
     pool = Pool(WORKERS)
-    pool.record_probe(0, ProbeResult(0.0, ok=True), now=1.0)
-    pool.record_probe(2, ProbeResult(0.0, ok=True), now=1.0)
+    pool.record_probe(0, ProbeResult(0.0, ok=True, checks={"disk": "ok", "comfyui": "down"}), now=1.0)
+    pool.record_probe(1, ProbeResult(0.0, ok=False, checks={"disk": "low", "comfyui": "ok"}), now=1.0)
+    pool.record_probe(2, ProbeResult(0.0, ok=True, checks={"disk": "ok", "comfyui": "ok"}), now=1.0)
     pool.lease(2)
-    metrics.watch_pool(lambda: pool_gauges(pool, queue_length=4))
+    counters = DispatchCounters(early_refusals=3, departures_queued=2, departures_forward=1)
+    metrics.watch_pool(lambda: pool_gauges(pool, 4, counters))
     for _ in range(5):
         metrics.observe_request(entry(duration_ms=200, queue_ms=20))
     metrics.observe_request(entry(code=1007, duration_ms=2, worker=None, limited=True))
@@ -65,7 +70,13 @@ async def test_every_spec_metric_with_the_counts_sent() -> None:
     assert got[("hairgate_request_duration_seconds_count", (("path", MEASURE),))] == 6
     assert got[("hairgate_request_duration_seconds_bucket", (("le", "0.25"), ("path", MEASURE)))] == 6
     assert got[("hairgate_request_duration_seconds_bucket", (("le", "30.0"), ("path", GROW)))] == 0
-    assert got[("hairgate_queue_wait_seconds_count", ())] == 7
+    assert got[("hairgate_queue_wait_seconds_count", (("class", "fast"),))] == 6
+    assert got[("hairgate_queue_wait_seconds_count", (("class", "slow"),))] == 1
+    assert got[("hairgate_early_refusals_total", ())] == 3
+    assert got[("hairgate_departures_total", (("stage", "queued"),))] == 2
+    assert got[("hairgate_departures_total", (("stage", "forward"),))] == 1
+    assert [got[("hairgate_worker_generation_ready", (("worker", str(i)),))] for i in range(3)] == [0, 0, 1]
+    assert [got[("hairgate_worker_disk_low", (("worker", str(i)),))] for i in range(3)] == [0, 1, 0]
     assert got[("hairgate_rate_limited_total", ())] == 1
     idempotency = {k[1][0][1]: v for k, v in got.items() if k[0] == "hairgate_idempotency_total"}
     assert idempotency == {"stored": 1, "replayed": 2, "waited": 1, "mismatch": 1}

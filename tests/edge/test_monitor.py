@@ -25,7 +25,7 @@ async def test_gateway_health_is_200_with_counts_even_when_nothing_is_online(cli
     assert response.status_code == 200
     assert body == {
         "status": "ok", "service": "gateway", "workers_total": 3, "workers_healthy": 0,
-        "workers_primary_total": 2, "workers_primary_healthy": 0, "workers_busy": 0,
+        "workers_primary_total": 2, "workers_primary_healthy": 0, "workers_busy": 0, "workers_generation_ready": 0,
     }
 
 

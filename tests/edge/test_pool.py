@@ -108,6 +108,7 @@ def test_select_prefers_the_worker_idle_the_longest() -> None:
     order = []
     for _ in range(3):
         worker = pool.select()
+        assert worker is not None
         pool.lease(worker.index)
         order.append(worker.index)
     assert order == [1, 2, 0]
@@ -124,7 +125,10 @@ def test_a_leased_worker_is_never_selected_twice() -> None:
 
 def test_select_honours_exclusions() -> None:
     pool = online_pool(A, B)
-    assert pool.select(frozenset({pool.select().index})).index != pool.select().index
+    first = pool.select()
+    assert first is not None
+    other = pool.select(frozenset({first.index}))
+    assert other is not None and other.index != first.index
     assert pool.select(frozenset({0, 1})) is None
 
 
@@ -173,7 +177,8 @@ def test_reconfigure_keeps_indexes_retires_removed_and_adds_new_offline() -> Non
     assert [(e.transition, e.index) for e in events] == [(Transition.RETIRED, 1), (Transition.ADDED, 3)]
     assert [w.url for w in pool.active] == ["http://a", "http://c", "http://d"]
     assert pool.workers[3].index == 3 and not pool.workers[3].online, "a new worker waits for a probe"
-    assert pool.select() is not None and pool.select().url == "http://a", "primaries are re-read: d is primary but offline"
+    selected = pool.select()
+    assert selected is not None and selected.url == "http://a", "primaries are re-read: d is primary but offline"
     assert [w.primary for w in pool.active] == [False, False, True]
     pool.release(1, 1.0)  # the request on the retired worker ends and gives back index 1
     assert pool.statistics().workers_total == 3 and pool.select(frozenset({0, 2})) is None
@@ -181,3 +186,75 @@ def test_reconfigure_keeps_indexes_retires_removed_and_adds_new_offline() -> Non
     assert pool.thresholds.cooldown_seconds == 5
     pool.reconfigure(["http://b"], [], Thresholds())  # b is back, with its old index
     assert [w.index for w in pool.active] == [1] and not pool.workers[1].online
+
+
+def probe_with(comfyui: str | None = None, disk: str = "ok", ok: bool = True, at: float = 0.0) -> ProbeResult:
+    checks = {"disk": disk} if comfyui is None else {"disk": disk, "comfyui": comfyui}
+    return ProbeResult(at, ok=ok, checks=checks, inference_timeout_seconds=50)
+
+
+@pytest.mark.parametrize(
+    ("comfyui", "slow_eligible"),
+    [
+        (("down", "ok", "ok"), [1, 2]),  # a host whose ComfyUI is down gets no generation …
+        (("down", "down", "ok"), [2]),
+        (("down", "down", "down"), [0, 1, 2]),  # … unless none says ok: nothing changes
+        (("down", "off", "off"), [0, 1, 2]),  # "off" is the preview, not a ComfyUI that is "ok"
+        (("ok", None, "down"), [0, 1]),  # a host that reports no checks is not known to be down
+    ],
+)
+def test_generation_eligibility_follows_comfyui(comfyui, slow_eligible) -> None:
+    pool = Pool([A, B, C])
+    for index, state in enumerate(comfyui):
+        pool.record_probe(index, probe_with(state), now=0.0)
+    assert [w.index for w in pool.eligible(slow=True)] == slow_eligible
+    assert [w.index for w in pool.eligible()] == [0, 1, 2], "measurements go to every host"
+    ready = [s != "down" for s in comfyui]
+    assert pool.statistics().workers_generation_ready == sum(ready)
+
+
+def test_a_down_comfyui_among_backups_counts_only_within_the_tier() -> None:
+    pool = Pool([A, B, C], [A])
+    pool.record_probe(0, probe_with("down"), now=0.0)
+    pool.record_probe(1, probe_with("ok"), now=0.0)
+    assert [w.index for w in pool.eligible(slow=True)] == [0], "the primary tier is A alone"
+
+
+def test_a_low_disk_503_keeps_its_checks_and_a_failed_transport_keeps_the_last() -> None:
+    pool = Pool([A], thresholds=Thresholds(1, 1, 60))
+    pool.record_probe(0, probe_with("ok"), now=0.0)
+    pool.record_probe(0, ProbeResult(1.0, ok=False, reason="HTTP 503", checks={"disk": "low", "comfyui": "ok"}), 1.0)
+    worker = pool.workers[0]
+    assert (worker.online, worker.disk_low, worker.generation_ready) == (False, True, False)
+    pool.record_probe(0, ProbeResult(2.0, ok=False, reason="timeout"), 2.0)
+    assert worker.disk_low, "a probe without an answer says nothing new about the checks"
+    assert worker.inference_timeout_seconds is None
+
+
+def test_a_loading_host_that_never_came_online_is_loading_not_unreachable() -> None:
+    pool = Pool([A], thresholds=Thresholds(2, 1, 60))
+    loading = ProbeResult(0.0, ok=False, reason="HTTP 503 loading", loading=True)
+    events = [pool.record_probe(0, loading, now=0.0) for _ in range(3)]
+    assert [e.transition for e in events if e] == [Transition.LOADING]
+
+
+@pytest.mark.parametrize(
+    ("probe", "now", "idle"),
+    [
+        (None, 9.9, False),  # no probe yet: draining for the attempt's timeout …
+        (None, 10.0, True),  # … then idle again, whatever the host said
+        (ProbeResult(0.0, ok=True, busy=False), 1.0, True),  # a probe after the departure: free
+        (ProbeResult(0.0, ok=True, busy=True), 1.0, False),  # still at it
+        (ProbeResult(-1.0, ok=True, busy=False), 1.0, False),  # sent before the departure: stale
+    ],
+)
+def test_a_departure_drains_the_worker_until_a_later_probe_or_the_timeout(probe, now, idle) -> None:
+    pool = online_pool(A, B)
+    pool.lease(0, -5.0, path="/api/v1/hair/grow", slow=True)
+    pool.release(0, 0.0, drain_seconds=10.0)
+    if probe is not None:
+        pool.record_probe(0, probe, now=now)
+    pool.expire_holds(now)
+    assert pool.workers[0].idle is idle
+    assert pool.workers[0].running_slow is not idle, "a draining generation still counts as slow work"
+    assert (pool.statistics().workers_busy == 1) is not idle

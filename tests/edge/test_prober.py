@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import pytest
 import trio
@@ -18,8 +19,8 @@ URLS = ["http://w0", "http://w1", "http://w2"]
 class FakeWorkers:
     """Answers probes per URL: an HealthAnswer, an exception to raise, or "hang"."""
 
-    def __init__(self, answers: dict[str, object]) -> None:
-        self.answers = answers
+    def __init__(self, answers: Mapping[str, object]) -> None:
+        self.answers = dict(answers)
         self.calls: list[tuple[str, float]] = []
 
     async def probe(self, url: str, timeout: float) -> HealthAnswer:
@@ -29,13 +30,14 @@ class FakeWorkers:
             await trio.sleep_forever()
         if isinstance(answer, Exception):
             raise answer
+        assert isinstance(answer, HealthAnswer)
         return answer
 
 
 HEALTHY = HealthAnswer(200, b'{"status": "ok"}')
 
 
-def make(answers: dict[str, object], primaries=(), thresholds=Thresholds(2, 1, 60)) -> tuple[Prober, Dispatcher, FakeWorkers]:
+def make(answers: Mapping[str, object], primaries=(), thresholds=Thresholds(2, 1, 60)) -> tuple[Prober, Dispatcher, FakeWorkers]:
     pool = Pool(list(answers), primaries, thresholds)
     dispatcher = Dispatcher(pool, max_inflight=8, queue_wait_seconds=30, max_queue_wait_seconds=590)
     fakes = FakeWorkers(answers)
@@ -114,3 +116,73 @@ async def test_probe_does_not_wait_for_a_worker_serving_a_request(autojump_clock
         assert trio.current_time() == before
     # that probe was sent during our request, so its "busy" is stale: still dispatchable
     assert dispatcher.pool.select() is not None
+
+
+@pytest.mark.parametrize(
+    ("answer", "ok", "loading", "checks", "timeout"),
+    [
+        (HealthAnswer(200, b'{"status":"ok","busy":false,"inference_timeout_seconds":50,'
+                           b'"checks":{"disk":"ok","comfyui":"down"}}'), True, False, {"disk": "ok", "comfyui": "down"}, 50),
+        (HealthAnswer(503, b'{"status":"error","message":"...","checks":{"disk":"low","comfyui":"ok"}}'),
+         False, False, {"disk": "low", "comfyui": "ok"}, None),
+        (HealthAnswer(503, b'{"status":"loading"}'), False, True, {}, None),
+        (HealthAnswer(200, b'{"status":"ok","checks":{"disk":1,"comfyui":"ok"},"inference_timeout_seconds":true}'),
+         True, False, {"comfyui": "ok"}, None),  # what is not a string (or a number) is ignored
+        (HealthAnswer(200, b'{"status":"ok","checks":"all good"}'), True, False, {}, None),
+        (HealthAnswer(502, b"<html>bad gateway</html>"), False, False, None, None),  # no body: keep the last
+    ],
+)
+def test_judge_reads_checks_loading_and_the_inference_timeout(answer, ok, loading, checks, timeout) -> None:
+    result = judge(answer, sent_at=1.0)
+    assert (result.ok, result.loading, result.checks, result.inference_timeout_seconds) == (ok, loading, checks, timeout)
+
+
+async def test_a_loading_host_is_logged_at_info_saying_loading(autojump_clock, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="edge.pool")
+    prober, dispatcher, fakes = make({URLS[0]: HealthAnswer(503, b'{"status":"loading"}')})
+    for _ in range(3):
+        await prober.probe_all()
+    records = [r for r in caplog.records if r.name == "edge.pool"]
+    assert [(r.levelname, "loading" in r.getMessage()) for r in records] == [("INFO", True)]
+    assert "探活失败" not in records[0].getMessage()
+
+
+async def test_one_warning_per_worker_whose_inference_timeout_leaves_no_margin(autojump_clock, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="edge.pool")
+
+    def health(timeout: float) -> HealthAnswer:
+        return HealthAnswer(200, b'{"status":"ok","inference_timeout_seconds":%g}' % timeout)
+
+    answers = {URLS[0]: health(50), URLS[1]: health(59.5), URLS[2]: health(59)}
+    prober, dispatcher, fakes = make(answers)
+    prober.reconfigure(path="/health", interval_seconds=8, timeout_seconds=3, request_timeout_seconds=60)
+    for _ in range(3):
+        await prober.probe_all()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "worker=1" in warnings[0] and "59.5" in warnings[0]
+    fakes.answers[URLS[0]] = health(65)  # a host reloaded with a longer timeout: named once more
+    await prober.probe_all()
+    await prober.probe_all()
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 2
+
+
+async def test_a_departure_is_probed_at_once_then_every_100_ms_until_free(autojump_clock) -> None:
+    busy = HealthAnswer(200, b'{"status":"ok","busy":true}')
+    prober, dispatcher, fakes = make({URLS[0]: HEALTHY})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(prober.run)
+        fakes.calls.clear()
+        fakes.answers[URLS[0]] = busy
+        with trio.move_on_after(1):  # a client leaves 1 s into its forward
+            async with dispatcher.worker() as lease:
+                with lease.forwarding(60):
+                    await trio.sleep_forever()
+        departed_at = trio.current_time()
+        await trio.sleep(0.35)
+        assert not dispatcher.pool.workers[0].idle
+        fakes.answers[URLS[0]] = HEALTHY
+        await trio.sleep(0.1)
+        assert dispatcher.pool.workers[0].idle
+        nursery.cancel_scope.cancel()
+    probed = [round(at - departed_at, 3) for _, at in fakes.calls]
+    assert probed == [0, 0.1, 0.2, 0.3, 0.4], "at once, then every 100 ms, and no more once free"

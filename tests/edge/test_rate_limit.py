@@ -85,16 +85,17 @@ def test_client_is_the_peer_unless_a_trusted_proxy_forwards() -> None:
     assert keys.client_ip("127.0.0.1", "198.51.100.1, 10.1.2.3") == "198.51.100.1", "a chain of our proxies"
     assert keys.client_ip("10.1.9.9", "198.51.100.7") == "198.51.100.7", "a trusted network"
     assert keys.client_ip("127.0.0.1", None) == "127.0.0.1"
-    assert keys.key("203.0.113.9", None, "sk-secret") == "ip:203.0.113.9", "no key_header configured"
+    assert keys.keys("203.0.113.9", None, "sk-secret") == ("ip:203.0.113.9",), "no key_header configured"
 
 
-def test_a_key_header_names_the_bucket_by_a_hash_of_its_value() -> None:
+def test_a_key_header_adds_a_bucket_named_by_a_hash_of_its_value_to_the_ips() -> None:
     keys = ClientKeys(RateLimitSettings(key_header="X-Api-Key"))
-    first = keys.key("203.0.113.9", None, "sk-live-1234")
-    assert first == keys.key("198.51.100.1", None, "sk-live-1234"), "the same key from anywhere"
-    assert first != keys.key("203.0.113.9", None, "sk-live-5678")
+    by_ip, first = keys.keys("203.0.113.9", None, "sk-live-1234")
+    assert by_ip == "ip:203.0.113.9", "the IP's bucket applies too: made-up keys gain nothing"
+    assert first == keys.keys("198.51.100.1", None, "sk-live-1234")[1], "the same key from anywhere"
+    assert first != keys.keys("203.0.113.9", None, "sk-live-5678")[1]
     assert "sk-live" not in first
-    assert keys.key("203.0.113.9", None, None) == "ip:203.0.113.9"
+    assert keys.keys("203.0.113.9", None, None) == ("ip:203.0.113.9",)
 
 
 def test_build_follows_the_settings() -> None:

@@ -7,14 +7,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import BaseModel
 
 from edge.gateway import build_gateway
 from edge.app import create_app
 from edge.pool.forward import ForwardRequest
 from edge.main import _reload
+from edge.pool.scheduling import SchedulingPolicy
 from edge.pool.prober import Prober
-from edge.reload import apply_settings
-from shared.settings import SettingsError
+from edge.reload import EDGE_SETTINGS, LIVE, RESTART, apply_settings
+from edge.web.server import GatewayConfig
+from shared.settings import EdgeSettings, SettingsError
 from tests.edge.conftest import TOKEN, WORKERS, bring_online, make_settings
 
 
@@ -51,7 +54,7 @@ async def test_workers_token_limits_and_timings_change_live(tmp_path: Path, part
         tmp_path,
         pool={"workers": [WORKERS[0], "http://127.0.0.1:18193"], "primary_workers": []},
         max_body_bytes=123,
-        dispatch={"queue_wait_seconds": 7},
+        dispatch={"queue_wait_seconds": 7, "reserved_fast_workers": 2, "slow_priority_offset_seconds": 0.5},
         rate_limit={"enabled": True, "requests_per_minute": 60, "burst": 2},
     )
     apply_settings(gateway, router, prober, new)
@@ -64,6 +67,7 @@ async def test_workers_token_limits_and_timings_change_live(tmp_path: Path, part
     assert answer["code"] == 1003 and "123" in answer["message"], "the new body limit applies"
     assert gateway.admission.limiter is not None
     assert gateway.dispatcher._queue_wait_seconds == 7
+    assert gateway.dispatcher.policy == SchedulingPolicy(reserved_fast_workers=2, slow_priority_offset_seconds=0.5)
     assert gateway.settings.auth.shared_password == "rotated-token-1234567"
 
 
@@ -97,3 +101,47 @@ async def test_invalid_new_settings_keep_the_old_ones_with_one_error_line(parts,
     assert gateway.settings is before
     (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert "edge.dispatch.queue_wait_secs" in line
+
+
+def setting_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every leaf setting below `model`, dotted."""
+    paths = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            paths += setting_paths(annotation, f"{prefix}{name}.")
+        else:
+            paths.append(prefix + name)
+    return paths
+
+
+def test_every_edge_setting_is_either_live_or_restart_only() -> None:
+    undecided = []
+    for path in setting_paths(EdgeSettings):
+        parts = path.split(".")
+        decided = [".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in EDGE_SETTINGS]
+        if not decided:
+            undecided.append(path)
+    assert undecided == [], "add these to edge.reload.EDGE_SETTINGS"
+    known = set(setting_paths(EdgeSettings))
+    stale = [key for key in EDGE_SETTINGS if key not in known and not any(p.startswith(key + ".") for p in known)]
+    assert stale == [], "EDGE_SETTINGS names settings that do not exist"
+    assert set(EDGE_SETTINGS.values()) <= {LIVE, RESTART}
+
+
+async def test_a_nested_restart_only_setting_keeps_its_value(tmp_path: Path, parts, caplog) -> None:
+    gateway, app, prober = parts
+    with caplog.at_level(logging.WARNING, logger="edge.reload"):
+        apply_settings(gateway, app, prober, reloaded(tmp_path, pool={"workers": WORKERS, "ca_file": "/new/ca.pem"}))
+    assert gateway.settings.edge.pool.ca_file == ""
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "edge.pool.ca_file" in warning and "edge.pool.workers" not in warning
+
+
+async def test_the_shutdown_grace_follows_reloaded_request_timeouts(tmp_path: Path, parts) -> None:
+    gateway, app, prober = parts
+    config = GatewayConfig(lambda: gateway.settings.edge)
+    apply_settings(gateway, app, prober, reloaded(tmp_path, dispatch={"request_timeout_seconds": 7, "slow_request_timeout_seconds": 90}))
+    assert config.graceful_timeout == 90, "SIGTERM lets the longest request, as now configured, finish"
+    apply_settings(gateway, app, prober, reloaded(tmp_path, max_header_bytes=20_000))
+    assert config.h11_max_incomplete_size > 20_000

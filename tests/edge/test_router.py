@@ -1,8 +1,7 @@
-"""The router's own policy, driven with scripted ASGI messages: what the client sends, and when.
+"""The app's request policy, driven with Quart's test connections: what the client sends, and when.
 
-httpx's ASGI transport cannot leave mid-request nor trickle a body, so these tests play
-the server's part themselves: each `Exchange` feeds the router the messages a client's
-connection would produce and records what the router sends back.
+A test connection (`app.test_client().request(...)`) lets the test trickle a body, stop
+sending, or leave mid-request — what httpx's ASGI transport cannot do.
 """
 
 from __future__ import annotations
@@ -13,52 +12,23 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from werkzeug.datastructures import Headers
 
-from edge.gateway import Gateway, build_gateway
 from edge.app import create_app
-from shared.contract import MSG_BODY_TOO_SLOW, MSG_HEADERS_TOO_LARGE, Code
+from edge.gateway import Gateway, build_gateway
+from edge.web.http import GatewayApp
+from shared.contract import (
+    MSG_BODY_TOO_SLOW,
+    MSG_HEADERS_TOO_LARGE,
+    MSG_METHOD_NOT_ALLOWED,
+    MSG_UNKNOWN_ENDPOINT,
+    Code,
+)
 from tests.edge.conftest import PHOTO_BODY, WORKERS, bring_online, make_settings
 from tests.edge.test_api import FakeUpstream
 
 MEASURE = "/api/v1/hair/measure"
-
-
-class Exchange:
-    """One request: the test pushes client messages in; the router's messages are recorded."""
-
-    def __init__(self, path: str = MEASURE, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-        self.scope = {
-            "type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
-            "headers": headers or [(b"content-type", b"application/json")], "client": ("203.0.113.9", 4000),
-        }
-        self._push, self._pull = trio.open_memory_channel[dict](16)
-        self.sent: list[dict] = []
-        self.done = trio.Event()
-
-    def client_sends(self, body: bytes, more: bool = False) -> None:
-        self._push.send_nowait({"type": "http.request", "body": body, "more_body": more})
-
-    def client_leaves(self) -> None:
-        self._push.send_nowait({"type": "http.disconnect"})
-
-    async def run(self, app) -> None:
-        await app(self.scope, self._pull.receive, self._record)
-        self.done.set()
-
-    async def _record(self, message: dict) -> None:
-        self.sent.append(message)
-
-    @property
-    def status(self) -> int | None:
-        return next((m["status"] for m in self.sent if m["type"] == "http.response.start"), None)
-
-    @property
-    def headers(self) -> dict[bytes, bytes]:
-        start = next(m for m in self.sent if m["type"] == "http.response.start")
-        return dict(start["headers"])
-
-    def json(self) -> dict:
-        return json.loads(b"".join(m.get("body", b"") for m in self.sent if m["type"] == "http.response.body"))
+CLIENT = {"client": ("203.0.113.9", 4000)}
 
 
 @pytest.fixture
@@ -81,96 +51,156 @@ async def gateway(tmp_path: Path, upstream: FakeUpstream) -> Gateway:
     return gateway
 
 
+@pytest.fixture
+def app(gateway: Gateway) -> GatewayApp:
+    return create_app(gateway)
+
+
+def connect(app: GatewayApp, path: str = MEASURE, headers: dict[str, str] | None = None, query: str = ""):
+    given = {"Content-Type": "application/json", **(headers or {})}
+    target = f"{path}?{query}" if query else path
+    return app.test_client().request(target, method="POST", headers=given, scope_base=CLIENT)
+
+
+async def post(app: GatewayApp, body: bytes, **kwargs) -> tuple[int, Headers, dict]:
+    async with connect(app, **kwargs) as connection:
+        await connection.send(body)
+        await connection.send_complete()
+        response = await connection.as_response()
+    return response.status_code, response.headers, json.loads(await response.get_data())
+
+
 async def logged(gateway: Gateway) -> list[dict]:
     await gateway.request_log.flush()
     return [json.loads(line) for line in gateway.request_log.path.read_text().splitlines()]
 
 
 async def test_a_client_that_leaves_while_queued_frees_its_place_and_its_job_never_runs(
-    autojump_clock, gateway: Gateway, upstream: FakeUpstream
+    autojump_clock, app: GatewayApp, gateway: Gateway, upstream: FakeUpstream
 ) -> None:
-    app = create_app(gateway)
     upstream.delay[WORKERS[0]] = 10.0
-    busy, leaver = Exchange(), Exchange()
+    # Quart's test connection waits for an answer when it closes: this client is played by
+    # hand, as the server would (its messages in, what the app sends recorded).
+    messages, receive = trio.open_memory_channel[dict](4)
+    sent: list[dict] = []
+
+    async def record(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "http_version": "1.1", "scheme": "http", "method": "POST", "path": MEASURE,
+        "raw_path": MEASURE.encode(), "query_string": b"", "root_path": "",
+        "headers": [(b"content-type", b"application/json")], **CLIENT,
+    }  # fmt: skip
     async with trio.open_nursery() as nursery:
-        busy.client_sends(PHOTO_BODY)
-        nursery.start_soon(busy.run, app)  # holds the only worker for 10 s
+        nursery.start_soon(post, app, PHOTO_BODY)  # holds the only worker for 10 s
         await trio.testing.wait_all_tasks_blocked()
-        leaver.client_sends(PHOTO_BODY)
-        nursery.start_soon(leaver.run, app)
+        left = trio.Event()
+
+        async def leaver() -> None:
+            await app(scope, receive.receive, record)
+            left.set()
+
+        nursery.start_soon(leaver)
+        messages.send_nowait({"type": "http.request", "body": PHOTO_BODY, "more_body": False})
         await trio.testing.wait_all_tasks_blocked()
         assert gateway.dispatcher.statistics().waiting_for_worker == 1
-        leaver.client_leaves()
-        await leaver.done.wait()
+        messages.send_nowait({"type": "http.disconnect"})
+        await left.wait()
         assert trio.current_time() < 10, "the queued request ended when its client left"
         stats = gateway.dispatcher.statistics()
         assert (stats.waiting_for_worker, stats.slots_in_use) == (0, 1), "place and slot given back"
+    assert sent == [], "nothing is sent to a client that left"
     assert len(upstream.forwards) == 1, "the departed client's job was forwarded for nobody"
-    assert leaver.status is None, "nothing is sent to a client that left"
     statuses = sorted(entry["http_status"] for entry in await logged(gateway))
     assert statuses == [200, 499]
 
 
-async def test_a_client_that_leaves_during_its_forward_lets_it_finish(
-    autojump_clock, gateway: Gateway, upstream: FakeUpstream
-) -> None:
-    # the worker's state must stay true: it is busy until its answer arrives
-    app = create_app(gateway)
-    upstream.delay[WORKERS[0]] = 10.0
-    exchange = Exchange()
-    async with trio.open_nursery() as nursery:
-        exchange.client_sends(PHOTO_BODY)
-        nursery.start_soon(exchange.run, app)
-        await trio.testing.wait_all_tasks_blocked()
-        exchange.client_leaves()
-        await trio.testing.wait_all_tasks_blocked()
-        assert gateway.pool.workers[0].leased, "the forward goes on"
-    assert trio.current_time() >= 10
-    assert not gateway.pool.workers[0].leased and gateway.pool.workers[0].online
-    assert len(upstream.forwards) == 1
-
-
-async def test_a_body_that_stalls_is_refused_after_the_idle_timeout(autojump_clock, gateway: Gateway, upstream) -> None:
-    exchange = Exchange()
-    exchange.client_sends(b'{"partial":', more=True)  # … and then nothing
-    await exchange.run(create_app(gateway))
+async def test_a_body_that_stalls_is_refused_after_the_idle_timeout(autojump_clock, app: GatewayApp, upstream) -> None:
+    async with connect(app) as connection:
+        await connection.send(b'{"partial":')  # … and then nothing
+        response = await connection.as_response()
     assert trio.current_time() == pytest.approx(5)
-    assert exchange.json()["code"] == Code.INVALID_PARAMETER
-    assert exchange.json()["message"] == MSG_BODY_TOO_SLOW.format(seconds=5)
-    assert exchange.headers[b"connection"] == b"close"
+    body = json.loads(await response.get_data())
+    assert (body["code"], body["message"]) == (Code.INVALID_PARAMETER, MSG_BODY_TOO_SLOW.format(seconds=5))
+    assert response.headers["Connection"] == "close"
     assert upstream.forwards == []
 
 
-async def test_a_body_that_trickles_is_refused_after_the_whole_timeout(autojump_clock, gateway: Gateway, upstream) -> None:
-    exchange = Exchange()
+async def test_a_body_that_trickles_is_refused_after_the_whole_timeout(autojump_clock, app: GatewayApp, upstream) -> None:
+    async with connect(app) as connection:
 
-    async def trickle() -> None:
-        while not exchange.done.is_set():
-            exchange.client_sends(b" ", more=True)  # one byte every 4 s: never idle 5 s
-            await trio.sleep(4)
+        async def trickle() -> None:
+            while True:
+                await connection.send(b" ")  # one byte every 4 s: never idle 5 s
+                await trio.sleep(4)
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(trickle)
-        await exchange.run(create_app(gateway))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trickle)
+            response = await connection.as_response()
+            nursery.cancel_scope.cancel()
     assert 30 <= trio.current_time() < 35
-    assert exchange.json()["code"] == Code.INVALID_PARAMETER
+    assert json.loads(await response.get_data())["code"] == Code.INVALID_PARAMETER
     assert upstream.forwards == []
 
 
-async def test_an_oversized_header_block_is_refused_before_any_worker(gateway: Gateway, upstream) -> None:
+async def test_an_oversized_header_block_is_refused_before_any_worker(app: GatewayApp, gateway: Gateway, upstream) -> None:
     # the gateway adds headers: a client head that fits the gateway but not a host's read
     # limit got a 431 from every host in turn and ejected them all
-    exchange = Exchange(headers=[(b"x-forwarded-for", b"198.51.100.1, " * 400)])
-    exchange.client_sends(PHOTO_BODY)
-    await exchange.run(create_app(gateway))
-    assert exchange.json()["code"] == Code.INVALID_PARAMETER
-    assert exchange.json()["message"] == MSG_HEADERS_TOO_LARGE.format(limit_bytes=4096)
+    status, headers, body = await post(app, PHOTO_BODY, headers={"X-Forwarded-For": "198.51.100.1, " * 400})
+    assert (status, body["code"]) == (200, Code.INVALID_PARAMETER)
+    assert body["message"] == MSG_HEADERS_TOO_LARGE.format(limit_bytes=4096)
+    assert headers["Connection"] == "close"
     assert upstream.forwards == [] and gateway.pool.workers[0].online
 
 
-async def test_an_oversized_query_string_counts_too(gateway: Gateway, upstream) -> None:
-    exchange = Exchange()
-    exchange.scope["query_string"] = b"q=" + b"x" * 5000
-    exchange.client_sends(PHOTO_BODY)
-    await exchange.run(create_app(gateway))
-    assert exchange.json()["code"] == Code.INVALID_PARAMETER and upstream.forwards == []
+async def test_an_oversized_query_string_counts_too(app: GatewayApp, upstream) -> None:
+    status, _, body = await post(app, PHOTO_BODY, query="q=" + "x" * 5000)
+    assert body["code"] == Code.INVALID_PARAMETER and upstream.forwards == []
+
+
+async def test_a_head_too_large_elsewhere_is_431(app: GatewayApp) -> None:
+    response = await app.test_client().get("/monitor", headers={"X-Padding": "x" * 5000})
+    assert response.status_code == 431 and response.headers["Connection"] == "close"
+
+
+async def test_a_post_to_an_unknown_endpoint_says_it_does_not_exist(app: GatewayApp, upstream) -> None:
+    _, _, body = await post(app, PHOTO_BODY, path="/api/v1/hair/nothing")
+    assert body["message"] == MSG_UNKNOWN_ENDPOINT.format(method="POST", path="/api/v1/hair/nothing")
+    assert "POST）" not in body["message"], "a POST is not told that endpoints take POST"
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "OPTIONS", "HEAD"])
+async def test_a_wrong_method_on_a_real_endpoint_says_which_it_takes(app: GatewayApp, upstream, method: str) -> None:
+    response = await app.test_client().open(MEASURE, method=method)
+    assert response.status_code == 200 and response.headers["Allow"] == "POST"
+    if method != "HEAD":
+        body = json.loads(await response.get_data())
+        assert body["code"] == Code.INVALID_PARAMETER
+        assert body["message"] == MSG_METHOD_NOT_ALLOWED.format(path=MEASURE, method=method, allowed="POST")
+    assert upstream.forwards == []
+
+
+async def test_a_raising_handler_is_a_1007_envelope_logged_as_answered(
+    app: GatewayApp, gateway: Gateway, upstream, caplog
+) -> None:
+    async def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    gateway.special_points.answer = broken  # type: ignore[method-assign]
+    status, headers, body = await post(app, PHOTO_BODY, path="/api/v1/face/special-points", headers={"X-Request-ID": "bug-1"})
+    assert (status, body["code"], body["request_id"]) == (200, Code.SYSTEM_ERROR, "bug-1")
+    assert "Retry-After" in headers
+    assert any("bug-1" in r.getMessage() and r.exc_info for r in caplog.records), "the traceback is logged"
+    (entry,) = await logged(gateway)
+    assert (entry["http_status"], entry["code"]) == (200, 1007)
+
+
+async def test_expect_100_continue_over_the_limit_is_refused_without_a_continue(
+    app: GatewayApp, gateway: Gateway, upstream
+) -> None:
+    headers = {"Expect": "100-continue", "Content-Length": str(gateway.settings.edge.max_body_bytes + 1)}
+    async with connect(app, headers=headers) as connection:
+        response = await connection.as_response()  # the body is never sent
+    assert json.loads(await response.get_data())["code"] == Code.TOO_LARGE
+    assert response.headers["Connection"] == "close"

@@ -61,6 +61,29 @@ async def test_a_symlink_named_like_an_annotation_is_not_followed(client, gatewa
     assert (await client.get(f"/static/annotations/{link}")).status_code == 404
 
 
+async def test_a_hard_link_named_like_an_annotation_is_not_served(client, gateway: Gateway, annotation: str) -> None:
+    """Issue 15: a hard link to the secrets file under an annotation's name was served as a PNG."""
+    folder = Path(gateway.settings.edge.static_dir) / "annotations"
+    link = f"{uuid.uuid4()}.png"
+    os.link(folder.parent.parent / "secrets.toml", folder / link)
+    response = await client.get(f"/static/annotations/{link}")
+    assert response.status_code == 404
+    assert b"token" not in response.content
+    os.link(folder / annotation, folder / f"{uuid.uuid4()}.png")  # even a second name of a real one
+    assert (await client.get(f"/static/annotations/{annotation}")).status_code == 404
+
+
+async def test_an_annotations_folder_replaced_by_a_symlink_is_not_entered(client, gateway: Gateway) -> None:
+    static = Path(gateway.settings.edge.static_dir)
+    elsewhere = static.parent / "elsewhere"
+    elsewhere.mkdir()
+    name = f"{uuid.uuid4()}.png"
+    (elsewhere / name).write_bytes(PNG)
+    static.mkdir(parents=True, exist_ok=True)
+    os.symlink(elsewhere, static / "annotations")
+    assert (await client.get(f"/static/annotations/{name}")).status_code == 404
+
+
 @pytest.mark.parametrize(
     ("subpath", "allowed"),
     [
@@ -68,7 +91,8 @@ async def test_a_symlink_named_like_an_annotation_is_not_followed(client, gatewa
         ("annotations/0B9F6A2E-8D4C-4A57-9C0B-6F1F0A3C2D11.png", False),
         ("annotations/0b9f6a2e-8d4c-4a57-9c0b-6f1f0a3c2d11.png/x", False),
         ("other/0b9f6a2e-8d4c-4a57-9c0b-6f1f0a3c2d11.png", False),
-        ("annotations/------------------------------------.png", True),  # pattern, not a file
+        ("annotations/------------------------------------.png", False),  # 36 characters, no UUID4
+        ("annotations/0b9f6a2e-8d4c-1a57-9c0b-6f1f0a3c2d11.png", False),  # a UUID1: never written
     ],
 )
 def test_annotation_path_only_accepts_uuid_names(tmp_path: Path, subpath: str, allowed: bool) -> None:

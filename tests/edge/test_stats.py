@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from edge.observe.request_log import RequestRecord
-from edge.observe.stats import OTHER_PATHS, RequestStats
+from edge.observe.stats import EXACT_SAMPLES, OTHER_PATHS, RequestStats
 
 START = 1_796_112_000.0  # 2026-12-01T08:00:00Z
 MEASURE = "/api/v1/hair/measure"
@@ -29,7 +29,8 @@ EMPTY_WINDOW = {
     "requests": 0,
     "by_path": {},
     "by_worker": {},
-    "queue_wait_ms": {"p50": None, "p99": None},
+    "queue_wait_ms": {"p50": None, "p99": None, "max": None},
+    "queue_wait_ms_by_class": {name: {"p50": None, "p99": None, "max": None} for name in ("fast", "slow")},
     "replays": 0,
     "rate_limited": 0,
 }
@@ -58,10 +59,10 @@ def test_the_spec_example_shape_and_counts() -> None:
     assert window["requests"] == 101
     assert window["by_path"][MEASURE]["count"] == 100
     assert window["by_path"][MEASURE]["codes"] == {"0": 97, "1007": 3}
-    assert set(window["by_path"][MEASURE]["latency_ms"]) == {"p50", "p95", "p99"}
+    assert set(window["by_path"][MEASURE]["latency_ms"]) == {"p50", "p95", "p99", "max"}
     assert window["by_path"][MEASURE]["latency_ms"]["p50"] == pytest.approx(160.0, rel=0.01)
     assert window["by_worker"] == {"0": {"served": 60, "failed": 1}, "1": {"served": 37, "failed": 0}}
-    assert set(window["queue_wait_ms"]) == {"p50", "p99"}
+    assert set(window["queue_wait_ms"]) == {"p50", "p99", "max"}
     assert (window["replays"], window["rate_limited"]) == (1, 1)
     assert stats.snapshot(now)["last_hour"] == window
 
@@ -108,3 +109,50 @@ def test_memory_is_bounded_whatever_the_traffic() -> None:
     assert len(pickle.dumps(stats)) < size_before * 1.3
     by_path = stats.snapshot(START + 7200)["since_start"]["by_path"]
     assert len(by_path) == 4 + 1 and OTHER_PATHS in by_path, "four paths told apart, the rest as one"
+
+
+def test_one_slow_request_among_ten_is_the_p99_and_max_is_never_below_it() -> None:
+    """Issue 15: with 10 requests, one of them 600 ms, p99 said 30 ms (the sketch's rank rounded down)."""
+    stats = RequestStats(started_at=START)
+    for _ in range(9):
+        stats.record(entry(duration_ms=30.0, queue_ms=0.1), START + 1)
+    stats.record(entry(duration_ms=600.0, queue_ms=1000.0), START + 1)
+    for name in ("since_start", "last_hour"):
+        window = stats.snapshot(START + 1)[name]
+        assert window["by_path"][MEASURE]["latency_ms"] == {"p50": 30.0, "p95": 600.0, "p99": 600.0, "max": 600.0}
+        assert window["queue_wait_ms"] == {"p50": 0.1, "p99": 1000.0, "max": 1000.0}
+
+
+def test_beyond_the_exact_window_the_sketch_answers_and_max_still_bounds_it() -> None:
+    stats = RequestStats(started_at=START)
+    for index in range(EXACT_SAMPLES * 2):
+        stats.record(entry(duration_ms=10.0 + index % 7), START + 1)
+    stats.record(entry(duration_ms=17.0), START + 1)
+    latency = stats.snapshot(START + 1)["since_start"]["by_path"][MEASURE]["latency_ms"]
+    assert latency["p99"] == pytest.approx(16.0, rel=0.02)
+    assert latency["max"] == 17.0 and latency["p99"] <= latency["max"]
+
+
+def test_queue_wait_per_class() -> None:
+    stats = RequestStats(started_at=START)
+    stats.classify = lambda path: path == GROW
+    for queue_ms in (1.0, 3.0):
+        stats.record(entry(queue_ms=queue_ms), START + 1)
+    stats.record(entry(path=GROW, queue_ms=900.0), START + 1)
+    window = stats.snapshot(START + 2)["last_hour"]
+    assert window["queue_wait_ms_by_class"] == {
+        "fast": {"p50": 1.0, "p99": 3.0, "max": 3.0},
+        "slow": {"p50": 900.0, "p99": 900.0, "max": 900.0},
+    }
+    assert window["queue_wait_ms"]["max"] == 900.0
+
+
+def test_a_failed_forward_retried_elsewhere_counts_as_a_failure_of_its_worker() -> None:
+    """Issue 15: `by_worker.failed` stayed 0 when worker 0 failed and worker 1 then answered."""
+    stats = RequestStats(started_at=START)
+    retried = entry(worker=1)
+    stats.record(RequestRecord(**{**vars(retried), "attempts": 2, "failed_workers": (0,)}), START + 1)
+    exhausted = entry(worker=1, code=1007, http_status=200)  # both failed: the gateway's 1007
+    stats.record(RequestRecord(**{**vars(exhausted), "attempts": 2, "failed_workers": (0, 1)}), START + 1)
+    by_worker = stats.snapshot(START + 1)["since_start"]["by_worker"]
+    assert by_worker == {"0": {"served": 0, "failed": 2}, "1": {"served": 1, "failed": 1}}

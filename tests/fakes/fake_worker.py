@@ -4,7 +4,13 @@ It speaks what `gpu_host/` speaks to the gateway (gpu_host.md): `GET /health` an
 `POST /api/v1/hair/*` endpoints, both behind `X-Internal-Token`, answering envelopes whose
 images are `*_base64` PNGs. A test-only control API under `/_fake/` turns the knobs and
 reads what the fake saw: the order of the jobs it received and how often two of them
-overlapped — the gateway promises that never happens on one worker. With `refuse_when_busy`
+overlapped — the gateway promises that never happens on one worker. Service times can
+differ per path (`latency_ms_by_path`: a 2 s generation beside a 50 ms measurement); a
+job whose connection the gateway closes is counted in `departures` (with how long after
+its start the close came) and stops at once, like an interrupted ComfyUI prompt — or,
+with `finish_after_departure`, keeps the host busy until its service time is up, like a
+model inference that is left to finish. `/health` reports `checks` and
+`inference_timeout_seconds` when those knobs are set, as a real host does. With `refuse_when_busy`
 it answers a job that arrives while another runs as a real GPU host does (503, 1007,
 `"busy": true`) and counts it in `busy_refused`; off by default, so that a gateway that
 sends one worker two jobs shows up in `overlaps` instead of being saved by the refusal.
@@ -29,20 +35,24 @@ import json
 import os
 import sys
 import time
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 from PIL import Image
 from quart import Response, request
+from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
 
 from shared.contract import (
     HEADER_FORWARDED_FOR,
     HEADER_REQUEST_ID,
+    HEADER_REQUEST_TIMEOUT_MS,
     HEADER_TOKEN,
+    Code,
     busy_envelope,
+    envelope,
     success,
 )
 
@@ -67,16 +77,22 @@ class Knobs:
     """What the fake does; changed at run time through `POST /_fake/config`."""
 
     latency_ms: float = 0.0
+    latency_ms_by_path: dict[str, float] = dataclasses.field(default_factory=dict)  # overrides latency_ms
+    finish_after_departure: bool = False  # a closed connection does not end the job early
+    checks: dict[str, str] | None = None  # /health "checks", e.g. {"disk": "ok", "comfyui": "down"}
+    inference_timeout_seconds: float | None = None  # /health reports it when set
     fail_next: int = 0  # answer the next N jobs with HTTP `fail_status`
     fail_status: int = 500
     fail_all: bool = False  # answer every job with HTTP `fail_status`
     not_ready: bool = False  # /health 503 {"status": "loading"}
     health_busy: bool = False  # /health says busy although no job runs
     hold: bool = False  # jobs wait for `POST /_fake/release`
+    hold_paths: list[str] = dataclasses.field(default_factory=list)  # … only the jobs on these paths
     crash: bool = False  # the next job kills the process mid-request (os._exit)
     refuse_when_busy: bool = False  # a job while another runs: 503 busy, like a real host
     image: ImageMode = "png"  # "none": a small envelope without images (benchmarks)
     shape: Shape = "flat"  # "nested": images in objects in arrays, and nulls
+    answer_code: int = 0  # not 0: every job gets this envelope code (e.g. a host's own 1007)
 
     def update(self, changes: dict[str, Any]) -> None:
         names = {field.name for field in dataclasses.fields(self)}
@@ -100,6 +116,8 @@ class Stats:
     health_checks: int = 0
     probes_before_first_job: int | None = None
     unauthorized: int = 0
+    # jobs whose connection closed before their answer: request_id, seconds after its start
+    departures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def snapshot(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -139,15 +157,28 @@ class FakeWorker:
                 "bytes": len(body),
                 "sha256": hashlib.sha256(body).hexdigest(),
                 "query": request.query_string.decode(),
+                "request_timeout_ms": request.headers.get(HEADER_REQUEST_TIMEOUT_MS),
                 "at": time.monotonic(),
             }
         )
 
-    async def wait_service_time(self) -> None:
-        if self.knobs.hold:
-            await self.released.wait()
-        if self.knobs.latency_ms > 0:
-            await trio.sleep(self.knobs.latency_ms / 1000)
+    async def wait_service_time(self, path: str) -> None:
+        started = time.monotonic()
+        latency_ms = self.knobs.latency_ms_by_path.get(path, self.knobs.latency_ms)
+        try:
+            if self.knobs.hold or path in self.knobs.hold_paths:
+                await self.released.wait()
+            if latency_ms > 0:
+                await trio.sleep(latency_ms / 1000)
+        except trio.Cancelled:  # Quart cancels the handler: the gateway closed the connection
+            self.stats.departures.append(
+                {"request_id": request.headers.get(HEADER_REQUEST_ID), "after_s": time.monotonic() - started,
+                 "at": time.monotonic()}
+            )
+            if self.knobs.finish_after_departure:
+                with trio.CancelScope(shield=True):
+                    await trio.sleep_until(trio.current_time() + max(0.0, latency_ms / 1000 - (time.monotonic() - started)))
+            raise
 
     def failure_status(self) -> int | None:
         if self.knobs.fail_all:
@@ -200,7 +231,7 @@ def job_data(path: str, knobs: Knobs) -> dict[str, Any]:
 def create_app(worker: FakeWorker) -> QuartTrio:
     app = QuartTrio(__name__)
     app.config["MAX_CONTENT_LENGTH"] = None
-    app.json.sort_keys = False  # keep document order: in a bad image mode the bad image comes last
+    cast(DefaultJSONProvider, app.json).sort_keys = False  # keep document order: in a bad image mode the bad image comes last
 
     def unauthorized() -> tuple[dict, int]:
         return {"status": "unauthorized"}, 401
@@ -213,13 +244,18 @@ def create_app(worker: FakeWorker) -> QuartTrio:
         if worker.knobs.not_ready:
             return {"status": "loading"}, 503
         busy = worker.knobs.health_busy or worker.stats.in_flight > 0
-        return {"status": "ok", "device": "cpu", "segmenter": "fallback", "busy": busy}
+        answer: dict[str, Any] = {"status": "ok", "device": "cpu", "segmenter": "fallback", "busy": busy}
+        if worker.knobs.inference_timeout_seconds is not None:
+            answer["inference_timeout_seconds"] = worker.knobs.inference_timeout_seconds
+        if worker.knobs.checks is not None:
+            answer["checks"] = worker.knobs.checks
+        return answer
 
     @app.post("/api/v1/hair/<name>")
     async def job(name: str) -> Any:
         if not worker.authorized():
             return unauthorized()
-        body = await request.get_data()
+        body = await request.get_data(True, False, False)  # (cache, as_text, parse_form_data): bytes
         if worker.knobs.refuse_when_busy and worker.stats.in_flight > 0:
             worker.stats.busy_refused += 1
             request_id = request.headers.get(HEADER_REQUEST_ID) or "fake-without-request-id"
@@ -228,11 +264,13 @@ def create_app(worker: FakeWorker) -> QuartTrio:
         try:
             if worker.knobs.crash:
                 os._exit(1)  # the GPU host died with the request half-done
-            await worker.wait_service_time()
+            await worker.wait_service_time(request.path)
             status = worker.failure_status()
             if status is not None:
                 return {"error": "fake failure"}, status
             request_id = request.headers.get(HEADER_REQUEST_ID) or "fake-without-request-id"
+            if worker.knobs.answer_code:
+                return envelope(Code(worker.knobs.answer_code), request_id)
             return success(request_id, job_data(request.path, worker.knobs))
         finally:
             worker.stats.in_flight -= 1

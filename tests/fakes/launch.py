@@ -7,6 +7,7 @@ that run requests concurrently (pytest-trio).
 
 from __future__ import annotations
 
+import secrets
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -14,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from cluster.files import merge, write_settings
-from cluster.launcher import Process, start_announcing
+from cluster.files import merge, write_secrets, write_settings
+from cluster.launcher import Process, free_port, start_announcing, start_gateway
 
 
 class FakeWorkerProcess:
@@ -105,3 +106,36 @@ def write_gateway_settings(
     # The loader refuses a host inference timeout not well below the gateway's request timeout.
     hosts = {"inference_timeout_seconds": 0.5}
     return write_settings(directory / "settings.toml", {"edge": merge(section, edge or {}), "gpu_host": hosts})
+
+
+class FakeCluster:
+    """Fake workers and real gateways of one benchmark or test run, under one token and one
+    folder; `stop()` kills every process it started."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.token = secrets.token_hex(16)
+        self.secrets = write_secrets(directory / "secrets.toml", self.token)
+        self.started: list[FakeWorkerProcess | Process] = []
+
+    async def fakes(self, count: int, **knobs: Any) -> list[FakeWorkerProcess]:
+        """`count` fake workers answering without images, configured with `knobs`."""
+        started = [FakeWorkerProcess.start(self.token) for _ in range(count)]
+        self.started.extend(started)
+        for fake in started:
+            await fake.configure(image="none", **knobs)
+        return started
+
+    def gateway(self, name: str, fakes: Iterable[FakeWorkerProcess], edge: dict[str, Any]) -> tuple[Process, Path]:
+        """A real `hairgate edge` over `fakes`, its files in `directory/name`; (process, settings path)."""
+        directory = self.directory / name
+        directory.mkdir()
+        port = free_port()
+        config = write_gateway_settings(directory, port, [fake.url for fake in fakes], edge=edge)
+        gateway = start_gateway(config, self.secrets, port, directory / "gateway.log")
+        self.started.append(gateway)
+        return gateway, config
+
+    def stop(self) -> None:
+        for process in self.started:
+            process.kill()

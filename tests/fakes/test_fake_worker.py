@@ -5,11 +5,13 @@ from __future__ import annotations
 import base64
 from functools import partial
 
+import httpx
 import trio
 import trio.testing
 
 from shared.contract import is_envelope
 from tests.fakes.fake_worker import PNG_BYTES, FakeWorker, create_app
+from tests.fakes.serve import serve_on_loopback
 
 TOKEN = "fake-token"
 AUTH = {"X-Internal-Token": TOKEN}
@@ -74,3 +76,25 @@ async def test_refuse_when_busy_answers_a_second_job_503_busy_without_running_it
     assert (worker.stats.busy_refused, worker.stats.overlaps, len(worker.stats.jobs)) == (1, 0, 1)
     worker.knobs.update({"hold": False})
     assert (await client.post("/api/v1/hair/measure", headers=AUTH)).status_code == 200  # idle again
+
+
+async def test_health_reports_checks_and_a_closed_connection_is_a_departure(nursery) -> None:
+    """Over real sockets: Quart cancels a job whose client closed the connection."""
+    worker = FakeWorker(TOKEN)
+    worker.knobs.update(
+        {"latency_ms_by_path": {"/api/v1/hair/grow": 3000}, "checks": {"disk": "ok", "comfyui": "down"},
+         "inference_timeout_seconds": 50}
+    )  # fmt: skip
+    url = await nursery.start(serve_on_loopback, create_app(worker))
+    async with httpx.AsyncClient(base_url=url, headers=AUTH) as client:
+        health = (await client.get("/health")).json()
+        assert (health["checks"], health["inference_timeout_seconds"]) == ({"disk": "ok", "comfyui": "down"}, 50)
+        assert (await client.post("/api/v1/hair/measure", json={})).status_code == 200  # no latency for it
+        with trio.move_on_after(0.3):
+            await client.post("/api/v1/hair/grow", json={}, headers={"X-Request-ID": "leaves"})
+    with trio.fail_after(2):
+        while not worker.stats.departures:
+            await trio.sleep(0.01)
+    (departure,) = worker.stats.departures
+    assert departure["request_id"] == "leaves" and departure["after_s"] < 1
+    assert worker.stats.in_flight == 0

@@ -8,7 +8,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from multiprocessing.context import BaseContext
+from multiprocessing.context import SpawnContext
 from typing import Any
 
 import pytest
@@ -38,7 +38,7 @@ def fake_config(**extra: Any) -> ChildConfig:
 
 
 def fake_model(
-    timeout: float = 30.0, load_timeout: float = 60.0, context: BaseContext | None = None, **extra: Any
+    timeout: float = 30.0, load_timeout: float = 60.0, context: SpawnContext | None = None, **extra: Any
 ) -> ModelProcess:
     return ModelProcess(
         fake_config(**extra),

@@ -42,7 +42,7 @@ class Host:
 def host_settings(**gpu_host: object) -> Settings:
     return Settings(
         auth=AuthSettings(accept_passwords=(TOKEN,)),
-        gpu_host=GpuHostSettings(inference_timeout_seconds=45, **gpu_host),  # type: ignore[arg-type]
+        gpu_host=GpuHostSettings(inference_timeout_seconds=45, **gpu_host),
         analysis=LIMITS,
     )
 

@@ -55,7 +55,9 @@ def wait_for(service: Process, token: str, predicate: Callable[[httpx.Response],
             response = client.get(service.service.health_url)
             return response if predicate(response) else None
 
-        return service.poll_until(matching, what, STARTUP_DEADLINE_SECONDS, interval_s=0.1)
+        found = service.poll_until(matching, what, STARTUP_DEADLINE_SECONDS, interval_s=0.1)
+        assert found is not None  # poll_until returns only a true value
+        return found
 
 
 def child_pids(pid: int) -> list[int]:

@@ -152,3 +152,20 @@ async def test_sighup_reload_keeps_usage_of_tokens_still_accepted(tokens: HostTo
         {"fingerprint": token_fingerprint(OLD), "last_used_seconds_ago": 5.0},
         {"fingerprint": token_fingerprint(NEW), "last_used_seconds_ago": None},
     ]
+
+
+async def test_a_token_of_few_distinct_characters_is_refused_saying_why(client: Any, guard: TokenGuard) -> None:
+    # issue 15 item 13: 16 identical characters are 16 characters and no secret
+    status, answer = await call(client, OLD, {"add": "a" * 16})
+    assert status == 400 and answer["code"] == 1001 and "8" in answer["message"]
+    assert "a" * 16 not in answer["message"]
+    assert not guard.is_accepted("a" * 16)
+
+
+async def test_json_nested_deeper_than_the_parser_goes_is_a_400_not_a_traceback(client: Any, guard: TokenGuard) -> None:
+    # issue 15 item 15: 50,000-deep JSON used to end in a RecursionError and HTTP 500
+    deep = b"[" * 50_000 + b"]" * 50_000
+    response = await client.post("/admin/tokens", headers={HEADER_TOKEN: OLD}, data=deep)
+    answer = await response.get_json()
+    assert response.status_code == 400 and answer["code"] == 1001
+    assert "Traceback" not in await response.get_data(as_text=True)

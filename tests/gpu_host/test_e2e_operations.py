@@ -163,6 +163,7 @@ def test_token_rotation_under_load_then_interrupted_and_resumed(pool: TlsPool, g
     argv = rotate_argv(gateways, gateway.secrets_path, pool.tls.ca_file)
     with subprocess.Popen(argv, stdout=subprocess.PIPE, env=child_env(), text=True) as interrupted:
         seen = ""
+        assert interrupted.stdout is not None
         for line in interrupted.stdout:
             seen += line
             if line.startswith("[5/"):

@@ -171,24 +171,52 @@ async def test_a_second_request_while_one_runs_is_refused_busy_at_once(fifos: Fi
     assert after["request_id"] == "third"
 
 
-async def test_a_caller_that_gives_up_mid_inference_leaves_no_stale_reply(fifos: Fifos) -> None:
+async def test_a_caller_that_leaves_mid_inference_keeps_the_child_and_its_answer_is_dropped(fifos: Fifos) -> None:
+    # A departed client (issue 16): the child finishes alone; it is never killed for it.
     async with trio.open_nursery() as nursery:
         model = await _started(nursery, fake_model())
+        pid = model.statistics().pid
         with trio.CancelScope() as caller:
 
-            async def give_up_once_inside() -> None:
+            async def leave_once_inside() -> None:
                 await fifos.wait_entered()
                 caller.cancel()
 
-            nursery.start_soon(give_up_once_inside)
-            await model.infer("abandoned", "measure", fifos.command, {})
-        # the reply the child still owed must not become the answer to the next request
+            nursery.start_soon(leave_once_inside)
+            await model.infer("departed", "measure", fifos.command, {})
+        busy_after_leaving = model.statistics().busy
+        with pytest.raises(ModelBusy):  # one inference at a time still holds
+            await model.infer("too-soon", "measure", b"ok", {})
+        await fifos.release_child()
         with trio.fail_after(WAIT):
-            await model.wait_ready()
+            await model.wait_idle()
+        # the answer the child still owed is not the answer to the next request
         data = await model.infer("next", "measure", b"ok", {})
+        stats = model.statistics()
         nursery.cancel_scope.cancel()
     assert caller.cancelled_caught
-    assert data["request_id"] == "next"
+    assert busy_after_leaving
+    assert data["request_id"] == "next" and data["pid"] == pid
+    assert (stats.pid, stats.restarts, stats.state) == (pid, 0, Phase.READY)
+
+
+async def test_a_request_deadline_shorter_than_the_inference_gives_1007_and_keeps_the_child(fifos: Fifos) -> None:
+    async with trio.open_nursery() as nursery:
+        model = await _started(nursery, fake_model())
+        pid = model.statistics().pid
+        with trio.fail_after(WAIT), pytest.raises(ContractError) as caught:
+            await model.infer("late", "measure", fifos.command, {}, wait_seconds=0.2)
+        with trio.fail_after(WAIT):
+            await fifos.wait_entered()  # the child is still inside it
+        assert model.statistics().busy
+        await fifos.release_child()
+        with trio.fail_after(WAIT):
+            await model.wait_idle()
+        data = await model.infer("next", "measure", b"ok", {})
+        stats = model.statistics()
+        nursery.cancel_scope.cancel()
+    assert caught.value.code is Code.SYSTEM_ERROR and "0.2" in caught.value.message
+    assert data["request_id"] == "next" and (stats.pid, stats.restarts) == (pid, 0)
 
 
 # -- one definition of ready (defect 5), a loop that never blocks (defect 6) ---------------

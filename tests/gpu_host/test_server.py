@@ -46,8 +46,9 @@ def test_real_host_opens_at_once_loads_in_the_child_serves_and_stops_cleanly(tmp
     finally:
         exit_code = host.stop(signal.SIGTERM)
     # the port opened before the models were loaded
-    assert (first.status_code, first.json()) == (503, {"status": "loading"})
-    assert ready.json() == {"status": "ok", "device": "cpu", "segmenter": "fallback", "busy": False}
+    deep = {"inference_timeout_seconds": 50, "checks": {"disk": "ok", "comfyui": "off"}}
+    assert (first.status_code, first.json()) == (503, {"status": "loading", **deep})
+    assert ready.json() == {"status": "ok", "device": "cpu", "segmenter": "hairnet", "busy": False, **deep}
     body = answer.json()
     assert (body["code"], answer.headers["X-Request-ID"]) == (0, body["request_id"]), body
     annotated = Image.open(io.BytesIO(base64.b64decode(body["data"]["annotated_image_base64"])))

@@ -214,6 +214,23 @@ async def test_old_token_still_in_use_blocks_the_removal(tmp_path: Path, monkeyp
         assert c.gateways[1].token == OLD and all(c.gateways[1].online.values())
 
 
+async def test_a_long_wait_says_which_fingerprint_is_still_seen_on_which_host(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(rotate_token, "WAIT_LIMIT_BEYOND_GRACE_SECONDS", 0.6)
+    monkeypatch.setattr(rotate_token, "PROGRESS_SECONDS", 0.2)
+    lines: list[str] = []
+    async with cluster(tmp_path) as c:
+        opts = options(tmp_path, c.gateway_urls[:1], new_token=NEW)  # the second gateway keeps the old token
+        with pytest.raises(rotate_token.RotationFailed, match="still in use"):
+            await rotate_token.run(opts, lines.append)
+    step = next(line for line in lines if line.startswith("[6/"))
+    assert f"gives up after {GRACE + 0.6:g}s" in step
+    progress = [line for line in lines if line.startswith("  still waiting")]
+    assert 1 <= len(progress) <= (GRACE + 0.6) / 0.2  # every PROGRESS_SECONDS, not at every poll
+    assert token_fingerprint(OLD) in progress[0] and all(host in progress[0] for host in c.hosts)
+    assert OLD not in "\n".join(lines) and NEW not in "\n".join(lines)
+
+
 def test_a_pending_rotation_is_not_silently_replaced(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.chdir(tmp_path)
     options(tmp_path, ["http://127.0.0.1:1"])  # generates and saves a pending token

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from shared.secrets_file import SecretsFileError, SecretsSource, read_secret, write_secret
+from shared.secrets_file import (
+    SecretsFileError,
+    SecretsSource,
+    check_token_strength,
+    is_acceptable_token,
+    read_secret,
+    write_secret,
+)
 from shared.settings import ENV_SHARED_PASSWORD, load_settings
 
 ORIGINAL = """\
@@ -95,3 +102,26 @@ def test_source_is_the_environment_only_when_its_variable_is_set(tmp_path: Path)
     assert beside.path == tmp_path / "secrets.toml" and not beside.from_environment
     named = SecretsSource.locate(config, tmp_path / "s.toml", ENV_SHARED_PASSWORD, environ={ENV_SHARED_PASSWORD: "x"})
     assert named.path == tmp_path / "s.toml" and named.from_environment
+
+
+@pytest.mark.parametrize(
+    ("token", "reason"),
+    [
+        ("a" * 16, "至少要有 8 个不同的字符"),  # issue 15: 16 identical characters were accepted
+        ("abcdabcdabcdabcd", "至少要有 8 个不同的字符"),  # 4 distinct
+        ("short-token", "至少 16 个字符"),
+        ("has a space in it, long enough", "可打印 ASCII"),
+        ("non-ascii-token-\u00e9\u00e9\u00e9\u00e9", "可打印 ASCII"),
+    ],
+)
+def test_a_weak_token_is_refused_with_its_reason(token: str, reason: str) -> None:
+    refusal = check_token_strength(token)
+    assert refusal is not None and reason in refusal
+    assert token not in refusal, "the reason never quotes the token"
+    assert not is_acceptable_token(token)
+
+
+@pytest.mark.parametrize("token", ["abcdefgh" * 2, "a" * 9 + "bcdefgh", "0123456789abcdef0123"])
+def test_a_token_with_eight_distinct_characters_is_taken(token: str) -> None:
+    assert check_token_strength(token) is None
+    assert is_acceptable_token(token)

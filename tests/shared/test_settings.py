@@ -99,6 +99,15 @@ def test_host_inference_timeout_must_sit_below_the_gateway_request_timeout(tmp_p
             load_text(tmp_path, text)
 
 
+def test_a_gateway_only_file_may_lower_its_timeouts(tmp_path):
+    """Issue 15: a file without [gpu_host] was checked against that section's defaults (50 s)."""
+    load_text(tmp_path, "[edge.dispatch]\nrequest_timeout_seconds = 20\nslow_request_timeout_seconds = 30\n")
+
+
+def test_a_host_only_file_may_raise_its_timeouts(tmp_path):
+    load_text(tmp_path, '[gpu_host]\ninference_timeout_seconds = 90\ncomfyui_url = "http://127.0.0.1:8188"\n')
+
+
 def test_generation_time_must_fit_the_slow_request_timeout(tmp_path):
     text = (
         '[edge.dispatch]\nslow_request_timeout_seconds = 100\n'
@@ -111,7 +120,7 @@ def test_generation_time_must_fit_the_slow_request_timeout(tmp_path):
 def test_shipped_defaults_obey_the_timeout_rule():
     from shared.settings import Settings
 
-    Settings()  # the model's defaults
+    Settings.model_validate({"edge": {}, "gpu_host": {}})  # the model's defaults, both roles in one file
     load_settings(REPO_SETTINGS, environ={})
 
 

@@ -13,7 +13,7 @@ def test_committed_settings_name_every_admission_key_with_the_documented_default
     assert edge.metrics_bind == "127.0.0.1:9464"
     assert edge.shared_state.redis_url == ""
     limit = edge.rate_limit
-    assert (limit.enabled, limit.requests_per_minute, limit.burst, limit.key_header) == (True, 30, 10, "")
+    assert (limit.enabled, limit.requests_per_minute, limit.burst, limit.key_header) == (True, 120, 30, "")
     assert limit.trusted_proxies == ("127.0.0.1", "::1")
     assert edge.idempotency.max_entries == 100000
     text = REPO_SETTINGS.read_text()

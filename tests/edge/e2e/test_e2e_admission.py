@@ -16,11 +16,12 @@ from shared.contract import (
     HEADER_IDEMPOTENCY_KEY,
     HEADER_IDEMPOTENCY_REPLAYED,
     HEADER_RETRY_AFTER,
+    HEADER_TOKEN,
     MSG_BACKEND_UNAVAILABLE,
     MSG_RATE_LIMITED,
     Code,
 )
-from tests.edge.e2e.harness import Cluster, measure, wait_until
+from tests.edge.e2e.harness import MEASURE, Cluster, measure, metrics_listener, scrape, wait_until
 from tests.fakes.launch import FakeWorkerProcess
 from tests.fakes.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 
@@ -168,3 +169,111 @@ async def test_two_gateways_sharing_redis_enforce_one_limit(cluster: Cluster, re
     assert limited == [False, False, False, True, True, True], "one bucket of 3 across both gateways"
     assert all(int(answers[i].headers[HEADER_RETRY_AFTER]) >= 1 for i in (3, 4, 5))
     assert await _jobs(fakes) == 3
+
+
+async def test_a_client_that_left_while_queued_leaves_its_key_free(cluster: Cluster) -> None:
+    """Issue 15: the departure was stored (499, empty body) and every retry got HTTP 500 for a day."""
+    (fake,) = cluster.start_fakes(1)
+    settings, metrics_url = metrics_listener()
+    cluster.start_gateway(edge=settings)
+    await fake.configure(hold=True)
+    keyed = {HEADER_IDEMPOTENCY_KEY: "left-while-queued"}
+    async with cluster.client() as client:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(measure, client)  # takes the only worker and holds it
+
+            async def on_the_worker() -> bool:
+                return (await fake.stats())["in_flight"] == 1
+
+            await wait_until(on_the_worker, 5, "the first request to reach the worker")
+            leaving = trio.CancelScope()
+            nursery.start_soon(_until_cancelled, leaving, cluster, keyed)
+
+            async def queued() -> bool:
+                return (await scrape(metrics_url))["hairgate_queue_length"][0].value == 1
+
+            await wait_until(queued, 5, "the keyed request to wait in the queue")
+            leaving.cancel()  # the client hangs up while its request is queued
+
+            async def logged_as_left() -> bool:
+                return any(e["http_status"] == 499 for e in cluster.request_log_entries())
+
+            await wait_until(logged_as_left, 5, "the departure in the request log")
+            await fake.configure(hold=False)
+            await fake.release()
+        retried = await measure(client, headers=keyed)
+    assert retried.status_code == 200 and retried.json()["code"] == Code.OK, retried.text
+    assert HEADER_IDEMPOTENCY_REPLAYED not in retried.headers, "nothing was stored for the departed client"
+    assert await _jobs([fake]) == 2
+
+
+async def _until_cancelled(scope: trio.CancelScope, cluster: Cluster, headers: dict[str, str]) -> None:
+    with scope:
+        async with cluster.client() as own_connection:  # closed when cancelled: the client left
+            await measure(own_connection, headers=headers)
+
+
+async def test_a_hosts_own_1007_is_not_stored(cluster: Cluster) -> None:
+    """Issue 15: a host's 1007 ("please retry": a restart, a timeout) was replayed for 24 hours."""
+    (fake,) = cluster.start_fakes(1)
+    cluster.start_gateway()
+    await fake.configure(answer_code=int(Code.SYSTEM_ERROR))
+    keyed = {HEADER_IDEMPOTENCY_KEY: "host-said-retry"}
+    async with cluster.client() as client:
+        failed = await measure(client, headers=keyed)
+        await fake.configure(answer_code=0)
+        retried = await measure(client, headers=keyed)
+        replayed = await measure(client, headers=keyed)
+    assert failed.json()["code"] == Code.SYSTEM_ERROR
+    assert retried.json()["code"] == Code.OK, "the retry the host asked for runs"
+    assert HEADER_IDEMPOTENCY_REPLAYED not in retried.headers
+    assert replayed.content == retried.content and replayed.headers.get(HEADER_IDEMPOTENCY_REPLAYED) == "true"
+    assert await _jobs([fake]) == 2
+
+
+API_KEY = "X-Api-Key"
+
+
+async def test_with_api_keys_each_client_has_its_own_keys_and_its_ip_is_limited_too(cluster: Cluster) -> None:
+    (fake,) = cluster.start_fakes(1)
+    # burst 6 per API key AND per IP, then a token a minute: nothing refills during the test
+    rate_limit = {"enabled": True, "requests_per_minute": 1, "burst": 6, "key_header": API_KEY}
+    cluster.start_gateway(edge={"rate_limit": rate_limit})
+    alice = {API_KEY: "sk-alice-0000000000", "X-Forwarded-For": "198.51.100.20"}
+    mallory = {API_KEY: "sk-mallory-00000000", "X-Forwarded-For": "198.51.100.21"}
+    async with cluster.client() as client:
+        # Mallory squats the key Alice will use, with a junk body: it is hers alone.
+        squat = await client.post(MEASURE, json={"image_base64": "BBBB"}, headers={**mallory, HEADER_IDEMPOTENCY_KEY: "order-1"})
+        mine = await measure(client, headers={**alice, HEADER_IDEMPOTENCY_KEY: "order-1"})
+        # Mallory tries to fetch Alice's answer (her face analysis) by sending her request and key.
+        theirs = await measure(client, headers={**mallory, HEADER_IDEMPOTENCY_KEY: "order-1"})
+        again = await measure(client, headers={**alice, HEADER_IDEMPOTENCY_KEY: "order-1"})
+        # A made-up API key per request from one IP: the IP's bucket (6, 3 taken) still applies.
+        rotating = [
+            await measure(client, headers={API_KEY: f"made-up-{n}", "X-Forwarded-For": "198.51.100.21"}) for n in range(6)
+        ]
+    assert squat.json()["code"] != Code.OK  # refused by the gateway's own checks, and stored
+    assert mine.json()["code"] == Code.OK, "not 1001 'key used for another request': Mallory's key is not Alice's"
+    # Mallory's "order-1" is her junk request's: she gets her own mismatch, never Alice's answer
+    assert theirs.json()["code"] == Code.INVALID_PARAMETER and theirs.content != mine.content
+    assert HEADER_IDEMPOTENCY_REPLAYED not in theirs.headers
+    assert again.content == mine.content and again.headers.get(HEADER_IDEMPOTENCY_REPLAYED) == "true"
+    limited = [_is_rate_limited(answer) for answer in rotating]
+    assert limited == [False, False, False, False, True, True], "Mallory's IP had 2 requests before"
+    assert all(int(rotating[i].headers[HEADER_RETRY_AFTER]) >= 1 for i in (4, 5))
+    assert await _jobs([fake]) == 1 + 4  # Alice's, and the 4 rotating ones let through
+
+
+@pytest.mark.slow  # the rule itself: tests/shared/test_secrets_file.py; the endpoint's 400: tests/edge/test_admin.py
+async def test_admin_token_refuses_a_token_of_too_few_distinct_characters(cluster: Cluster) -> None:
+    """Issue 15: 16 identical characters were taken (gateway.md § Admin endpoints: at least 8 distinct)."""
+    cluster.start_fakes(1)
+    cluster.start_gateway()
+    old = {HEADER_TOKEN: cluster.token}
+    async with cluster.client() as client:
+        weak = await client.post("/admin/token", json={"shared_password": "a" * 16}, headers=old)
+        still_old = await client.get("/admin/stats", headers=old)
+    assert weak.status_code == 400, weak.text
+    assert "a" * 16 not in weak.text
+    assert still_old.status_code == 200, "nothing changed"
+    assert "a" * 16 not in cluster.secrets_path.read_text()

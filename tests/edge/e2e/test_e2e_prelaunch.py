@@ -52,6 +52,8 @@ LOG_FIELDS = {
     "bytes_out": int,
     "idempotent_replay": bool,
     "rate_limited": bool,
+    "early_refusal": bool,
+    "failed_workers": list,  # indexes whose forward failed (docs/edge.md § What the logs say)
 }
 
 

@@ -1,0 +1,78 @@
+"""The lower edge of the hair, traced column by column from a hair mask (working frame).
+
+For each column between the outer brow ends, scan up from the brow curve to the head
+outline for the first run of MIN_RUN_PX hair pixels; its lower edge, to sub-pixel
+precision, is where the hair coverage crosses 0.5. `hairline` traces, `hairline_checks`
+judges the trace; both import `Trace` from here (no import cycle between them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .designs import FaceFrame
+from .head_samples import brow_curve, face_width_px, head_outline_rows
+from .types import Face, LandmarkId
+
+MIN_RUN_PX = 3  # working px: a hair region starts with >= 3 hair pixels in a row
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Lower edge of the hair, in the working frame's midline coordinates (u across, v up, px)."""
+
+    frame: FaceFrame
+    u: np.ndarray  # (N,) per traced column
+    v: np.ndarray  # (N,) NaN where the column shows no hair below the head outline
+    points: np.ndarray  # (N, 2) working px (NaN rows where v is NaN)
+    brow_rows: np.ndarray  # (N,) working px: upper edge of the brows under each column
+    face_width: float
+
+    def near(self, u_centre: float, half_width: float) -> np.ndarray:
+        """v of the edge (NaN: none) in the columns within `half_width` face widths of u_centre."""
+        return self.v[np.abs(self.u - u_centre) <= half_width * self.face_width]
+
+    def in_window(self, u_centre: float, half_width: float) -> np.ndarray:
+        """Which columns lie within `half_width` face widths of u_centre and show an edge."""
+        return (np.abs(self.u - u_centre) <= half_width * self.face_width) & ~np.isnan(self.v)
+
+
+def trace_edges(hair: np.ndarray, person: np.ndarray, face: Face) -> Trace:
+    """Per column between the outer brow ends: scan up from the brow curve to the head
+    outline for the first run of MIN_RUN_PX hair pixels; its lower edge, to sub-pixel
+    precision, is where the hair coverage crosses 0.5."""
+    height = hair.shape[0]
+    columns = np.arange(*_brow_span(face, hair.shape[1]))
+    brow_rows = np.clip(brow_curve(face, columns), 0, height - 1).astype(int)
+    outline = head_outline_rows(person)[columns]
+    rows = np.arange(height)[:, None]
+    is_hair = hair[:, columns] >= 0.5
+    run = is_hair.copy()
+    for step in range(1, MIN_RUN_PX):  # run[r]: rows r, r-1, ... all hair
+        run[step:] &= is_hair[:-step]
+    run[: MIN_RUN_PX - 1] = False
+    searchable = (rows <= brow_rows[None, :]) & (rows - (MIN_RUN_PX - 1) >= outline[None, :])
+    lowest = np.where(run & searchable, rows, -1).max(axis=0)
+    edges = np.array([_subpixel_edge(hair[:, x], r, b) for x, r, b in zip(columns, lowest, brow_rows)])
+    points = np.stack([columns.astype(float), edges], axis=1)
+    frame = FaceFrame.from_face(face)
+    uv = frame.to_frame(np.nan_to_num(points))
+    v = np.where(np.isnan(edges), np.nan, uv[:, 1])
+    return Trace(frame, uv[:, 0], v, points, brow_curve(face, columns), face_width_px(face))
+
+
+def _brow_span(face: Face, width: int) -> tuple[int, int]:
+    brows = face.points[list(LandmarkId.LEFT_BROW_UPPER + LandmarkId.RIGHT_BROW_UPPER)]
+    return int(max(0, np.ceil(brows[:, 0].min()))), int(min(width, np.floor(brows[:, 0].max()) + 1))
+
+
+def _subpixel_edge(coverage: np.ndarray, lowest: int, brow_row: int) -> float:
+    if lowest < 0:
+        return np.nan
+    below = lowest + 1
+    if below > brow_row or below >= len(coverage) or coverage[below] >= 0.5:
+        return float(lowest)
+    drop = coverage[lowest] - coverage[below]
+    return float(lowest + (coverage[lowest] - 0.5) / drop) if drop > 0 else float(lowest)

@@ -1,0 +1,69 @@
+"""Is the "hair" over the forehead a cap's band? Decided on the traced mask, before any number.
+
+The hair network takes a dark cap band for hair (grace_hopper.jpg: a navy officer's cap,
+grey hair showing only at the temples): its edge is the cap's lower edge, and measured or
+grown from, the cap becomes a fringe painted down the forehead (issue 17: "a headband or
+hat edge is not a hairline"). Hair has strands and highlights; a band of cloth is one flat
+colour. So a band just above the midline edge whose lightness varies by at most
+FLAT_LIGHTNESS_SD and which is dark (median <= DARK_LIGHTNESS) is a cap: `occluded`.
+Measured on the 26 labelled hairline photos, the astronaut and grace_hopper (working
+frame, 160 px faces; OpenCV 8-bit L): the spread is 3.0-5.4 on grace_hopper's band (the
+photo, 2x, JPEG q30, +15 and +30 brighter; `occluded` mirrored, 0.6x, 4x and 0.7x darker
+too), 7.1 on biden2's white hair (L 200), >= 11.7 on every other photo and >= 12.4 on the
+dark-haired ones (deepface_img1, black hair at L 3: 15.7, its highlights). Seen but not
+used: the mask over grace_hopper's band stops 0.31-0.34 face heights under the head outline
+(the crown is not "hair"), as it does on 71 % of deepface_img40's columns (the person mask
+spills over the people behind him), and a +30 brighter copy's mask covers the crown: too
+weak a cue on its own. A light or coloured flat band (a white cap) is not caught: none was
+seen. A headband above visible hair (deepface_img26) has hair below it; hairline_checks'
+UNMASKED_GAP_MM handles it.
+The band found is also taken out of the hair mask (endpoint 6: "masks hold the subject's
+hair only"): the mask's pixels connected to the sampled band and at most
+BAND_CEILING_SDS x FLAT_LIGHTNESS_SD lighter than its median. Grey or light hair beside it
+(grace_hopper's temples, L >= 100) stays; the cap's dark sides, which the network marks
+down to her temples, go with the band.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from .hairline_trace import Trace
+from .head_samples import face_height_px
+from .types import Face
+
+FLAT_LIGHTNESS_SD = 8.0  # OpenCV 8-bit L, over the band just above the edge
+DARK_LIGHTNESS = 60.0  # median L of a dark band (grace_hopper's: 9, 45 on a +30 copy)
+BAND_FACE_HEIGHTS = 0.08  # how far above the edge the band is sampled
+# a pixel of the band is at most this many FLAT_LIGHTNESS_SD lighter than the band's median:
+# on grace_hopper (median 9) 2 leaves 7 % of the mask's dark cap pixels in it, 3 leaves 4 %
+# (the band's blurred rim and the light hair), 4 eats the temples' grey hair
+BAND_CEILING_SDS = 3.0
+_RIM = np.ones((3, 3), np.uint8)  # working px: the band's edge, half skin, half cloth
+
+
+def headwear_band(trace: Trace, window: np.ndarray, hair: np.ndarray, lab: np.ndarray, face: Face) -> np.ndarray | None:
+    """The cap's band the mask took for hair, in the working frame (a boolean mask), or None
+    when the mask over the midline is no flat, dark band: `window` selects the trace's
+    midline columns, `hair` is coverage."""
+    if not window.any():
+        return None
+    columns = trace.points[window, 0].astype(int)
+    edge_row = float(np.median(trace.points[window, 1]))
+    first = max(0, int(edge_row - BAND_FACE_HEIGHTS * face_height_px(face)))
+    last = max(first + 1, int(edge_row) - 1)
+    is_hair = hair >= 0.5
+    sampled = np.zeros_like(is_hair)
+    sampled[first:last, columns] = is_hair[first:last, columns]
+    if not sampled.any():
+        return None
+    lightness = lab[..., 0]
+    median = float(np.median(lightness[sampled]))
+    if float(np.std(lightness[sampled])) > FLAT_LIGHTNESS_SD or median > DARK_LIGHTNESS:
+        return None
+    dark = is_hair & (lightness <= median + BAND_CEILING_SDS * FLAT_LIGHTNESS_SD)
+    _, regions = cv2.connectedComponents(dark.astype(np.uint8), connectivity=8)
+    touched = np.unique(regions[sampled & dark])
+    band = np.isin(regions, touched[touched > 0]).astype(np.uint8)
+    return is_hair & cv2.dilate(band, _RIM).astype(bool)  # with its rim, blended with the skin

@@ -1,0 +1,114 @@
+"""The `/api/` blueprint: the business endpoints, each a Quart route taking POST only.
+
+The GPU endpoints (`GPU_ENDPOINT_PATHS`) are checked, queued and forwarded by
+`ApiService` (`edge.web.api`); endpoints 4 and 99 are answered by the gateway itself
+(`edge.local`). Around every one: the rate limit before the body (`edge.app`'s
+`before_request`), the body limit and timeouts (`GatewayRequest`), the Idempotency-Key
+(`Admission.around`), the request-log line (`GatewayConnection`). A wrong method or an
+unknown path gets its envelope from the app's error handlers (`edge.web.refusals`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+from quart import Blueprint
+from quart import Response as QuartResponse
+
+from edge.local.local_answer import LocalAnswer
+from edge.pool.forward import ForwardRequest
+from edge.web.api import ApiAnswer
+from edge.web.http import JSON, ApiResponse, Exchange, GatewayRequest, Outcome, current_gateway_request, encode, exchange_of
+from shared.contract import GPU_ENDPOINT_PATHS, HEADER_REQUEST_ID, HEADER_RETRY_AFTER
+
+if TYPE_CHECKING:
+    from edge.gateway import Gateway
+
+SPECIAL_POINTS_PATH = "/api/v1/face/special-points"  # endpoint 99
+FEATURES_PATH = "/api/v1/face/features"  # endpoint 4
+_RETRY_AFTER = HEADER_RETRY_AFTER.lower().encode()
+
+Handle = Callable[["Gateway", Exchange], Awaitable[ApiResponse]]
+LocalEndpoint = Callable[[bytes, "str | None", str], Awaitable[LocalAnswer]]
+
+
+def api_blueprint(gateway: Gateway) -> Blueprint:
+    api = Blueprint("api", __name__)
+    for path, endpoint in GPU_ENDPOINT_PATHS.items():
+        api.add_url_rule(path, endpoint, partial(_business, gateway, _forwarded), methods=["POST"])
+    answered_here = {
+        SPECIAL_POINTS_PATH: ("special_points", lambda: gateway.special_points.answer),
+        FEATURES_PATH: ("features", lambda: gateway.features.answer),
+    }
+    for path, (endpoint, local) in answered_here.items():
+        api.add_url_rule(path, endpoint, partial(_business, gateway, partial(_answered_here, local)), methods=["POST"])
+    return api
+
+
+async def _business(gateway: Gateway, handle: Handle) -> QuartResponse:
+    request = current_gateway_request()
+    exchange = request.exchange or exchange_of(request)  # built by the rate limit, if it ran
+    exchange.body = await request.read_body()
+    response = await gateway.admission.around(exchange, lambda: handle(gateway, exchange))
+    return api_answer(request, response)
+
+
+def api_answer(request: GatewayRequest, response: ApiResponse) -> QuartResponse:
+    """The Quart response for an `/api/` answer; notes its outcome for the request log."""
+    request.outcome = response.outcome
+    answer = QuartResponse(response.body, status=response.status, content_type=JSON)
+    for name, value in response.headers:
+        answer.headers[name.decode("latin-1")] = value.decode("latin-1")
+    if response.outcome is not None and response.outcome.idempotent_replay:
+        # a replay is the stored answer: its header names the request whose answer it is
+        answer.headers[HEADER_REQUEST_ID] = _envelope_request_id(response.body) or request.request_id
+    return answer
+
+
+async def _forwarded(gateway: Gateway, exchange: Exchange) -> ApiResponse:
+    """A GPU endpoint: checked, queued, forwarded, its images rewritten (`edge.web.api`).
+    The forward's one call site is `ApiService`; a client that leaves cancels it here."""
+    forward = ForwardRequest(
+        method=exchange.method,
+        path=exchange.path,
+        query=exchange.query,
+        body=exchange.body,
+        content_type=exchange.header(b"content-type"),
+        request_id=exchange.request_id,
+        forwarded_for=_forwarded_for(exchange.headers.get(b"x-forwarded-for"), exchange.client_ip),
+    )
+    return _api_response(await gateway.api.handle(forward))
+
+
+async def _answered_here(endpoint: Callable[[], LocalEndpoint], gateway: Gateway, exchange: Exchange) -> ApiResponse:
+    """Endpoints 4 and 99, run by the gateway itself (never a GPU host, never a pool slot)."""
+    answer = await endpoint()(exchange.body, exchange.header(b"content-type"), exchange.request_id)
+    return _api_response(ApiAnswer(encode(answer.envelope), answer.code, answer.retry_after, gateway_made=True))
+
+
+def _api_response(answer: ApiAnswer) -> ApiResponse:
+    outcome = Outcome(
+        answer.code,
+        answer.worker,
+        answer.attempts,
+        answer.queue_seconds,
+        early_refusal=answer.early_refusal,
+        failed_workers=answer.failed_workers,
+    )
+    headers = [] if answer.retry_after is None else [(_RETRY_AFTER, str(answer.retry_after).encode())]
+    return ApiResponse(200, answer.body, headers=headers, outcome=outcome, storable=answer.storable)
+
+
+def _forwarded_for(existing: bytes | None, client_ip: str) -> str:
+    return f"{existing.decode('latin-1')}, {client_ip}" if existing else client_ip
+
+
+def _envelope_request_id(body: bytes) -> str | None:
+    try:
+        request_id = json.loads(body).get("request_id")
+    except (ValueError, AttributeError):
+        return None
+    return request_id if isinstance(request_id, str) else None

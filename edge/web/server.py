@@ -1,0 +1,116 @@
+"""Hypercorn as the gateway runs it: its configuration from `edge` settings, and the one
+decision Hypercorn takes before the app is asked — `100 Continue`.
+
+- The header block: h11's `h11_max_incomplete_size` is `edge.max_header_bytes` plus the
+  request line's own bytes (`GatewayConfig`), so the server never refuses a head the setting allows. The
+  setting itself is enforced by the app (`edge.web.refusals`, with the envelope under
+  `/api/`); a head that h11 cannot even finish buffering gets h11's bare 431.
+- Body timeouts are the app's (`GatewayRequest`), not Hypercorn's `read_timeout`: that
+  one bounds every read of the connection, also while the client quietly waits for a
+  long answer, and would cut off a 20 s generation.
+- `Expect: 100-continue`: Hypercorn answers `100 Continue` as soon as it has parsed the
+  head, before the app runs. For a `Content-Length` over `edge.max_body_bytes` the
+  gateway's protocol (`GatewayH11Protocol`) withholds it, so that the client reads
+  the 1003 instead of sending megabytes to be dropped.
+- An answer's head and its body go out in one write (Hypercorn writes them apart: two
+  system calls per answer, a sixth of the gateway's CPU at its ceiling), and its end,
+  no bytes under `Content-Length`, is not written at all (Hypercorn's empty write takes
+  the connection's send lock and yields to the scheduler twice per answer).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import h11
+import hypercorn.protocol
+from hypercorn.config import Config
+from hypercorn.events import RawData
+from hypercorn.protocol.h11 import H11Protocol
+
+from shared.settings import EdgeSettings
+
+REQUEST_LINE_BYTES = 64  # method, spaces, "?", "HTTP/1.1", CRLFs: beyond what the setting counts
+
+
+class GatewayConfig(Config):
+    """Hypercorn's config, with what the gateway's `edge` settings decide read from them
+    when Hypercorn reads it (each new connection, each request, the shutdown): a reload
+    applies from then on."""
+
+    def __init__(self, edge: Callable[[], EdgeSettings]) -> None:
+        super().__init__()
+        self._edge = edge
+        self.bind = [edge().bind]
+        self.include_server_header = False
+        self.accesslog = None  # the request log is ours; hypercorn's would double it
+        self.errorlog = logging.getLogger("hypercorn.error")  # through our handler, once
+        if edge().certfile:
+            self.certfile, self.keyfile = edge().certfile, edge().keyfile
+
+    @property
+    def h11_max_incomplete_size(self) -> int:  # type: ignore[override]
+        return self._edge().max_header_bytes + REQUEST_LINE_BYTES
+
+    @property
+    def graceful_timeout(self) -> float:  # type: ignore[override]
+        """Stopping lets requests in flight finish: up to the longest request timeout."""
+        dispatch = self._edge().dispatch
+        return max(dispatch.request_timeout_seconds, dispatch.slow_request_timeout_seconds)
+
+    @property
+    def body_limit(self) -> int:
+        return self._edge().max_body_bytes
+
+
+class GatewayH11Protocol(H11Protocol):
+    """Hypercorn's HTTP/1.1 protocol; on a gateway listener (`GatewayConfig`) it sends no
+    `100 Continue` to a request whose declared body is over the limit, writes an
+    answer's head together with its first body bytes (one write, not two, per answer)
+    and writes nothing for an event that encodes to no bytes."""
+
+    _withhold_continue = False
+    _head = b""  # an answer's head, held for its body
+
+    async def _create_stream(self, request: h11.Request) -> None:
+        self._withhold_continue = self._on_gateway() and _declared_length(request) > self.config.body_limit  # type: ignore[attr-defined]
+        await super()._create_stream(request)
+
+    async def _send_h11_event(self, event: Any) -> None:
+        if not self._on_gateway():
+            await super()._send_h11_event(event)
+        elif isinstance(event, h11.InformationalResponse) and event.status_code == 100 and self._withhold_continue:
+            return
+        elif isinstance(event, h11.Response):
+            self._head = self._encode(event)
+        elif self._head:
+            head, self._head = self._head, b""
+            await self.send(RawData(data=head + self._encode(event)))
+        elif data := self._encode(event):  # an answer's end under Content-Length is no bytes: no empty write
+            await self.send(RawData(data=data))
+
+    def _encode(self, event: Any) -> bytes:
+        try:
+            return self.connection.send(event) or b""
+        except h11.LocalProtocolError:
+            if self.connection.their_state != h11.ERROR:  # as Hypercorn: a broken peer gets nothing
+                raise
+            return b""
+
+    def _on_gateway(self) -> bool:
+        return isinstance(self.config, GatewayConfig)
+
+
+def _declared_length(request: h11.Request) -> int:
+    for name, value in request.headers:
+        if name == b"content-length" and value.isdigit():
+            return int(value)
+    return 0
+
+
+# Hypercorn has no setting for its HTTP/1.1 protocol class; `ProtocolWrapper` looks the
+# name up here for each connection. The subclass behaves as Hypercorn's own on any other
+# listener (the metrics one, the GPU host's, the tests' fakes in one process).
+hypercorn.protocol.H11Protocol = GatewayH11Protocol  # type: ignore[misc]

@@ -1,0 +1,180 @@
+"""Who is served next, and the early-answer estimate, as tables: pool state in, choice out.
+
+No sockets, no clock: `next_assignment` and `estimated_start` are pure functions of the
+pool, the waiters and the policy (gateway.md § Scheduling, § Capabilities).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from edge.pool.pool import Pool, ProbeResult
+from edge.pool.scheduling import (
+    SchedulingPolicy,
+    ServiceTimes,
+    Waiting,
+    estimated_start,
+    next_assignment,
+    service_order,
+)
+
+URLS = ["http://w0", "http://w1", "http://w2", "http://w3"]
+GROW, MEASURE = "/api/v1/hair/grow", "/api/v1/hair/measure"
+
+
+def pool_of(
+    count: int,
+    *,
+    online: tuple[int, ...] | None = None,
+    primaries: tuple[int, ...] = (),
+    running: dict[int, str] | None = None,
+    comfyui: dict[int, str] | None = None,
+) -> Pool:
+    """`running`: worker -> "slow" or "fast", leased at t=0 with a grow or a measurement."""
+    pool = Pool(URLS[:count], [URLS[i] for i in primaries])
+    for index in range(count) if online is None else online:
+        checks = {"comfyui": (comfyui or {}).get(index, "ok"), "disk": "ok"}
+        pool.record_probe(index, ProbeResult(0.0, ok=True, checks=checks), now=0.0)
+    for index, kind in (running or {}).items():
+        pool.lease(index, 0.0, path=GROW if kind == "slow" else MEASURE, slow=kind == "slow")
+    return pool
+
+
+def slow(name: str, at: float, exclude: frozenset[int] = frozenset()) -> tuple[str, Waiting]:
+    return name, Waiting(at, True, exclude, GROW)
+
+
+def fast(name: str, at: float, exclude: frozenset[int] = frozenset()) -> tuple[str, Waiting]:
+    return name, Waiting(at, False, exclude, MEASURE)
+
+
+def assign_all(pool: Pool, named: list[tuple[str, Waiting]], policy: SchedulingPolicy) -> list[tuple[str, int]]:
+    """What the dispatcher does at a hand-over: take pairs until none is left."""
+    waiting = list(named)
+    handed: list[tuple[str, int]] = []
+    while (pair := next_assignment(pool, [w for _, w in waiting], policy)) is not None:
+        position, index = pair
+        name, waiter = waiting.pop(position)
+        pool.lease(index, 1.0, path=waiter.path, slow=waiter.slow)
+        handed.append((name, index))
+    return handed
+
+
+DEFAULT = SchedulingPolicy(reserved_fast_workers=1, slow_priority_offset_seconds=5)
+
+
+@pytest.mark.parametrize(
+    ("pool", "waiters", "policy", "expected"),
+    [
+        # reservation: three hosts, generations only: one stays free for measurements
+        (pool_of(3), [slow("g1", 0), slow("g2", 0.1), slow("g3", 0.2)], DEFAULT, [("g1", 0), ("g2", 1)]),
+        # … and a measurement served after the blocked generation still takes the reserved host
+        (pool_of(3), [slow("g1", 0), slow("g2", 0.1), slow("g3", 0.2), fast("m1", 6)], DEFAULT,
+         [("g1", 0), ("g2", 1), ("m1", 2)]),
+        # a host running a measurement is not running a slow job: it counts as the reserved one
+        (pool_of(3, running={0: "fast"}), [slow("g1", 0), slow("g2", 0.1), slow("g3", 0.2)], DEFAULT,
+         [("g1", 1), ("g2", 2)]),
+        (pool_of(3, running={0: "slow"}), [slow("g1", 0), slow("g2", 0.1)], DEFAULT, [("g1", 1)]),
+        # reservation 0: off
+        (pool_of(3), [slow("g1", 0), slow("g2", 0), slow("g3", 0)], SchedulingPolicy(0, 5), [("g1", 0), ("g2", 1), ("g3", 2)]),
+        # reservation 2 on three hosts: one generation at a time
+        (pool_of(3), [slow("g1", 0), slow("g2", 0)], SchedulingPolicy(2, 5), [("g1", 0)]),
+        # small pools: one host (no larger than the reservation) still serves generations
+        (pool_of(1), [slow("g1", 0)], DEFAULT, [("g1", 0)]),
+        (pool_of(2), [slow("g1", 0), slow("g2", 0)], SchedulingPolicy(2, 5), [("g1", 0), ("g2", 1)]),
+        # two hosts, one reserved: one generation at a time
+        (pool_of(2), [slow("g1", 0), slow("g2", 0)], DEFAULT, [("g1", 0)]),
+        # offset: a generation that arrived 3 s before a measurement still goes after it …
+        (pool_of(1), [slow("g", 0), fast("m", 3)], DEFAULT, [("m", 0)]),
+        # … one that arrived 6 s before goes first: no generation starves
+        (pool_of(1), [slow("g", 0), fast("m", 6)], DEFAULT, [("g", 0)]),
+        # offset 0: plain arrival order
+        (pool_of(1), [slow("g", 0), fast("m", 3)], SchedulingPolicy(1, 0), [("g", 0)]),
+        # same class: first come, first served, whatever the list order
+        (pool_of(1), [fast("m2", 2), fast("m1", 1)], DEFAULT, [("m1", 0)]),
+        # primaries and backups: one primary online is the whole eligible pool (no reservation)
+        (pool_of(3, primaries=(0,)), [slow("g1", 0)], DEFAULT, [("g1", 0)]),
+        # no primary online: the two backups are the pool, and the reservation applies there
+        (pool_of(3, online=(1, 2), primaries=(0,)), [slow("g1", 0), slow("g2", 0.1)], DEFAULT, [("g1", 1)]),
+        # a waiter that tried every idle host lets the next one take it
+        (pool_of(2), [fast("retry", 0, frozenset({0, 1})), fast("m", 1)], DEFAULT, [("m", 0), ]),
+        # capabilities: generations skip the host whose ComfyUI is down, measurements do not
+        (pool_of(2, comfyui={0: "down"}), [slow("g1", 0), fast("m1", 6)], SchedulingPolicy(0, 5), [("g1", 1), ("m1", 0)]),
+        # … and while the only "ok" host is busy, a generation waits for it
+        (pool_of(2, comfyui={0: "down"}, running={1: "slow"}), [slow("g1", 0)], SchedulingPolicy(0, 5), []),
+        # both down: generations go where they would have gone
+        (pool_of(2, comfyui={0: "down", 1: "down"}), [slow("g1", 0), slow("g2", 0)], SchedulingPolicy(0, 5),
+         [("g1", 0), ("g2", 1)]),
+        # "off" (the built-in preview) is not "ok": with no "ok" host, down hosts still draw
+        (pool_of(2, comfyui={0: "down", 1: "off"}), [slow("g1", 0)], SchedulingPolicy(0, 5), [("g1", 0)]),
+    ],
+)
+def test_next_assignment(pool: Pool, waiters, policy: SchedulingPolicy, expected) -> None:
+    assert assign_all(pool, waiters, policy) == expected
+
+
+def test_a_reload_that_changes_the_numbers_changes_the_choice() -> None:
+    waiters = [slow("g1", 0), slow("g2", 0.1), slow("g3", 0.2)]
+    assert assign_all(pool_of(3), waiters, SchedulingPolicy(1, 5)) == [("g1", 0), ("g2", 1)]
+    assert assign_all(pool_of(3), waiters, SchedulingPolicy(0, 5)) == [("g1", 0), ("g2", 1), ("g3", 2)]
+    ordered = [slow("g", 0), fast("m", 3)]
+    assert service_order([w for _, w in ordered], SchedulingPolicy(1, 5)) == [1, 0]
+    assert service_order([w for _, w in ordered], SchedulingPolicy(1, 2)) == [0, 1]
+
+
+def test_nothing_idle_is_none_at_once() -> None:
+    assert next_assignment(pool_of(1, running={0: "fast"}), [Waiting(0, False)], DEFAULT) is None
+    assert next_assignment(pool_of(1), [], DEFAULT) is None
+
+
+def times(**medians: float) -> ServiceTimes:
+    service = ServiceTimes()
+    for name, seconds in medians.items():
+        for _ in range(5):
+            service.record({"grow": GROW, "measure": MEASURE}[name], seconds)
+    return service
+
+
+@pytest.mark.parametrize(
+    ("pool", "queue", "newcomer", "service", "now", "expected"),
+    [
+        # one host running a 1.2 s generation for 0.2 s: a second one starts in 1.0 s
+        (pool_of(1, running={0: "slow"}), [], Waiting(0.2, True, path=GROW), times(grow=1.2), 0.2, 1.0),
+        # a generation queued ahead of it adds its own 1.2 s
+        (pool_of(1, running={0: "slow"}), [Waiting(0.1, True, path=GROW)], Waiting(0.2, True, path=GROW),
+         times(grow=1.2), 0.2, 2.2),
+        # a job that ran past its median counts as ending now, not in the past
+        (pool_of(1, running={0: "slow"}), [], Waiting(5, True, path=GROW), times(grow=1.2), 5.0, 0.0),
+        # fewer than 5 answers on a path: no estimate, the request simply waits
+        (pool_of(1, running={0: "slow"}), [], Waiting(0.2, True, path=GROW), ServiceTimes(), 0.2, None),
+        (pool_of(1, running={0: "slow"}), [], Waiting(0.2, False, path=MEASURE), times(grow=1.2), 0.2, None),
+        # three hosts, one reserved: generations use two lanes, both 1 s from free; two queued
+        # ahead take them, the newcomer starts when the first of those ends
+        (pool_of(3, running={0: "slow", 1: "slow"}), [Waiting(0.5, True, path=GROW)] * 2,
+         Waiting(1, True, path=GROW), times(grow=2.0, measure=0.05), 1.0, 3.0),
+        # a measurement on the same pool uses the free third host at once
+        (pool_of(3, running={0: "slow", 1: "slow"}), [], Waiting(1, False, path=MEASURE),
+         times(grow=2.0, measure=0.05), 1.0, 0.0),
+    ],
+)
+def test_estimated_start(pool: Pool, queue, newcomer: Waiting, service: ServiceTimes, now: float, expected) -> None:
+    got = estimated_start(pool, queue, newcomer, DEFAULT, service.median, now)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_service_times_are_the_median_of_the_last_hundred() -> None:
+    service = ServiceTimes()
+    for seconds in [9.0] * 50 + [1.0] * 100:
+        service.record(GROW, seconds)
+    assert service.median(GROW) == 1.0
+    assert service.median(MEASURE) is None
+
+
+def test_a_median_follows_each_new_service_time() -> None:
+    # the median is kept between records (an estimate asks for it once per waiter)
+    service = times(measure=0.05)
+    assert service.median(MEASURE) == 0.05
+    for _ in range(6):
+        service.record(MEASURE, 0.2)
+    assert service.median(MEASURE) == 0.2
+    assert service.median(GROW) is None

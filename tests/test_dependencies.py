@@ -1,0 +1,122 @@
+"""Every third-party module the code imports comes from a distribution pyproject.toml names,
+not merely from one that something else happens to pull in (a dependency's dependency can
+disappear in its next release); and the wheel carries every package and its data files."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("edge", "gpu_host", "shared", "cluster", "analysis")
+PROJECT = "hairgate"
+
+
+def _declared_distributions() -> set[str]:
+    """Canonical names of the dependencies and of every extra (`gpu`: torch; `test`)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = list(project["dependencies"])
+    for extra in project.get("optional-dependencies", {}).values():
+        requirements.extend(extra)
+    return {canonicalize_name(Requirement(text).name) for text in requirements}
+
+
+def _imported_top_level_modules() -> dict[str, set[str]]:
+    """Top-level module -> the files that import it (absolute imports only; relative ones are ours)."""
+    imports: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Import):
+                    modules = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    modules = [node.module]
+                else:
+                    continue
+                for module in modules:
+                    imports.setdefault(module.partition(".")[0], set()).add(str(path.relative_to(REPO)))
+    return imports
+
+
+def test_every_imported_third_party_module_comes_from_a_declared_distribution() -> None:
+    declared = _declared_distributions()
+    providers = importlib.metadata.packages_distributions()
+    undeclared = []
+    for module, files in sorted(_imported_top_level_modules().items()):
+        if module in sys.stdlib_module_names or module in PACKAGES:
+            continue
+        distributions = {canonicalize_name(name) for name in providers.get(module, [])}
+        if not distributions:
+            undeclared.append(f"{module} (installed by no distribution; imported in {sorted(files)})")
+        elif not distributions & (declared | {PROJECT}):
+            undeclared.append(f"{module} from {sorted(distributions)} (imported in {sorted(files)[:3]})")
+    assert not undeclared, "imported but not named in pyproject.toml:\n" + "\n".join(undeclared)
+
+
+def test_the_walk_sees_what_the_code_imports() -> None:
+    # The check above is only as good as the walk: these imports are known to exist.
+    imports = _imported_top_level_modules()
+    assert {"h11", "quart", "cv2", "scipy", "trio", "numpy"} <= set(imports)
+    assert "edge/pool/forward.py" in imports["h11"]
+
+
+def test_opencv_is_the_build_mediapipe_pulls_and_never_a_second_one() -> None:
+    declared = _declared_distributions()
+    installed = {canonicalize_name(dist.metadata["Name"]) for dist in importlib.metadata.distributions()}
+    assert "opencv-contrib-python" in declared
+    assert not {"opencv-python", "opencv-python-headless"} & (declared | installed)
+
+
+def test_the_wheel_holds_every_sub_package_and_the_data_files_without_setuptools_warnings(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(REPO)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "absent from the" not in result.stdout + result.stderr  # "… packages configuration"
+    (wheel,) = tmp_path.glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for source in [*(REPO / package for package in PACKAGES)]:
+        for path in source.rglob("*.py"):
+            assert str(path.relative_to(REPO)) in names, f"{path.relative_to(REPO)} missing from the wheel"
+    for data in [*(REPO / "analysis/data").iterdir(), *(REPO / "gpu_host/workflows").glob("*.json")]:
+        assert str(data.relative_to(REPO)) in names, f"{data.relative_to(REPO)} missing from the wheel"
+
+
+def test_make_test_type_checks_first_and_says_why_tests_skipped() -> None:
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed here")
+    result = subprocess.run(["make", "-n", "-o", ".venv/.installed", "test"], cwd=REPO,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    mypy = next(index for index, line in enumerate(lines) if line.endswith("/bin/mypy"))
+    pytest_line = next(index for index, line in enumerate(lines) if "-m pytest" in line)
+    assert mypy < pytest_line and " -rs" in lines[pytest_line]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "mypy" in {canonicalize_name(Requirement(text).name) for text in project["project"]["optional-dependencies"]["test"]}
+    assert project["tool"]["mypy"]["packages"]  # `mypy` alone checks the configured packages
+
+
+def test_make_install_can_take_torch_from_another_index() -> None:
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed here")
+    cpu_index = "https://download.pytorch.org/whl/cpu"
+    commands = {}
+    for name, variables in (("default", []), ("cpu", [f"TORCH_INDEX={cpu_index}"])):
+        result = subprocess.run(["make", "-n", "-B", "install", *variables], cwd=REPO,
+                                capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, result.stderr
+        commands[name] = next(line for line in result.stdout.splitlines() if "-e '.[gpu,test]'" in line)
+    assert "index-url" not in commands["default"]
+    assert f"--extra-index-url {cpu_index}" in commands["cpu"]
