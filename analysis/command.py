@@ -122,15 +122,23 @@ class ImageWriter:
 
 
 def _usable_out_folder(out_dir: str) -> str | None:
-    """Why `--out` cannot hold the images (None: it can): checked before minutes of analysis."""
-    folder = Path(out_dir)
+    """Why `--out` cannot hold the images (None: it can): checked before minutes of analysis.
+
+    Folders it has to create for the check are removed again: a failed analysis writes
+    nothing (the image writer creates them when there is something to write)."""
+    folder = Path(out_dir).absolute()
+    missing = [path for path in (folder, *folder.parents) if not path.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         return f"cannot create the folder ({error.strerror or error})"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return "the folder is not writable"
-    return None
+    try:
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return "the folder is not writable"
+        return None
+    finally:
+        for created in missing:  # deepest first
+            created.rmdir()
 
 
 def _print_json(document: Any) -> None:
