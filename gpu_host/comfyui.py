@@ -297,7 +297,7 @@ def _json(response: httpx.Response) -> Any:
     response.raise_for_status()
     try:
         return response.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a deeply nested document
         raise ComfyUIFailure(f"{response.request.url.path} answered no JSON") from None
 
 

@@ -289,6 +289,10 @@ def _read_toml(path: Path, what: str) -> dict[str, Any]:
         raise SettingsError(f"{what} file not found: {path}") from None
     except tomllib.TOMLDecodeError as error:
         raise SettingsError(f"{what} file {path} is not valid TOML: {error}") from None
+    except UnicodeDecodeError:
+        raise SettingsError(f"{what} file {path} is not UTF-8 text") from None
+    except OSError as error:  # unreadable: a reload must refuse it, never end the service
+        raise SettingsError(f"{what} file {path} cannot be read: {error.strerror or error}") from None
 
 
 def _has_key(tree: dict[str, Any], path: tuple[str, ...]) -> bool:

@@ -3,7 +3,7 @@
 Every `interval_seconds` it deletes the PNGs older than `max_age_hours` and then, oldest
 first, as many more as it takes to bring the rest under `max_total_mb`. What to delete is
 decided by a pure function (`files_to_delete`) over (name, size, mtime) entries; listing
-and unlinking run in a file thread. A temp file (`.<name>.tmp`, see `edge.rewrite`) is
+and unlinking run in a file thread. A temp file (`.<name>.tmp`, see `edge.annotations.rewrite`) is
 left alone while it may still be being written; one older than `TEMP_FILE_MAX_AGE_SECONDS`
 was abandoned by a crash and goes. Errors (a missing permission, a vanished directory) are
 logged once per distinct error, never raised: the gateway keeps serving.

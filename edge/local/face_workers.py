@@ -8,7 +8,7 @@ second to start; the workers are started (spawn) in the background when `run` st
 kept for good.
 
 `run()` belongs in the gateway's nursery; it owns the processes and ends them when it is
-cancelled. `call()` runs one job from `edge.face_jobs` behind this pool's own
+cancelled. `call()` runs one job from `edge.local.face_jobs` behind this pool's own
 `trio.CapacityLimiter`, so a flood of endpoint 99 queues here and never takes a GPU-pool
 slot. Every failure is a ContractError for the envelope: the job's refusal of the photo;
 1007 `MSG_BACKEND_BUSY` when no worker frees up within `queue_wait_seconds`; 1007 when a

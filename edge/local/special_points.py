@@ -1,8 +1,8 @@
 """Endpoint 99 (`POST /api/v1/face/special-points`), answered by the gateway on its own CPU.
 
-The face mesh runs in the gateway's face workers (`edge.face_workers`), never on a GPU host,
+The face mesh runs in the gateway's face workers (`edge.local.face_workers`), never on a GPU host,
 so it answers while every host is down. Validation and messages are the GPU host's
-(`edge.face_jobs`); `trichion` is the top of the landmark mesh, not a hairline.
+(`edge.local.face_jobs`); `trichion` is the top of the landmark mesh, not a hairline.
 """
 
 from __future__ import annotations

@@ -330,6 +330,11 @@ class Dispatcher:
         self._fail_hopeless_waiters()
         self._hand_over()  # ejecting the last primary makes the idle backups eligible
 
+    @property
+    def queue_wait_seconds(self) -> float:
+        """How long a request may wait for a worker (a reload may change it)."""
+        return self._queue_wait_seconds
+
     def statistics(self) -> DispatchStatistics:
         return DispatchStatistics(
             slots_in_use=self._slots.borrowed_tokens,

@@ -45,6 +45,9 @@ KEEPALIVE_EXPIRY_SECONDS = 4.0
 # loop for ~13 ms, every other request's latency included.
 PARSE_IN_THREAD_BYTES = 256 * 1024
 RECEIVE_BYTES = 64 * 1024
+# A worker's answer is held whole (its images are rewritten into files): a broken worker
+# must not be able to exhaust the gateway's memory. Grow answers at 52 MP are ~200 MB.
+MAX_ANSWER_BYTES = 512 * 1024 * 1024
 _TOKEN, _REQUEST_ID = HEADER_TOKEN.encode(), HEADER_REQUEST_ID.encode()
 _FORWARDED_FOR, _REQUEST_TIMEOUT_MS = HEADER_FORWARDED_FOR.encode(), HEADER_REQUEST_TIMEOUT_MS.encode()
 
@@ -63,6 +66,10 @@ class WorkerFailure(Exception):
     def __init__(self, kind: FailureKind, detail: str) -> None:
         super().__init__(f"{kind.value}: {detail}")
         self.kind = kind
+
+
+class AnswerTooLarge(Exception):
+    """A worker's answer exceeded `MAX_ANSWER_BYTES`: the connection is dropped."""
 
 
 class WorkerBusy(Exception):
@@ -204,8 +211,9 @@ class Upstream:
         deadline = trio.current_time() + timeout_seconds
         try:
             head = h11.Request(method=method, target=origin.path + target, headers=[(b"Host", origin.host), *headers])
-        except h11.LocalProtocolError as error:  # nothing we could send: it never left
-            raise WorkerFailure(FailureKind.CONNECT, reason(error)) from None
+        except h11.LocalProtocolError:  # nothing we could send: it never left
+            # h11's message quotes the offending header, which may be the shared password
+            raise WorkerFailure(FailureKind.CONNECT, "a request header is not valid HTTP") from None
         connection = self._take_idle(origin)
         if connection is None:
             with trio.move_on_at(deadline):
@@ -217,6 +225,9 @@ class Upstream:
                 answer = await connection.exchange(head, body)
                 self._keep(origin, connection)
                 return answer
+        except AnswerTooLarge as error:
+            connection.close()
+            raise WorkerFailure(FailureKind.UNUSABLE_BODY, str(error)) from None
         except (h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
             connection.close()
             raise WorkerFailure(FailureKind.CLOSED, reason(error)) from None
@@ -305,7 +316,7 @@ class _Connection:
             await self.stream.send_all(b"".join(self._protocol.send(event) or b"" for event in events))  # one write
         except trio.BrokenResourceError:
             self._write_failed = True  # it may have answered before reading it all (a 413) and closed: read that
-        status, chunks = 0, []
+        status, chunks, received = 0, [], 0
         while True:
             event = self._protocol.next_event()
             if event is h11.NEED_DATA:
@@ -314,6 +325,9 @@ class _Connection:
                 status = event.status_code
             elif isinstance(event, h11.Data):
                 chunks.append(event.data)
+                received += len(event.data)
+                if received > MAX_ANSWER_BYTES:
+                    raise AnswerTooLarge(f"answer over {MAX_ANSWER_BYTES} bytes")
             elif isinstance(event, h11.EndOfMessage):
                 return status, b"".join(chunks)
             elif isinstance(event, h11.ConnectionClosed):

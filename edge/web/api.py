@@ -126,7 +126,7 @@ class ApiService:
             await self._check(request)
         except ContractError as error:  # refused before taking a slot or a worker
             return ApiAnswer(encode(failure_envelope(error, request.request_id)), int(error.code))
-        progress = _Progress(trio.current_time())
+        progress = _Progress()
         progress.wait_began()
         try:
             async with self._dispatcher.slot():
@@ -148,11 +148,17 @@ class ApiService:
     async def _forward_with_retries(self, request: ForwardRequest, progress: _Progress) -> ApiAnswer:
         timeout_seconds = self._timeout_for(request.path)
         tried: set[int] = set()
+        busy_elsewhere_since: float | None = None
         while True:
             try:
                 answer, images = await self._attempt(request, timeout_seconds, tried, progress)
             except WorkerBusy:  # shared with another gateway: not an attempt, not a failure
                 assert progress.worker is not None
+                # each new wait for a worker starts its own queue wait: bound them all together,
+                # or a host busy with another gateway's long job holds this request (and its slot)
+                busy_elsewhere_since = busy_elsewhere_since or trio.current_time()
+                if trio.current_time() - busy_elsewhere_since > self._dispatcher.queue_wait_seconds:
+                    raise Busy("every eligible worker stayed busy with other gateways' jobs") from None
                 tried.discard(progress.worker)
                 progress.attempts -= 1
                 self._dispatcher.mark_busy_elsewhere(progress.worker)
@@ -240,7 +246,6 @@ class ApiService:
 
 @dataclass
 class _Progress:
-    started: float
     queue_seconds: float = 0.0
     attempts: int = 0
     worker: int | None = None

@@ -2,8 +2,8 @@
 
 The GPU endpoints (`GPU_ENDPOINT_PATHS`) are checked, queued and forwarded by
 `ApiService` (`edge.web.api`); endpoints 4 and 99 are answered by the gateway itself
-(`edge.local`). Around every one: the rate limit before the body (`edge.app`'s
-`before_request`), the body limit and timeouts (`GatewayRequest`), the Idempotency-Key
+(`edge.local`). Around every one: the rate limit before the body (`before_the_body` in
+`edge.web.refusals`), the body limit and timeouts (`GatewayRequest`), the Idempotency-Key
 (`Admission.around`), the request-log line (`GatewayConnection`). A wrong method or an
 unknown path gets its envelope from the app's error handlers (`edge.web.refusals`).
 """

@@ -52,6 +52,7 @@ from shared.contract import API_PREFIX, HEADER_REQUEST_ID, request_id_from_heade
 log = logging.getLogger("edge.http")
 
 CLIENT_CLOSED = 499  # request-log status of a client that left before its answer (nginx's)
+LAST_WRITE_LIMIT_SECONDS = 300.0  # the whole answer to a slow reader (15 MB at 0.5 Mbit/s: 240 s)
 BODY_IDLE_TIMEOUT = "HAIRGATE_BODY_IDLE_TIMEOUT"  # app.config key: longest gap between two body chunks
 JSON = "application/json"
 _REQUEST_ID = HEADER_REQUEST_ID.lower().encode()
@@ -298,9 +299,11 @@ class _Sent:
                 # Hypercorn ends the exchange inside this call (and closes the connection
                 # when it must): the client's disconnect it causes would otherwise cancel
                 # that half-way (quart-trio's receiver cancels the sender).
-                with trio.CancelScope(shield=True):
+                # The shield has its own deadline: a client that stops reading must not hold
+                # the write (and a shutdown waiting for it) forever.
+                with trio.CancelScope(shield=True, deadline=trio.current_time() + LAST_WRITE_LIMIT_SECONDS) as write:
                     await self._send(message)
-                self.complete = True
+                self.complete = not write.cancelled_caught
                 return
         await self._send(message)
 

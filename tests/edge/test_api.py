@@ -323,6 +323,19 @@ async def test_when_every_worker_is_busy_elsewhere_the_request_waits_then_runs(
     assert all(worker.online for worker in gateway.pool.workers[:2])
 
 
+async def test_workers_busy_elsewhere_for_longer_than_the_queue_wait_answer_busy(
+    autojump_clock, client, upstream, gateway
+) -> None:
+    # each re-wait used to start a fresh queue wait: a host running another gateway's 60 s
+    # job held the request (and its slot) for the whole job
+    upstream.behaviour = dict.fromkeys(WORKERS, "busy")
+    started = trio.current_time()
+    with trio.fail_after(60):  # virtual time: without the bound this loops until the job ends
+        response = await client.post(MEASURE, json=PHOTO)
+    assert response.json()["message"] == MSG_BACKEND_BUSY
+    assert trio.current_time() - started <= 5 + 2, "queue_wait_seconds (5) plus the holds it overran by"
+
+
 async def test_a_replay_names_the_request_whose_answer_it_is(tmp_path: Path, upstream: FakeUpstream) -> None:
     # the header said the retry's own id while the replayed body carried the first one's
     settings = make_settings(tmp_path, idempotency={"enabled": True, "path": str(tmp_path / "keys.sqlite3")})

@@ -215,6 +215,24 @@ async def test_a_large_answer_is_parsed_off_the_event_loop(
     assert threads == [off_the_loop]
 
 
+async def test_an_answer_over_the_cap_is_unusable_not_held(upstream: Upstream, worker_url: str, monkeypatch) -> None:
+    monkeypatch.setattr(forward_module, "MAX_ANSWER_BYTES", 1000)
+    with pytest.raises(WorkerFailure) as caught:
+        await upstream.forward(worker_url, request("/large"), 5)
+    assert caught.value.kind is FailureKind.UNUSABLE_BODY
+
+
+async def test_a_header_h11_refuses_is_not_quoted_in_the_failure(worker_url: str) -> None:
+    # h11's own message quotes the value: here, the shared password
+    upstream = Upstream("secret-token-with-newline\n", keepalive_connections=2)
+    try:
+        with pytest.raises(WorkerFailure) as caught:
+            await upstream.forward(worker_url, request(), 5)
+    finally:
+        await upstream.aclose()
+    assert "secret-token" not in str(caught.value)
+
+
 async def test_a_cancelled_forward_closes_the_upstream_connection(upstream: Upstream, nursery) -> None:
     """A client that leaves mid-forward: the host must see the close (and stop), not a
     connection kept open for an answer nobody reads."""

@@ -10,6 +10,7 @@ import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -17,6 +18,7 @@ from shared.logs import FailureLog
 import trio
 from PIL import Image
 
+from gpu_host import comfyui
 from gpu_host.comfyui import (
     PLACEHOLDERS,
     ComfyUIClient,
@@ -222,3 +224,10 @@ def test_failures_are_logged_at_most_once_per_interval(caplog: pytest.LogCapture
     assert [record.getMessage() for record in caplog.records if "attempt" in record.getMessage()] == [
         "ComfyUI generation failed | attempt 0 | 上次记录后又失败 0 次"
     ]
+
+
+def test_a_deeply_nested_answer_is_a_comfyui_failure_not_a_crash() -> None:
+    # json raises RecursionError, not ValueError, on 50,000 levels: the probe task must survive it
+    deep = httpx.Response(200, content=b"[" * 50_000 + b"]" * 50_000, request=httpx.Request("GET", "http://c/system_stats"))
+    with pytest.raises(comfyui.ComfyUIFailure):
+        comfyui._json(deep)

@@ -40,6 +40,16 @@ def test_invalid_toml_names_the_file(tmp_path):
         load_text(tmp_path, "[edge\n")
 
 
+def test_a_file_that_is_not_utf8_or_not_readable_is_a_settings_error(tmp_path):
+    # a SIGHUP reload catches SettingsError only: anything else would end the service
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes("[edge]\nbind = 'caf\u00e9'\n".encode("latin-1"))
+    with pytest.raises(SettingsError, match="not UTF-8"):
+        load_settings(latin1, environ={})
+    with pytest.raises(SettingsError, match="cannot be read"):
+        load_settings(tmp_path, environ={})  # a directory
+
+
 @pytest.mark.parametrize("section", ["[auth]\nshared_password = 'x'", "[edge.features]\napi_key = 'k'"])
 def test_secret_in_settings_file_is_refused(tmp_path, section):
     config = write(tmp_path / "s.toml", section + "\n")
