@@ -90,6 +90,9 @@ def check_edge_settings(settings: Settings) -> None:
         raise SettingsError(
             "auth.shared_password is empty: set it in the secrets file or HAIRGATE_SHARED_PASSWORD"
         )
+    if not all(33 <= ord(char) < 127 for char in settings.auth.shared_password):
+        # it travels as a header value: a stray space or newline would fail every forward
+        raise SettingsError("auth.shared_password must be printable ASCII without spaces (check for a trailing newline)")
     if not settings.edge.pool.workers:
         raise SettingsError("edge.pool.workers is empty: the gateway needs at least one worker URL")
     for key, bind in (("edge.bind", settings.edge.bind), ("edge.metrics_bind", settings.edge.metrics_bind or "x:1")):

@@ -34,6 +34,7 @@ def write(tmp_path: Path, settings: str, secrets: str | None = GOOD_SECRETS) -> 
     ("settings", "secrets", "extra", "named"),
     [
         (GOOD_EDGE, '[auth]\nshared_password = ""\n', [], "auth.shared_password"),
+        (GOOD_EDGE, '[auth]\nshared_password = "s3cret-value\\n"\n', [], "auth.shared_password"),
         (GOOD_EDGE, None, [], "auth.shared_password"),
         (GOOD_EDGE + "[edge.dispatch]\nmax_inflight = 0\n", GOOD_SECRETS, [], "edge.dispatch.max_inflight"),
         (GOOD_EDGE + "[edge.health_check]\ninterval_secs = 3\n", GOOD_SECRETS, [], "edge.health_check.interval_secs"),
