@@ -13,14 +13,19 @@ from __future__ import annotations
 from edge.gateway import Gateway
 from edge.web.admin import admin_blueprint
 from edge.web.api_routes import api_blueprint
-from edge.web.http import BODY_IDLE_TIMEOUT, GatewayApp
+from quart_trio import QuartTrio
+
+from edge.web.http import BODY_IDLE_TIMEOUT, REQUEST_LOG, GatewayConnection, GatewayRequest
 from edge.web.pages import pages_blueprint
 from edge.web.refusals import register_refusals
 from shared.settings import Settings
 
 
-def create_app(gateway: Gateway) -> GatewayApp:
-    app = GatewayApp("edge", gateway.request_log.record)
+def create_app(gateway: Gateway) -> QuartTrio:
+    app = QuartTrio("edge", static_folder=None, template_folder=None)
+    app.request_class = GatewayRequest  # a body limit a view can lower, an idle bound on the body
+    app.asgi_http_class = GatewayConnection  # the request-log line of each `/api/` request
+    app.extensions[REQUEST_LOG] = gateway.request_log.record
     app.config.update(
         PROVIDE_AUTOMATIC_OPTIONS=False,  # OPTIONS is a method like any other: 405 (an envelope under /api/)
         RESPONSE_TIMEOUT=None,  # a slow reader of a large answer is the client's business
@@ -34,7 +39,7 @@ def create_app(gateway: Gateway) -> GatewayApp:
     return app
 
 
-def configure_limits(app: GatewayApp, settings: Settings) -> None:
+def configure_limits(app: QuartTrio, settings: Settings) -> None:
     """The body bounds from `edge` settings; a reload calls it again (requests that start
     from then on see the new values)."""
     edge = settings.edge

@@ -22,7 +22,7 @@ from hypercorn.config import Config
 
 from edge.gateway import Gateway, build_gateway
 from edge.app import create_app
-from edge.web.http import GatewayApp
+from quart_trio import QuartTrio
 from edge.web.server import GatewayConfig
 from edge.admission.idempotency import IdempotencyUnavailable, open_idempotency
 from edge.observe.metrics import metrics_app
@@ -215,7 +215,7 @@ async def _handle_signals(
             return
 
 
-async def _reload(gateway: Gateway, app: GatewayApp, prober: Prober, reload: Callable[[], Settings] | None) -> None:
+async def _reload(gateway: Gateway, app: QuartTrio, prober: Prober, reload: Callable[[], Settings] | None) -> None:
     if reload is None:
         log.warning("收到 SIGHUP：未提供配置文件，无法重新加载，已忽略")
         return

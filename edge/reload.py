@@ -25,7 +25,7 @@ from edge.app import configure_limits
 from edge.gateway import Gateway, image_store, retry_policy, scheduling_policy, thresholds
 from edge.pool.prober import Prober
 from edge.admission.rate_limit import ClientKeys, build_rate_limiter
-from edge.web.http import GatewayApp
+from quart_trio import QuartTrio
 from shared.settings import Settings
 
 log = logging.getLogger("edge.reload")
@@ -77,14 +77,14 @@ def keep_restart_keys(current: Settings, new: Settings) -> tuple[Settings, list[
     return new.model_copy(update={"edge": edge}), changed
 
 
-async def reload_settings(gateway: Gateway, app: GatewayApp, prober: Prober, read: Callable[[], Settings]) -> None:
+async def reload_settings(gateway: Gateway, app: QuartTrio, prober: Prober, read: Callable[[], Settings]) -> None:
     """Read the settings (`read` may raise SettingsError) and apply them, under the lock."""
     async with gateway.settings_lock:
         new = await trio.to_thread.run_sync(read)
         apply_settings(gateway, app, prober, new)
 
 
-def apply_settings(gateway: Gateway, app: GatewayApp, prober: Prober, new: Settings) -> None:
+def apply_settings(gateway: Gateway, app: QuartTrio, prober: Prober, new: Settings) -> None:
     """Make `new` the gateway's settings; requests in flight finish under the old ones."""
     settings, kept = keep_restart_keys(gateway.settings, new)
     if kept:

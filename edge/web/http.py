@@ -1,7 +1,5 @@
-"""The gateway's HTTP layer on Quart: the app class, and what it adds to Quart's request.
-
-`GatewayApp` is a `QuartTrio` app with three extensions, each in the slot Quart provides
-for it (`request_class`, `asgi_http_class`, `log_exception`):
+"""The gateway's HTTP layer on Quart: what it adds to quart-trio, each piece in the slot
+Quart provides for it (`app.request_class`, `app.asgi_http_class`; `edge.app` fills them):
 - `GatewayRequest`: Quart's request with a body limit that a view can lower
   (`request.max_content_length = n` bounds the body itself, not only form parsing) and
   an idle bound between two body chunks beside Quart's `BODY_TIMEOUT` for the whole body
@@ -10,8 +8,8 @@ for it (`request_class`, `asgi_http_class`, `log_exception`):
 - `GatewayConnection`: the request-log line of every `/api/` request, taken after its
   answer was written — or with status 499 when its client left first (quart-trio then
   cancels the handler: that is how a departed client frees its place in the queue) —
-  and an answer held in memory sent as one ASGI message;
-- the exception log names the request id.
+  and an answer held in memory sent as one ASGI message (the log itself is
+  `app.extensions[REQUEST_LOG]`).
 
 The `/api/` handlers work on an `Exchange` (request id, headers, body) and answer an
 `ApiResponse`; admission and idempotency (`edge.admission`) see only those two.
@@ -26,7 +24,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from types import TracebackType
 from typing import Any, cast
 
 import trio
@@ -41,7 +38,6 @@ from quart import Response as QuartResponse
 from quart import current_app, request
 from quart.utils import encode_headers
 from quart.wrappers.response import DataBody
-from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 from quart_trio.wrappers.request import TrioBody, TrioRequest
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
@@ -53,6 +49,7 @@ log = logging.getLogger("edge.http")
 
 CLIENT_CLOSED = 499  # request-log status of a client that left before its answer (nginx's)
 LAST_WRITE_LIMIT_SECONDS = 300.0  # the whole answer to a slow reader (15 MB at 0.5 Mbit/s: 240 s)
+REQUEST_LOG = "hairgate.request_log"  # app.extensions key: takes each `/api/` request's log line
 BODY_IDLE_TIMEOUT = "HAIRGATE_BODY_IDLE_TIMEOUT"  # app.config key: longest gap between two body chunks
 JSON = "application/json"
 _REQUEST_ID = HEADER_REQUEST_ID.lower().encode()
@@ -239,8 +236,6 @@ def exchange_of(request: GatewayRequest) -> Exchange:
 class GatewayConnection(TrioASGIHTTPConnection):
     """quart-trio's connection, plus the request-log line of each `/api/` request."""
 
-    app: GatewayApp
-
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         started = time.perf_counter()
         request = self._create_request_from_scope(send)
@@ -251,7 +246,7 @@ class GatewayConnection(TrioASGIHTTPConnection):
                 nursery.start_soon(self.handle_request, nursery, request, sent.send)
         finally:
             if request.path.startswith(API_PREFIX):
-                self.app.record(_record(request, sent, started))  # type: ignore[arg-type]
+                self.app.extensions[REQUEST_LOG](_record(request, sent, started))  # type: ignore[arg-type]
 
     async def _send_response(self, send: ASGISendCallable, response: Any) -> None:
         if not isinstance(response, QuartResponse) or not isinstance(response.response, DataBody):
@@ -262,23 +257,6 @@ class GatewayConnection(TrioASGIHTTPConnection):
         start = {"type": "http.response.start", "status": response.status_code, "headers": encode_headers(response.headers)}
         await send(cast(HTTPResponseStartEvent, start))
         await send(cast(HTTPResponseBodyEvent, {"type": "http.response.body", "body": response.response.data}))
-
-
-class GatewayApp(QuartTrio):
-    """The gateway's Quart app; `record` takes each `/api/` request's log line."""
-
-    request_class = GatewayRequest
-    asgi_http_class = GatewayConnection
-
-    def __init__(self, import_name: str, record: Callable[[RequestRecord], None]) -> None:
-        super().__init__(import_name, static_folder=None, template_folder=None)
-        self.record = record
-
-    def log_exception(
-        self, exception_info: tuple[type, BaseException, TracebackType] | tuple[None, None, None]
-    ) -> None:
-        failed = current_gateway_request()
-        log.error("请求处理异常 | request_id=%s | %s %s", failed.request_id, failed.method, failed.path, exc_info=exception_info)
 
 
 class _Sent:

@@ -126,10 +126,17 @@ def register_refusals(app: Quart, gateway: Gateway) -> None:
             return _refused(request, Code.INVALID_PARAMETER, DEFAULT_MESSAGES[Code.INVALID_PARAMETER], close=True)
         return json_page(error.code or 400, monitor.error_answer(error.name), close=True)
 
+    @app.errorhandler(Exception)
+    async def unexpected_error(error: Exception) -> QuartResponse:
+        # A bug in a view: logged with its request id, answered like any internal error.
+        failed = current_gateway_request()
+        log.error("请求处理异常 | request_id=%s | %s %s", failed.request_id, failed.method, failed.path, exc_info=error)
+        return await internal_error(error)
+
     @app.errorhandler(500)
-    async def internal_error(error: HTTPException) -> QuartResponse:
-        # Quart has logged the exception (`GatewayApp.log_exception`): a bug still reaches
-        # an `/api/` client as the 1007 envelope with Retry-After, never as a 500 page.
+    async def internal_error(error: Exception) -> QuartResponse:
+        # A bug still reaches an `/api/` client as the 1007 envelope with Retry-After,
+        # never as a 500 page.
         request = current_gateway_request()
         if not _is_api(request):
             return json_page(500, monitor.error_answer("internal error"))

@@ -16,7 +16,7 @@ from werkzeug.datastructures import Headers
 
 from edge.app import create_app
 from edge.gateway import Gateway, build_gateway
-from edge.web.http import GatewayApp
+from quart_trio import QuartTrio
 from shared.contract import (
     MSG_BODY_TOO_SLOW,
     MSG_HEADERS_TOO_LARGE,
@@ -52,17 +52,17 @@ async def gateway(tmp_path: Path, upstream: FakeUpstream) -> Gateway:
 
 
 @pytest.fixture
-def app(gateway: Gateway) -> GatewayApp:
+def app(gateway: Gateway) -> QuartTrio:
     return create_app(gateway)
 
 
-def connect(app: GatewayApp, path: str = MEASURE, headers: dict[str, str] | None = None, query: str = ""):
+def connect(app: QuartTrio, path: str = MEASURE, headers: dict[str, str] | None = None, query: str = ""):
     given = {"Content-Type": "application/json", **(headers or {})}
     target = f"{path}?{query}" if query else path
     return app.test_client().request(target, method="POST", headers=given, scope_base=CLIENT)
 
 
-async def post(app: GatewayApp, body: bytes, **kwargs) -> tuple[int, Headers, dict]:
+async def post(app: QuartTrio, body: bytes, **kwargs) -> tuple[int, Headers, dict]:
     async with connect(app, **kwargs) as connection:
         await connection.send(body)
         await connection.send_complete()
@@ -76,7 +76,7 @@ async def logged(gateway: Gateway) -> list[dict]:
 
 
 async def test_a_client_that_leaves_while_queued_frees_its_place_and_its_job_never_runs(
-    autojump_clock, app: GatewayApp, gateway: Gateway, upstream: FakeUpstream
+    autojump_clock, app: QuartTrio, gateway: Gateway, upstream: FakeUpstream
 ) -> None:
     upstream.delay[WORKERS[0]] = 10.0
     # Quart's test connection waits for an answer when it closes: this client is played by
@@ -116,7 +116,7 @@ async def test_a_client_that_leaves_while_queued_frees_its_place_and_its_job_nev
     assert statuses == [200, 499]
 
 
-async def test_a_body_that_stalls_is_refused_after_the_idle_timeout(autojump_clock, app: GatewayApp, upstream) -> None:
+async def test_a_body_that_stalls_is_refused_after_the_idle_timeout(autojump_clock, app: QuartTrio, upstream) -> None:
     async with connect(app) as connection:
         await connection.send(b'{"partial":')  # … and then nothing
         response = await connection.as_response()
@@ -127,7 +127,7 @@ async def test_a_body_that_stalls_is_refused_after_the_idle_timeout(autojump_clo
     assert upstream.forwards == []
 
 
-async def test_a_body_that_trickles_is_refused_after_the_whole_timeout(autojump_clock, app: GatewayApp, upstream) -> None:
+async def test_a_body_that_trickles_is_refused_after_the_whole_timeout(autojump_clock, app: QuartTrio, upstream) -> None:
     async with connect(app) as connection:
 
         async def trickle() -> None:
@@ -144,7 +144,7 @@ async def test_a_body_that_trickles_is_refused_after_the_whole_timeout(autojump_
     assert upstream.forwards == []
 
 
-async def test_an_oversized_header_block_is_refused_before_any_worker(app: GatewayApp, gateway: Gateway, upstream) -> None:
+async def test_an_oversized_header_block_is_refused_before_any_worker(app: QuartTrio, gateway: Gateway, upstream) -> None:
     # the gateway adds headers: a client head that fits the gateway but not a host's read
     # limit got a 431 from every host in turn and ejected them all
     status, headers, body = await post(app, PHOTO_BODY, headers={"X-Forwarded-For": "198.51.100.1, " * 400})
@@ -154,24 +154,24 @@ async def test_an_oversized_header_block_is_refused_before_any_worker(app: Gatew
     assert upstream.forwards == [] and gateway.pool.workers[0].online
 
 
-async def test_an_oversized_query_string_counts_too(app: GatewayApp, upstream) -> None:
+async def test_an_oversized_query_string_counts_too(app: QuartTrio, upstream) -> None:
     status, _, body = await post(app, PHOTO_BODY, query="q=" + "x" * 5000)
     assert body["code"] == Code.INVALID_PARAMETER and upstream.forwards == []
 
 
-async def test_a_head_too_large_elsewhere_is_431(app: GatewayApp) -> None:
+async def test_a_head_too_large_elsewhere_is_431(app: QuartTrio) -> None:
     response = await app.test_client().get("/monitor", headers={"X-Padding": "x" * 5000})
     assert response.status_code == 431 and response.headers["Connection"] == "close"
 
 
-async def test_a_post_to_an_unknown_endpoint_says_it_does_not_exist(app: GatewayApp, upstream) -> None:
+async def test_a_post_to_an_unknown_endpoint_says_it_does_not_exist(app: QuartTrio, upstream) -> None:
     _, _, body = await post(app, PHOTO_BODY, path="/api/v1/hair/nothing")
     assert body["message"] == MSG_UNKNOWN_ENDPOINT.format(method="POST", path="/api/v1/hair/nothing")
     assert "POST）" not in body["message"], "a POST is not told that endpoints take POST"
 
 
 @pytest.mark.parametrize("method", ["GET", "PUT", "OPTIONS", "HEAD"])
-async def test_a_wrong_method_on_a_real_endpoint_says_which_it_takes(app: GatewayApp, upstream, method: str) -> None:
+async def test_a_wrong_method_on_a_real_endpoint_says_which_it_takes(app: QuartTrio, upstream, method: str) -> None:
     response = await app.test_client().open(MEASURE, method=method)
     assert response.status_code == 200 and response.headers["Allow"] == "POST"
     if method != "HEAD":
@@ -182,7 +182,7 @@ async def test_a_wrong_method_on_a_real_endpoint_says_which_it_takes(app: Gatewa
 
 
 async def test_a_raising_handler_is_a_1007_envelope_logged_as_answered(
-    app: GatewayApp, gateway: Gateway, upstream, caplog
+    app: QuartTrio, gateway: Gateway, upstream, caplog
 ) -> None:
     async def broken(*args, **kwargs):
         raise RuntimeError("a bug")
@@ -197,7 +197,7 @@ async def test_a_raising_handler_is_a_1007_envelope_logged_as_answered(
 
 
 async def test_expect_100_continue_over_the_limit_is_refused_without_a_continue(
-    app: GatewayApp, gateway: Gateway, upstream
+    app: QuartTrio, gateway: Gateway, upstream
 ) -> None:
     headers = {"Expect": "100-continue", "Content-Length": str(gateway.settings.edge.max_body_bytes + 1)}
     async with connect(app, headers=headers) as connection:
