@@ -62,7 +62,7 @@ def assess_hair(lab: np.ndarray, person: np.ndarray, work_face: Face, segmentati
         return verdict("occluded", NOTE_HAT)
     if colours.bare_scalp:
         return verdict("no_hairline", NOTE_BALD)
-    return verdict("hair", *((NOTE_LOW_CONTRAST,) if low_contrast else ()))
+    return verdict("hair")  # low contrast is noted by the hairline checks, unless two views agree
 
 
 def _hat_covers_top(segmentation: HairSegmentation, crop: HeadCrop, person: np.ndarray, work_face: Face) -> bool:

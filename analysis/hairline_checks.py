@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from .edge_profile import EdgeProfile, clear_forehead_top, midline_edge_profile
-from .hair_evidence import HairEvidence
+from .hair_evidence import NOTE_LOW_CONTRAST, HairEvidence
 from .hairline_trace import Trace
 from .head_crop import HeadCrop
 from .head_samples import face_height_px
@@ -27,7 +27,14 @@ ABOVE_MESH_TOP = 0.02  # face heights the trichion must clear landmark 10 by
 MAX_BAND_HAIR = 0.30  # share of the forehead band (brows .. mesh top) labelled hair
 FRINGE_TO_BROWS_MM = 5.0  # a fringe edge this close to the brows hides the whole forehead
 UNCERTAIN_FLOOR_MM = 5.0
-LOW_CONTRAST_FLOOR_MM = 10.0
+# a photo pixel larger than this is half the 3 mm a confident answer must hold: the face is
+# too small in the photo for one (deepface_img37 at half size, 8 px iris: a 9.1 ΔE/px
+# "sharp" edge snapped 3.2 mm off)
+MAX_OK_MM_PER_PX = 1.5
+# the floor where nothing but the mask places the line: hair close to skin colour, or no
+# image edge near the mask (statham_big mirrored at 0.7x: a scalp cap 9.6 mm above the
+# stubble line, no crossing, the forehead's colour reaching it)
+UNCONFIRMED_FLOOR_MM = 10.0
 QUANTISATION_PX = 0.5  # working px
 # median absolute deviation of the midline edge that means "ragged". The MAD, not half the
 # inter-quartile range: the trichion is a median, and a centre parting filling a quarter of
@@ -59,6 +66,11 @@ SKIN_BELOW_MASK_MM = 3.0
 # a sharp crossing this close to the mask confirms it even when the window's halves split
 # (a tilted line: the median of the window is still the midline's point)
 AGREE_MM = 1.0
+# hair close to skin colour: a trained network's mask (not colour models) and the image's
+# crossing this close, the window's halves agreeing, are two independent views of one line
+# (biden2's thin white hair: 0.2-1.5 mm apart on the photo and its mirrored and rescaled
+# copies, the middle 0.1-1.2 mm from the label)
+LOW_CONTRAST_AGREE_MM = 1.5
 # shape thresholds, mm of temple recession (temples above the trichion level)
 RECEDING_MM, M_SHAPE_MM, ROUNDED_MM, PEAK_MM = 20.0, 6.0, -6.0, 3.0
 
@@ -71,6 +83,7 @@ NOTE_SNAP = "图像边缘与头发分割不一致（如稀疏或浅色的前额�
 NOTE_SOFT = "发际线边缘模糊（稀疏、浅色或短茬头发），位置不确定"
 NOTE_SPREAD = "发际线中段高低不一（如中分或稀疏发际），位置不确定"
 NOTE_NO_IMAGE_EDGE = "图像中未见与头发分割相符的皮肤到头发的边缘，发际线位置不确定"
+NOTE_SMALL_FACE = "照片中人脸过小（每像素超过 1.5 mm），发际线位置不确定：请靠近一些重拍"
 NOTE_UNMASKED = "前额皮肤上缘与头发边缘之间有一段未识别的区域（如发带下的浅色头发或短茬），发际线位置不确定"
 
 
@@ -97,6 +110,8 @@ def judge(
         return Hairline(status="occluded", notes=(*evidence.notes, NOTE_FRINGE_TO_BROWS))
 
     notes = list(evidence.notes) + _gate_notes(trace, face, hair, trichion_v, mesh_top_v, mm_per_work_px, fringe)
+    if calibration.mm_per_px > MAX_OK_MM_PER_PX:
+        notes.append(NOTE_SMALL_FACE)
     spread_px = float(np.median(np.abs(found - np.median(found))))
     if spread_px * mm_per_work_px > SPREAD_MM:
         notes.append(NOTE_SPREAD)
@@ -106,6 +121,10 @@ def judge(
         shift_px, disagreement_px, note = _image_edge_check(
             trace, lab, face, mm_per_work_px, evidence.low_contrast, mask_from_colour)
     trichion_v -= shift_px  # rows grow downwards, v upwards
+    # hair close to skin colour stays in doubt unless the image confirmed a network's mask
+    # (colour models and the image's crossing are not two views of it)
+    if evidence.low_contrast and (fringe or note is not None or mask_from_colour):
+        notes.append(NOTE_LOW_CONTRAST)
     notes += [note] if note else []
 
     forehead_mm = trichion_v * mm_per_work_px
@@ -113,7 +132,8 @@ def judge(
     uncertainty = math.hypot(position_mm, calibration.relative_uncertainty * forehead_mm)
     status: HairlineStatus = "uncertain" if notes else "ok"
     if status == "uncertain":
-        uncertainty = max(uncertainty, LOW_CONTRAST_FLOOR_MM if evidence.low_contrast else UNCERTAIN_FLOOR_MM)
+        unconfirmed = NOTE_LOW_CONTRAST in notes or note == NOTE_NO_IMAGE_EDGE
+        uncertainty = max(uncertainty, UNCONFIRMED_FLOOR_MM if unconfirmed else UNCERTAIN_FLOOR_MM)
 
     left_v, right_v = (_temple_v(trace, face, index) for index in LandmarkId.OUTER_EYE_CORNERS)
 
@@ -192,13 +212,18 @@ def weigh_edges(
       the line lies anywhere between the two: the point is their middle, the band reaches
       both. Skin ending well below the mask edge (baby hairs, stubble) is not trusted.
     - No crossing near the mask edge at all: nothing confirms it.
-    - Hair close to skin colour (white, grey) defeats the colour evidence: the band spans
-      the crossing's ramp; the point is the middle of mask and crossing, or the crossing
-      itself when the mask came from colour models too (the fallback's GrabCut stops where
-      dense white hair stops; the hair network does not: on the labelled white/light hair,
-      mirrored and rescaled 0.7-1.5x, its edge was 0.1-2.4 mm from the label, the
-      crossing 0.5-2.8 mm).
-    - Any other disagreement: the middle of mask and crossing, the band reaching past both."""
+    - Hair close to skin colour (white, grey) defeats the colour evidence of the forehead:
+      a network's mask (not colour models) and the crossing within LOW_CONTRAST_AGREE_MM,
+      halves agreeing, are two independent views of one line: their middle, trusted.
+      Otherwise the band spans the crossing's ramp; the point is the middle of mask and
+      crossing, or the crossing itself when the mask came from colour models too (the
+      fallback's GrabCut stops where dense white hair stops; the hair network does not: on
+      the labelled white/light hair, mirrored and rescaled 0.7-1.5x, its edge was 0.1-2.4 mm
+      from the label, the crossing 0.5-2.8 mm).
+    - A sharp crossing that disagrees otherwise (> MAX_SNAP_MM away, split halves): the
+      crossing, the band reaching back to the mask. A parting or a gap in the mask pulls
+      the mask's median up; the image's own sharp edge was the nearer of the two on every
+      such photo (deepface_img46, middle part: 3.1 mm against the mask's 6.5 mm)."""
     if whole is None:  # e.g. the network's scalp cap over stubble
         return 0.0, 0.0, NOTE_NO_IMAGE_EDGE
     offset_px = whole.crossing_row - mask_row
@@ -206,10 +231,12 @@ def weigh_edges(
     left, right = halves
     split_px = None if left is None or right is None else abs(left.crossing_row - right.crossing_row) / 2
     halves_agree = split_px is not None and split_px * mm_per_px <= MAX_SNAP_MM / 2
-    follow = 1.0 if low_contrast and mask_from_colour else 0.5  # how far towards the crossing
     if whole.sharpness < SHARP_EDGE:
         skin_into_px = 0.0 if forehead_top is None else mask_row - forehead_top
         if low_contrast:
+            if not mask_from_colour and abs(offset_px) * mm_per_px <= LOW_CONTRAST_AGREE_MM and halves_agree:
+                return offset_px / 2, max(abs(offset_px) / 2, split_px or 0.0), None
+            follow = 1.0 if mask_from_colour else 0.5  # how far towards the crossing
             return follow * offset_px, _to_ramp_end(offset_px, follow * offset_px, whole), NOTE_SOFT
         if skin_into_px * mm_per_px > SKIN_INTO_MASK_MM:
             return -skin_into_px / 2, max(skin_into_px, whole.width_px) / 2, NOTE_SOFT
@@ -219,7 +246,7 @@ def weigh_edges(
     tilted = split_px is not None and split_px * mm_per_px <= MAX_SNAP_MM and abs(offset_px) * mm_per_px <= AGREE_MM
     if near and (halves_agree or tilted):
         return offset_px, split_px or 0.0, None
-    return follow * offset_px, abs(offset_px), NOTE_SNAP
+    return offset_px, abs(offset_px), NOTE_SNAP
 
 
 def _to_ramp_end(offset_px: float, shift_px: float, whole: EdgeProfile) -> float:

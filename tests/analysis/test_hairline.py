@@ -12,7 +12,7 @@ from analysis.calibration import calibrate
 from analysis.hair_evidence import NOTE_BALD, NOTE_HAT
 from analysis.hairline import trace_hairline
 from analysis.edge_profile import EdgeProfile
-from analysis.hairline_checks import NOTE_FRINGE, NOTE_NO_IMAGE_EDGE, NOTE_SNAP, NOTE_SOFT, weigh_edges
+from analysis.hairline_checks import NOTE_FRINGE, NOTE_NO_IMAGE_EDGE, NOTE_SMALL_FACE, NOTE_SNAP, NOTE_SOFT, weigh_edges
 from analysis.hairnet import HairNetSegmenter
 from analysis.head_crop import HeadCrop
 from analysis.landmarks import FaceMeshDetector
@@ -215,12 +215,12 @@ NETWORK, COLOUR = False, True  # where the mask came from: the hair network, or 
 # forehead, low contrast, mask from colour) -> (shift of the point in rows, band's disagreement, note)
 EDGE_CASES = {
     "sharp, near, halves agree: snap": (_edge(101.5, SHARP), (101.0, 102.0), 100.0, False, NETWORK, (1.5, 0.5, None)),
-    "sharp, too far: middle, band to both": (_edge(104.0, SHARP), (104.0, 104.0), 100.0, False, NETWORK,
-                                             (2.0, 4.0, NOTE_SNAP)),
+    "sharp, too far: the crossing, band back to the mask": (_edge(104.0, SHARP), (104.0, 104.0), 100.0, False,
+                                                            NETWORK, (4.0, 4.0, NOTE_SNAP)),
     "sharp, halves split but the crossing is on the mask: tilted line": (
         _edge(100.5, SHARP), (98.5, 102.0), 100.0, False, NETWORK, (0.5, 1.75, None)),
     "sharp, halves split and the crossing off the mask": (_edge(102.0, SHARP), (100.0, 104.0), 100.0, False, NETWORK,
-                                                          (1.0, 2.0, NOTE_SNAP)),
+                                                          (2.0, 2.0, NOTE_SNAP)),
     "soft, all three views agree: middle of mask and crossing": (
         _edge(101.0, SOFT), (100.8, 101.2), 98.0, False, NETWORK, (0.5, 0.5, None)),
     "soft, forehead skin runs 8 mm into the mask: middle of skin top and mask": (
@@ -228,8 +228,14 @@ EDGE_CASES = {
     "soft, skin ends 4 mm below the mask (baby hairs): band to the far end of the ramp": (
         _edge(101.0, SOFT), (101.0, 101.0), 104.0, False, NETWORK, (0.0, 3.0, NOTE_SOFT)),
     "soft, halves split": (_edge(101.0, SOFT), (99.0, 104.0), 100.0, False, NETWORK, (0.0, 3.0, NOTE_SOFT)),
+    "soft, hair close to skin colour, the network's mask and the crossing agree: their middle, trusted": (
+        _edge(101.4, SOFT, width_px=6.0), (101.0, 102.0), 80.0, True, NETWORK, (0.7, 0.7, None)),
+    "soft, hair close to skin colour, agreeing but the halves split": (
+        _edge(101.4, SOFT, width_px=6.0), (99.0, 104.0), 80.0, True, NETWORK, (0.7, 3.7, NOTE_SOFT)),
     "soft, hair close to skin colour: middle of mask and crossing, band over the ramp": (
         _edge(102.0, SOFT, width_px=6.0), (102.0, 102.0), 80.0, True, NETWORK, (1.0, 4.0, NOTE_SOFT)),
+    "soft, hair close to skin colour, GrabCut's mask agreeing: not a second view": (
+        _edge(101.4, SOFT, width_px=6.0), (101.0, 102.0), 80.0, True, COLOUR, (1.4, 3.0, NOTE_SOFT)),
     "soft, hair close to skin colour, GrabCut's mask: the crossing": (
         _edge(102.0, SOFT, width_px=6.0), (102.0, 102.0), 80.0, True, COLOUR, (2.0, 3.0, NOTE_SOFT)),
 }
@@ -248,6 +254,20 @@ def test_a_mask_edge_the_image_does_not_show_is_not_trusted() -> None:
     """statham_big mirrored at 0.7x: the network's scalp cap 10 mm above the stubble line,
     no skin-to-hair crossing near it, and was answered `ok`."""
     assert weigh_edges(100.0, None, (None, None), None, 1.0, False, False) == (0.0, 0.0, NOTE_NO_IMAGE_EDGE)
+
+
+def test_a_face_too_small_for_a_confident_line_is_uncertain(astronaut: np.ndarray, detector: FaceMeshDetector,
+                                                           segmenter: FallbackSegmenter) -> None:
+    """A photo pixel over 1.5 mm is half the 3 mm an `ok` must hold (deepface_img37 at half
+    size: an 8 px iris, a barely sharp edge snapped 3.2 mm off, answered `ok`)."""
+    answers = {}
+    for scale in (1.0, 0.5):  # the astronaut's iris: 8.2 px (1.42 mm/px), then 4.3 px
+        photo = cv2.resize(astronaut, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
+        face = detector.detect(photo)
+        answers[scale] = trace_hairline(photo, face, segmenter.segment(photo, face), calibrate(face))
+    assert NOTE_SMALL_FACE not in answers[1.0].notes
+    assert answers[0.5].status == "uncertain" and NOTE_SMALL_FACE in answers[0.5].notes
+    assert answers[0.5].uncertainty_mm >= 5.0
 
 
 def test_the_photos_calibration_holds_on_a_resized_copy(astronaut: np.ndarray, detector: FaceMeshDetector,

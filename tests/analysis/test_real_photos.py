@@ -41,7 +41,7 @@ KNOWN_MISSES: dict[str, str] = {}
 # Pinned so that a change of status is a decision, not an accident.
 EXPECTED_STATUS = {
     "obama.jpg": "ok", "lacamoire.jpg": "ok", "rose_leslie.jpg": "ok", "tom_cruise.jpg": "ok",
-    "biden2.jpg": "uncertain", "statham_big.png": "uncertain",
+    "biden2.jpg": "ok", "statham_big.png": "uncertain",
     "willis_white.png": "no_hairline", "diesel_dark.png": "no_hairline", "deepface_img21.jpg": "no_hairline",
     "deepface_img1.jpg": "ok", "deepface_img4.jpg": "ok", "deepface_img7.jpg": "ok", "deepface_img10.jpg": "ok",
     "deepface_img13.jpg": "ok", "deepface_img16.jpg": "ok", "deepface_img19.jpg": "ok",
@@ -117,7 +117,7 @@ def test_most_hairlines_get_a_confident_number(photos_dir: Path, photo_labels: l
     hairlines = [entry["file"] for entry in photo_labels if entry["kind"] == "hairline"]
     assert set(EXPECTED_STATUS) == {entry["file"] for entry in photo_labels}, "pin every labelled photo"
     expected_ok = [name for name in hairlines if EXPECTED_STATUS.get(name) == "ok"]
-    assert len(expected_ok) > 2 * len(hairlines) / 3  # the per-photo test holds each to it (18/26)
+    assert len(expected_ok) > 0.7 * len(hairlines)  # the per-photo test holds each to it (19/26)
 
 
 @pytest.mark.slow
@@ -129,7 +129,7 @@ def test_mean_trichion_error_on_the_labelled_hairlines(photos_dir: Path, photo_l
             _, calibration, hairline = _answer(photos_dir, entry["file"], detector, hairnet)
             assert hairline.trichion is not None, entry["file"]
             errors_mm.append(abs(hairline.trichion[1] - entry["trichion_row"]) * calibration.mm_per_px)
-    assert np.mean(errors_mm) <= 1.7  # measured 1.6 mm (issue 17 asks 1.5: see docs/analysis_science.md)
+    assert np.mean(errors_mm) <= 1.5  # issue 17's goal; measured 1.45 mm (docs/analysis_science.md)
 
 
 @pytest.mark.parametrize("segmenter_name", ["hairnet", "segmenter"])
@@ -280,3 +280,36 @@ def test_a_rolled_large_photo_is_judged_at_the_photos_scale(photos_dir: Path, de
     assert (via_endpoint.status, via_endpoint.notes) == (direct.status, direct.notes)
     assert via_endpoint.trichion is not None and direct.trichion is not None
     assert abs(via_endpoint.trichion[1] - direct.trichion[1]) <= 10  # photo px: 1 mm
+
+
+def _copy(rgb: np.ndarray, scale: float, mirror: bool) -> np.ndarray:
+    copy = np.ascontiguousarray(rgb[:, ::-1]) if mirror else rgb
+    return copy if scale == 1.0 else cv2.resize(copy, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scale, mirror", [(1.0, True), (0.7, False), (0.7, True)], ids=["mirrored", "0.7x", "mirrored 0.7x"])
+def test_a_copy_of_each_photo_is_never_confidently_wrong(scale: float, mirror: bool, photos_dir: Path,
+                                                         photo_labels: list[dict[str, Any]], detector: FaceMeshDetector,
+                                                         hairnet: HairNetSegmenter) -> None:
+    """The same rules on the photo mirrored and smaller: every `ok` within 3 mm (or the
+    label's tolerance), every miss covered by its band, bald heads still `no_hairline`
+    (statham_big mirrored at 0.7x was a 9.6 mm miss under an 8.4 mm band). Measured also at
+    1.5x and 0.5x: docs/analysis_science.md."""
+    misses = []
+    for entry in photo_labels:
+        photo = _copy(load_photo(photos_dir, entry["file"]), scale, mirror)
+        face = detector.detect(photo)
+        calibration = calibrate(face)
+        hairline = trace_hairline(photo, face, hairnet.segment(photo, face), calibration)
+        if entry["kind"] != "hairline":
+            misses += [] if hairline.status == "no_hairline" else [f"{entry['file']}: {hairline.status}"]
+            continue
+        assert hairline.trichion is not None, entry["file"]
+        truth_row = (entry["trichion_row"] + 0.5) * scale - 0.5
+        error_mm = abs(hairline.trichion[1] - truth_row) * calibration.mm_per_px
+        allowed = max(OK_WITHIN_MM, entry["tolerance_px"] * scale * calibration.mm_per_px)
+        if hairline.status != "ok":
+            allowed = max(allowed, hairline.uncertainty_mm)
+        misses += [f"{entry['file']}: {hairline.status} {error_mm:.1f} mm"] if error_mm > allowed else []
+    assert not misses
