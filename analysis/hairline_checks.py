@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.stats import theilslopes
 
 from .edge_profile import EdgeProfile, clear_forehead_top, midline_edge_profile
 from .hair_evidence import NOTE_LOW_CONTRAST, HairEvidence
@@ -36,9 +37,12 @@ MAX_OK_MM_PER_PX = 1.5
 # stubble line, no crossing, the forehead's colour reaching it)
 UNCONFIRMED_FLOOR_MM = 10.0
 QUANTISATION_PX = 0.5  # working px
-# median absolute deviation of the midline edge that means "ragged". The MAD, not half the
-# inter-quartile range: the trichion is a median, and a centre parting filling a quarter of
-# the window (rose_leslie) breaks the IQR (3.1 mm) but not the MAD (1.8 mm) or the median.
+# median absolute deviation of the midline edge about its own straight line that means
+# "ragged". The MAD, not half the inter-quartile range: the trichion is a median, and a
+# centre parting filling a quarter of the window (rose_leslie) breaks the IQR (3.1 mm) but
+# not the MAD (1.8 mm) or the median. About the line, not the median: hair swept to one
+# side tilts a clean line across the window (deepface_img22: 10 mm from end to end, MAD
+# about the median 2.8 mm).
 SPREAD_MM = 2.0
 # image-edge check of the midline point (edge_profile): snap only to a sharp edge <= 3 mm
 # away whose left and right halves of the window agree; sharpness in ΔE per working px
@@ -112,7 +116,7 @@ def judge(
     notes = list(evidence.notes) + _gate_notes(trace, face, hair, trichion_v, mesh_top_v, mm_per_work_px, fringe)
     if calibration.mm_per_px > MAX_OK_MM_PER_PX:
         notes.append(NOTE_SMALL_FACE)
-    spread_px = float(np.median(np.abs(found - np.median(found))))
+    spread_px = midline_spread_px(trace)
     if spread_px * mm_per_work_px > SPREAD_MM:
         notes.append(NOTE_SPREAD)
     if fringe:
@@ -121,9 +125,7 @@ def judge(
         shift_px, disagreement_px, note = _image_edge_check(
             trace, lab, face, mm_per_work_px, evidence.low_contrast, mask_from_colour)
     trichion_v -= shift_px  # rows grow downwards, v upwards
-    # hair close to skin colour stays in doubt unless the image confirmed a network's mask
-    # (colour models and the image's crossing are not two views of it)
-    if evidence.low_contrast and (fringe or note is not None or mask_from_colour):
+    if evidence.low_contrast and (fringe or note is not None):  # not confirmed by two views
         notes.append(NOTE_LOW_CONTRAST)
     notes += [note] if note else []
 
@@ -185,8 +187,11 @@ def _image_edge_check(
     if forehead_top is not None and (forehead_top - edge_row) * mm_per_px > UNMASKED_GAP_MM:
         gap_px = forehead_top - edge_row
         return gap_px, gap_px, NOTE_UNMASKED
-    halves = (profile(window & (trace.u < 0)), profile(window & (trace.u > 0)))
-    return weigh_edges(edge_row, profile(window), halves, forehead_top, mm_per_px, low_contrast, mask_from_colour)
+    sides = (window & (trace.u < 0), window & (trace.u > 0))
+    halves = (profile(sides[0]), profile(sides[1]))
+    mask_halves = (float(np.median(trace.points[sides[0], 1])), float(np.median(trace.points[sides[1], 1])))
+    return weigh_edges(edge_row, profile(window), halves, forehead_top, mm_per_px, low_contrast, mask_from_colour,
+                       mask_halves)
 
 
 def weigh_edges(
@@ -197,11 +202,14 @@ def weigh_edges(
     mm_per_px: float,
     low_contrast: bool,
     mask_from_colour: bool,
+    mask_halves: tuple[float, float] | None = None,
 ) -> tuple[float, float, str | None]:
     """(shift in rows, disagreement in rows, note or None when the answer can be trusted)
     from three views of one midline hairline: the mask edge (`mask_row`), the image's
     skin-to-hair crossing over the whole window and each half of it, and the top of the
-    clear forehead (rows grow downwards).
+    clear forehead (rows grow downwards). The halves agree when each half's crossing sits
+    as far from that half's mask edge (`mask_halves`; default: a level edge at `mask_row`):
+    a tilted line moves both together.
 
     - Sharp crossing <= MAX_SNAP_MM from the mask: snapped to when its halves agree, or
       when it is within AGREE_MM of the mask anyway (a tilted line, not doubt).
@@ -212,14 +220,15 @@ def weigh_edges(
       the line lies anywhere between the two: the point is their middle, the band reaches
       both. Skin ending well below the mask edge (baby hairs, stubble) is not trusted.
     - No crossing near the mask edge at all: nothing confirms it.
-    - Hair close to skin colour (white, grey) defeats the colour evidence of the forehead:
-      a network's mask (not colour models) and the crossing within LOW_CONTRAST_AGREE_MM,
-      halves agreeing, are two independent views of one line: their middle, trusted.
-      Otherwise the band spans the crossing's ramp; the point is the middle of mask and
-      crossing, or the crossing itself when the mask came from colour models too (the
-      fallback's GrabCut stops where dense white hair stops; the hair network does not: on
-      the labelled white/light hair, mirrored and rescaled 0.7-1.5x, its edge was 0.1-2.4 mm
-      from the label, the crossing 0.5-2.8 mm).
+    - Hair close to skin colour (white, grey), weighed first, sharp or soft: the clear
+      forehead cannot see it, so a network's mask (not colour models) and the crossing
+      within LOW_CONTRAST_AGREE_MM, halves agreeing, are the two independent views left:
+      their middle, trusted. Otherwise the point is the middle of mask and crossing, or the
+      crossing itself when the mask came from colour models too (the fallback's GrabCut
+      stops where dense white hair stops; the hair network does not: on the labelled
+      white/light hair, mirrored and rescaled 0.7-1.5x, its edge was 0.1-2.4 mm from the
+      label, the crossing 0.5-2.8 mm); the band spans a soft crossing's ramp or reaches the
+      mask from a sharp one.
     - A sharp crossing that disagrees otherwise (> MAX_SNAP_MM away, split halves): the
       crossing, the band reaching back to the mask. A parting or a gap in the mask pulls
       the mask's median up; the image's own sharp edge was the nearer of the two on every
@@ -229,15 +238,19 @@ def weigh_edges(
     offset_px = whole.crossing_row - mask_row
     near = abs(offset_px) * mm_per_px <= MAX_SNAP_MM
     left, right = halves
-    split_px = None if left is None or right is None else abs(left.crossing_row - right.crossing_row) / 2
+    mask_left, mask_right = mask_halves or (mask_row, mask_row)
+    split_px = None if left is None or right is None else \
+        abs((left.crossing_row - mask_left) - (right.crossing_row - mask_right)) / 2
     halves_agree = split_px is not None and split_px * mm_per_px <= MAX_SNAP_MM / 2
+    if low_contrast:
+        if not mask_from_colour and abs(offset_px) * mm_per_px <= LOW_CONTRAST_AGREE_MM and halves_agree:
+            return offset_px / 2, max(abs(offset_px) / 2, split_px or 0.0), None
+        follow = 1.0 if mask_from_colour else 0.5  # how far towards the crossing
+        if whole.sharpness < SHARP_EDGE:
+            return follow * offset_px, _to_ramp_end(offset_px, follow * offset_px, whole), NOTE_SOFT
+        return follow * offset_px, abs(offset_px), NOTE_SNAP
     if whole.sharpness < SHARP_EDGE:
         skin_into_px = 0.0 if forehead_top is None else mask_row - forehead_top
-        if low_contrast:
-            if not mask_from_colour and abs(offset_px) * mm_per_px <= LOW_CONTRAST_AGREE_MM and halves_agree:
-                return offset_px / 2, max(abs(offset_px) / 2, split_px or 0.0), None
-            follow = 1.0 if mask_from_colour else 0.5  # how far towards the crossing
-            return follow * offset_px, _to_ramp_end(offset_px, follow * offset_px, whole), NOTE_SOFT
         if skin_into_px * mm_per_px > SKIN_INTO_MASK_MM:
             return -skin_into_px / 2, max(skin_into_px, whole.width_px) / 2, NOTE_SOFT
         if near and halves_agree and -SKIN_BELOW_MASK_MM <= skin_into_px * mm_per_px <= SKIN_INTO_MASK_MM:
@@ -247,6 +260,17 @@ def weigh_edges(
     if near and (halves_agree or tilted):
         return offset_px, split_px or 0.0, None
     return offset_px, abs(offset_px), NOTE_SNAP
+
+
+def midline_spread_px(trace: Trace) -> float:
+    """How ragged the midline edge is: the MAD of its rows about their Theil-Sen line."""
+    window = trace.in_window(0.0, MIDLINE_HALF_WINDOW)
+    u, v = trace.u[window], trace.v[window]
+    if len(v) < 3:
+        return 0.0
+    slope, intercept, _, _ = theilslopes(v, u)
+    residual = v - (intercept + slope * u)
+    return float(np.median(np.abs(residual - np.median(residual))))
 
 
 def _to_ramp_end(offset_px: float, shift_px: float, whole: EdgeProfile) -> float:

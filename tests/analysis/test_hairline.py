@@ -12,7 +12,11 @@ from analysis.calibration import calibrate
 from analysis.hair_evidence import NOTE_BALD, NOTE_HAT
 from analysis.hairline import trace_hairline
 from analysis.edge_profile import EdgeProfile
-from analysis.hairline_checks import NOTE_FRINGE, NOTE_NO_IMAGE_EDGE, NOTE_SMALL_FACE, NOTE_SNAP, NOTE_SOFT, weigh_edges
+from analysis.designs import FaceFrame
+from analysis.hairline_checks import (
+    NOTE_FRINGE, NOTE_NO_IMAGE_EDGE, NOTE_SMALL_FACE, NOTE_SNAP, NOTE_SOFT, midline_spread_px, weigh_edges,
+)
+from analysis.hairline_trace import Trace
 from analysis.hairnet import HairNetSegmenter
 from analysis.head_crop import HeadCrop
 from analysis.landmarks import FaceMeshDetector
@@ -236,6 +240,10 @@ EDGE_CASES = {
         _edge(102.0, SOFT, width_px=6.0), (102.0, 102.0), 80.0, True, NETWORK, (1.0, 4.0, NOTE_SOFT)),
     "soft, hair close to skin colour, GrabCut's mask agreeing: not a second view": (
         _edge(101.4, SOFT, width_px=6.0), (101.0, 102.0), 80.0, True, COLOUR, (1.4, 3.0, NOTE_SOFT)),
+    "sharp, hair close to skin colour, the network's mask and the crossing agree: their middle, trusted": (
+        _edge(101.0, SHARP), (101.0, 101.0), 80.0, True, NETWORK, (0.5, 0.5, None)),
+    "sharp, hair close to skin colour, 2 mm apart: their middle, not snapped": (
+        _edge(102.0, SHARP), (102.0, 102.0), 80.0, True, NETWORK, (1.0, 2.0, NOTE_SNAP)),
     "soft, hair close to skin colour, GrabCut's mask: the crossing": (
         _edge(102.0, SOFT, width_px=6.0), (102.0, 102.0), 80.0, True, COLOUR, (2.0, 3.0, NOTE_SOFT)),
 }
@@ -248,6 +256,28 @@ def test_the_image_edge_is_weighed_against_the_mask_and_the_forehead(case: str) 
     shift, disagreement, note = weigh_edges(100.0, whole, halves, forehead_top, 1.0, low_contrast, from_colour)
     assert (shift, disagreement) == pytest.approx(expected[:2])
     assert note == expected[2]
+
+
+def test_a_tilted_line_is_weighed_half_by_half() -> None:
+    """Hair swept to one side tilts the line: the halves' crossings lie 8 rows apart, but each
+    sits 1 row below its own half of the mask (deepface_img22)."""
+    tilted = weigh_edges(100.0, _edge(101.0, SHARP), (_edge(97.0, SHARP), _edge(105.0, SHARP)), 100.0, 1.0,
+                         False, NETWORK, mask_halves=(96.0, 104.0))
+    assert tilted == (pytest.approx(1.0), pytest.approx(0.0), None)
+    level_mask = weigh_edges(100.0, _edge(101.0, SHARP), (_edge(97.0, SHARP), _edge(105.0, SHARP)), 100.0, 1.0,
+                             False, NETWORK)
+    assert level_mask[2] == NOTE_SNAP  # the same crossings against a level mask edge: split
+
+
+def test_a_tilted_line_is_not_ragged_but_a_wide_parting_is(face: Face) -> None:
+    u = np.linspace(-30.0, 30.0, 61)
+    lines = {"tilted": 100.0 + 0.4 * u, "parting": 100.0 + 0.5 * np.abs(u)}
+    spreads = {}
+    for name, v in lines.items():
+        trace = Trace(FaceFrame.from_face(face), u, v, np.stack([u, v], axis=1), np.full_like(u, 150.0), 200.0)
+        spreads[name] = midline_spread_px(trace)
+    assert spreads["tilted"] < 0.1  # about the median: 2 px
+    assert spreads["parting"] > 1.5
 
 
 def test_a_mask_edge_the_image_does_not_show_is_not_trusted() -> None:
