@@ -65,9 +65,10 @@ def _reaching_the_head(hair: np.ndarray, face: Face) -> np.ndarray:
     count, components = cv2.connectedComponents(hair.astype(np.uint8), connectivity=8)
     if count <= 1:
         return hair
-    reach = max(1, int(round(HEAD_REACH * face_height_px(face))))
-    kernel = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * reach + 1, 2 * reach + 1))
-    head = cv2.dilate(face_oval_mask(hair.shape, face).astype(np.uint8), kernel).astype(bool)
+    # within HEAD_REACH of the oval: a distance transform, not a dilation by a disc that
+    # size (a 121 px kernel took 37 ms on the network's 512 px square; this takes ~1 ms)
+    outside_oval = (~face_oval_mask(hair.shape, face)).astype(np.uint8)
+    head = cv2.distanceTransform(outside_oval, cv2.DIST_L2, cv2.DIST_MASK_PRECISE) <= HEAD_REACH * face_height_px(face)
     keep = np.zeros(count, bool)
     keep[np.unique(components[head & hair])] = True
     keep[0] = False
