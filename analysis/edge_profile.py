@@ -35,6 +35,11 @@ class EdgeProfile:
     sharpness: float  # ΔE per working px at the crossing
     width_px: float  # working px the skin-to-hair ramp would take at that slope
 
+    @property
+    def contrast(self) -> float:
+        """ΔE between the hair and the skin sampled on either side of the crossing."""
+        return self.sharpness * self.width_px
+
 
 def midline_edge_profile(lab: np.ndarray, columns: np.ndarray, edge_row: float, brow_row: float, face: Face) -> EdgeProfile | None:
     """None when there is no forehead to compare with (fringe to the brows) or no crossing."""

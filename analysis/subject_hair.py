@@ -66,7 +66,7 @@ def _reaching_the_head(hair: np.ndarray, face: Face) -> np.ndarray:
     if count <= 1:
         return hair
     # within HEAD_REACH of the oval: a distance transform, not a dilation by a disc that
-    # size (a 121 px kernel took 37 ms on the network's 512 px square; this takes ~1 ms)
+    # size (a 121 px kernel took 37 ms on the network's 512 px square; this takes 3-5 ms)
     outside_oval = (~face_oval_mask(hair.shape, face)).astype(np.uint8)
     head = cv2.distanceTransform(outside_oval, cv2.DIST_L2, cv2.DIST_MASK_PRECISE) <= HEAD_REACH * face_height_px(face)
     keep = np.zeros(count, bool)

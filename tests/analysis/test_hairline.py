@@ -242,6 +242,8 @@ EDGE_CASES = {
         _edge(101.4, SOFT, width_px=6.0), (101.0, 102.0), 80.0, True, COLOUR, (1.4, 3.0, NOTE_SOFT)),
     "sharp, hair close to skin colour, the network's mask and the crossing agree: their middle, trusted": (
         _edge(101.0, SHARP), (101.0, 101.0), 80.0, True, NETWORK, (0.5, 0.5, None)),
+    "soft, hair close to skin colour, agreeing but too faint to see (a strip of shine at the mask edge)": (
+        _edge(101.0, 1.0, width_px=4.0), (101.0, 101.0), 80.0, True, NETWORK, (0.5, 2.5, NOTE_SOFT)),
     "sharp, hair close to skin colour, 2 mm apart: their middle, not snapped": (
         _edge(102.0, SHARP), (102.0, 102.0), 80.0, True, NETWORK, (1.0, 2.0, NOTE_SNAP)),
     "soft, hair close to skin colour, GrabCut's mask: the crossing": (
@@ -271,13 +273,15 @@ def test_a_tilted_line_is_weighed_half_by_half() -> None:
 
 def test_a_tilted_line_is_not_ragged_but_a_wide_parting_is(face: Face) -> None:
     u = np.linspace(-30.0, 30.0, 61)
-    lines = {"tilted": 100.0 + 0.4 * u, "parting": 100.0 + 0.5 * np.abs(u)}
+    partly_traced = np.where(u < -10.0, np.nan, 100.0 + 0.4 * u)  # a third of one side missing
+    lines = {"tilted": 100.0 + 0.4 * u, "parting": 100.0 + 0.5 * np.abs(u), "tilted, partly traced": partly_traced}
     spreads = {}
     for name, v in lines.items():
         trace = Trace(FaceFrame.from_face(face), u, v, np.stack([u, v], axis=1), np.full_like(u, 150.0), 200.0)
         spreads[name] = midline_spread_px(trace)
     assert spreads["tilted"] < 0.1  # about the median: 2 px
     assert spreads["parting"] > 1.5
+    assert spreads["tilted, partly traced"] == pytest.approx(2.0, abs=0.1)  # the median's offset off the line
 
 
 def test_a_mask_edge_the_image_does_not_show_is_not_trusted() -> None:

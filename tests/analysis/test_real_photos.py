@@ -16,6 +16,7 @@ import pytest
 from analysis.calibration import calibrate
 from analysis.designs import FaceFrame
 from analysis.endpoints import analyse
+from analysis.hair_evidence import NOTE_LOW_CONTRAST
 from analysis.hairline import trace_hairline
 from analysis.hairnet import HairNetSegmenter
 from analysis.head_samples import HeadColours
@@ -53,7 +54,7 @@ EXPECTED_STATUS = {
 }
 # one photo of each failure kind in the default run; the whole set with `-m slow` (~1.5 min)
 DEFAULT_RUN = {"obama.jpg", "rose_leslie.jpg", "biden2.jpg", "statham_big.png", "deepface_img26.jpg", "deepface_img46.jpg",
-               "willis_white.png", "(photos absent)"}
+               "deepface_img54.jpg", "willis_white.png", "(photos absent)"}
 OK_WITHIN_MM = 3.0  # an `ok` trichion is within max(3 mm, the label's tolerance)
 BALD_MASK_SHARE = 0.005  # a bald or shaved head's mask: at most a stubble rim
 
@@ -111,6 +112,8 @@ def test_labelled_photo(label: dict[str, Any], photos_dir: Path, detector: FaceM
         assert error_mm <= max(tolerance_mm, hairline.uncertainty_mm), \
             f"uncertain, {error_mm:.1f} mm off, band {hairline.uncertainty_mm:.1f} mm"
         assert hairline.notes  # an uncertain answer says why
+        if NOTE_LOW_CONTRAST in hairline.notes:  # nothing but the mask placed it
+            assert hairline.uncertainty_mm >= 10.0
 
 
 def test_most_hairlines_get_a_confident_number(photos_dir: Path, photo_labels: list[dict[str, Any]]) -> None:
@@ -284,18 +287,25 @@ def test_a_rolled_large_photo_is_judged_at_the_photos_scale(photos_dir: Path, de
 
 def _copy(rgb: np.ndarray, scale: float, mirror: bool) -> np.ndarray:
     copy = np.ascontiguousarray(rgb[:, ::-1]) if mirror else rgb
-    return copy if scale == 1.0 else cv2.resize(copy, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
+    interpolation = cv2.INTER_AREA if scale < 1.0 else cv2.INTER_CUBIC
+    return copy if scale == 1.0 else cv2.resize(copy, None, fx=scale, fy=scale, interpolation=interpolation)
+
+
+# measured, not wished away: the curly hairline whose mask, crossing and halves all sit
+# 2-3 mm above its label on every copy (docs/analysis_science.md)
+KNOWN_COPY_MISSES = {(1.5, True): {"deepface_img57.jpg"}}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scale, mirror", [(1.0, True), (0.7, False), (0.7, True)], ids=["mirrored", "0.7x", "mirrored 0.7x"])
+@pytest.mark.parametrize("scale, mirror", [(1.0, True), (0.7, False), (0.7, True), (1.5, True)],
+                         ids=["mirrored", "0.7x", "mirrored 0.7x", "mirrored 1.5x"])
 def test_a_copy_of_each_photo_is_never_confidently_wrong(scale: float, mirror: bool, photos_dir: Path,
                                                          photo_labels: list[dict[str, Any]], detector: FaceMeshDetector,
                                                          hairnet: HairNetSegmenter) -> None:
     """The same rules on the photo mirrored and smaller: every `ok` within 3 mm (or the
     label's tolerance), every miss covered by its band, bald heads still `no_hairline`
-    (statham_big mirrored at 0.7x was a 9.6 mm miss under an 8.4 mm band). Measured also at
-    1.5x and 0.5x: docs/analysis_science.md."""
+    (statham_big mirrored at 0.7x was a 9.6 mm miss under an 8.4 mm band), but for the
+    known misses. Measured also at 1.5x unmirrored and 0.5x: docs/analysis_science.md."""
     misses = []
     for entry in photo_labels:
         photo = _copy(load_photo(photos_dir, entry["file"]), scale, mirror)
@@ -303,7 +313,7 @@ def test_a_copy_of_each_photo_is_never_confidently_wrong(scale: float, mirror: b
         calibration = calibrate(face)
         hairline = trace_hairline(photo, face, hairnet.segment(photo, face), calibration)
         if entry["kind"] != "hairline":
-            misses += [] if hairline.status == "no_hairline" else [f"{entry['file']}: {hairline.status}"]
+            misses += [] if hairline.status == "no_hairline" else [entry["file"]]
             continue
         assert hairline.trichion is not None, entry["file"]
         truth_row = (entry["trichion_row"] + 0.5) * scale - 0.5
@@ -311,5 +321,5 @@ def test_a_copy_of_each_photo_is_never_confidently_wrong(scale: float, mirror: b
         allowed = max(OK_WITHIN_MM, entry["tolerance_px"] * scale * calibration.mm_per_px)
         if hairline.status != "ok":
             allowed = max(allowed, hairline.uncertainty_mm)
-        misses += [f"{entry['file']}: {hairline.status} {error_mm:.1f} mm"] if error_mm > allowed else []
-    assert not misses
+        misses += [entry["file"]] if error_mm > allowed else []
+    assert set(misses) == KNOWN_COPY_MISSES.get((scale, mirror), set())
