@@ -101,21 +101,25 @@ def analyse(rgb: np.ndarray, models: Models, limits: AnalysisSettings) -> Analys
     work_rgb, work_face = turn.image(rgb), turn.face(found.face)
     segmentation = models.segmenter.segment(work_rgb, work_face)
     hairline = trace_hairline(work_rgb, work_face, segmentation, calibration)
-    hairline = _widened_for_pose(turn.hairline_back(hairline), found, calibration)
+    hairline = _widened_for_pose(turn.hairline_back(hairline), found, calibration, limits)
     return Analysis(found.face, found.pose, calibration, turn.segmentation_back(segmentation), hairline)
 
 
-def _widened_for_pose(hairline: Hairline, found: FrontalFace, calibration: Calibration) -> Hairline:
+def _widened_for_pose(hairline: Hairline, found: FrontalFace, calibration: Calibration,
+                      limits: AnalysisSettings) -> Hairline:
     """A photo measured past a yaw/pitch limit: the band grows by what the extra turn can
-    foreshorten the forehead (height × (cos limit − cos angle)), and a note says why."""
+    foreshorten the forehead (height × (cos limit − cos angle), for each angle past its own
+    limit, the larger), and a note says why."""
     if found.past_limit_degrees <= 0 or hairline.trichion is None or hairline.uncertainty_mm is None:
         return hairline
     pose = found.pose
-    worst = max(abs(pose.yaw_degrees), abs(pose.pitch_degrees))
-    limit = worst - found.past_limit_degrees
     frame = FaceFrame.from_face(found.face)
     height_mm = abs(float(frame.to_frame(np.asarray(hairline.trichion))[0, 1])) * calibration.mm_per_px
-    extra_mm = height_mm * (math.cos(math.radians(limit)) - math.cos(math.radians(worst)))
+    past_limits = [(abs(angle), limit) for angle, limit in ((pose.yaw_degrees, limits.max_yaw_degrees),
+                                                             (pose.pitch_degrees, limits.max_pitch_degrees))
+                   if abs(angle) > limit]
+    extra_mm = height_mm * max(math.cos(math.radians(limit)) - math.cos(math.radians(angle))
+                               for angle, limit in past_limits)
     note = (f"头部偏转略超出建议范围（左右 {abs(pose.yaw_degrees):.0f}°，上下 {abs(pose.pitch_degrees):.0f}°），"
             f"误差范围已放宽 {extra_mm:.1f} mm；正对镜头重拍可更准确")
     return replace(hairline, uncertainty_mm=hairline.uncertainty_mm + extra_mm, notes=(*hairline.notes, note))

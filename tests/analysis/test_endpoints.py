@@ -177,13 +177,18 @@ def test_a_photo_measured_just_past_a_pose_limit_gets_a_wider_band_and_a_note(fa
     hairline = Hairline(status="ok", points=np.array([[200.0, 70.0], [250.0, 70.0]]), trichion=(226.0, 70.0),
                         shape="straight", uncertainty_mm=1.5)
     calibration = calibrate(face)
-    within = _widened_for_pose(hairline, FrontalFace(face, Pose(14.0, 0.0, 0.0), 0.0), calibration)
+    limits = AnalysisSettings()  # yaw ±15°, pitch ±20°
+    within = _widened_for_pose(hairline, FrontalFace(face, Pose(14.0, 0.0, 0.0), 0.0), calibration, limits)
     assert within == hairline
-    past = _widened_for_pose(hairline, FrontalFace(face, Pose(18.0, 5.0, 0.0), 3.0), calibration)
+    past = _widened_for_pose(hairline, FrontalFace(face, Pose(18.0, 5.0, 0.0), 3.0), calibration, limits)
     height_mm = (face.points[LandmarkId.GLABELLA][1] - 70.0) * calibration.mm_per_px  # about: the face is upright
     extra = height_mm * (np.cos(np.radians(15)) - np.cos(np.radians(18)))
     assert past.uncertainty_mm == pytest.approx(1.5 + extra, rel=0.05)
     assert past.status == "ok" and "头部偏转略超出建议范围" in past.notes[-1]
+    # yaw 2° past its limit, pitch 19° within its own: the yaw's turn widens it, not the pitch's
+    mixed = _widened_for_pose(hairline, FrontalFace(face, Pose(17.0, 19.0, 0.0), 2.0), calibration, limits)
+    yaw_alone = _widened_for_pose(hairline, FrontalFace(face, Pose(17.0, 0.0, 0.0), 2.0), calibration, limits)
+    assert mixed.uncertainty_mm == pytest.approx(yaw_alone.uncertainty_mm)
 
 
 def test_a_face_rolled_past_the_limit_is_1008(models: Models, astronaut: np.ndarray) -> None:
