@@ -42,6 +42,8 @@ from gpu_host.supervisor import Phase
 from shared.contract import (
     API_PREFIX,
     GPU_ENDPOINT_PATHS,
+    HEALTH_CHECKS_KEY,
+    HEALTH_LOADING,
     HEADER_REQUEST_ID,
     HEADER_REQUEST_TIMEOUT_MS,
     HEADER_TOKEN,
@@ -170,7 +172,7 @@ def _http_error_as_contract(error: HTTPException, failed: Request) -> tuple[Code
 def _health_response(model: ModelProcess, checks: HostChecks) -> Any:
     """200 only when the model is ready and no deep check takes the host out (gpu_host.md § /health)."""
     stats = model.statistics()
-    common = {"inference_timeout_seconds": model.inference_timeout_seconds, "checks": checks.snapshot()}
+    common = {"inference_timeout_seconds": model.inference_timeout_seconds, HEALTH_CHECKS_KEY: checks.snapshot()}
     disk_problem = checks.disk_message()
     if stats.state is Phase.READY and disk_problem is None:
         body = {"status": "ok", "device": stats.device, "segmenter": stats.segmenter, "busy": stats.busy, **common}
@@ -178,7 +180,7 @@ def _health_response(model: ModelProcess, checks: HostChecks) -> Any:
     if disk_problem is not None and stats.state is not Phase.FAILED:
         body = {"status": "error", "message": disk_problem}  # the model serves or loads: the disk is what to fix
     else:
-        body = {"status": "error" if stats.state is Phase.FAILED else "loading"}
+        body = {"status": "error" if stats.state is Phase.FAILED else HEALTH_LOADING}
         if stats.message:
             body["message"] = stats.message
     return jsonify({**body, **common}), 503

@@ -28,12 +28,11 @@ from pathlib import Path
 
 import trio
 
-from shared.contract import MSG_DISK_LOW
+from shared.contract import CHECK_COMFYUI, CHECK_DISK, CHECK_DOWN, CHECK_LOW, CHECK_OFF, CHECK_OK, MSG_DISK_LOW
 
 log = logging.getLogger("gpu_host.checks")
 
 DISK_CHECK_INTERVAL_SECONDS = 2.0
-CHECK_OK, CHECK_LOW, CHECK_DOWN, CHECK_OFF = "ok", "low", "down", "off"
 _MB = 1024 * 1024
 
 
@@ -111,7 +110,7 @@ class HostChecks:
 
     def snapshot(self) -> dict[str, str]:
         """`/health`'s `checks`."""
-        return {"disk": CHECK_LOW if self.disk_low else CHECK_OK, "comfyui": self.comfyui}
+        return {CHECK_DISK: CHECK_LOW if self.disk_low else CHECK_OK, CHECK_COMFYUI: self.comfyui}
 
     def set_min_free_disk_mb(self, megabytes: int) -> None:
         """A reloaded threshold (SIGHUP): measured against at once."""

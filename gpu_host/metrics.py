@@ -23,9 +23,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
-from gpu_host.checks import CHECK_OFF, CHECK_OK, HostChecks, no_checks
+from gpu_host.checks import HostChecks, no_checks
 from gpu_host.model_process import ModelStatistics
-from shared.contract import GENERATOR_COMFYUI, GENERATOR_PREVIEW
+from shared.contract import CHECK_OFF, CHECK_OK, GENERATOR_COMFYUI, GENERATOR_PREVIEW
 
 # Per grown image: who drew it, ComfyUI configured but it drew nothing, or no hair to grow from.
 GENERATION_FAILED = "failed"

@@ -62,6 +62,12 @@ MSG_UNSUPPORTED_IMAGE_FORMAT = "图片格式不支持：请上传 JPEG、PNG 或
 # Only gateways read it; they send the request elsewhere and never show it to a client.
 MSG_HOST_BUSY = "GPU 主机正在处理另一个请求（主机不排队），请改投其他主机"
 BUSY_KEY = "busy"
+# A GPU host's `/health` (gpu_host.md § Health), read by every gateway's prober: a host still
+# loading its models answers 503 with this status; `checks` maps each deep check to its state.
+HEALTH_LOADING = "loading"
+HEALTH_CHECKS_KEY = "checks"
+CHECK_DISK, CHECK_COMFYUI = "disk", "comfyui"
+CHECK_OK, CHECK_LOW, CHECK_DOWN, CHECK_OFF = "ok", "low", "down", "off"
 # Gateway answers for /api/ requests it cannot route.
 MSG_UNKNOWN_ENDPOINT = "接口不存在：{method} {path}"
 MSG_METHOD_NOT_ALLOWED = "接口 {path} 不接受 {method} 请求，只接受 {allowed}"

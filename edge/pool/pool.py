@@ -27,11 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-COMFYUI_CHECK = "comfyui"
-DISK_CHECK = "disk"
-COMFYUI_DOWN = "down"
-COMFYUI_OK = "ok"
-DISK_LOW = "low"
+from shared.contract import CHECK_COMFYUI, CHECK_DISK, CHECK_DOWN, CHECK_LOW, CHECK_OK
+
 
 
 @dataclass(frozen=True)
@@ -73,7 +70,7 @@ class WorkerState:
 
     @property
     def comfyui_down(self) -> bool:
-        return self.checks.get(COMFYUI_CHECK) == COMFYUI_DOWN
+        return self.checks.get(CHECK_COMFYUI) == CHECK_DOWN
 
     @property
     def generation_ready(self) -> bool:
@@ -83,7 +80,7 @@ class WorkerState:
 
     @property
     def disk_low(self) -> bool:
-        return self.checks.get(DISK_CHECK) == DISK_LOW
+        return self.checks.get(CHECK_DISK) == CHECK_LOW
 
 
 @dataclass(frozen=True)
@@ -229,7 +226,7 @@ class Pool:
         (when none does, generation goes where it would have gone)."""
         online = [w for w in self.workers if w.online]  # a retired worker is never online
         tier = [w for w in online if w.primary] or online
-        if slow and any(w.checks.get(COMFYUI_CHECK) == COMFYUI_OK for w in tier):
+        if slow and any(w.checks.get(CHECK_COMFYUI) == CHECK_OK for w in tier):
             tier = [w for w in tier if not w.comfyui_down]
         return [w for w in tier if w.index not in exclude]
 

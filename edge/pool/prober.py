@@ -27,7 +27,7 @@ import trio
 from edge.pool.dispatch import Dispatcher
 from edge.pool.forward import HealthAnswer
 from edge.pool.pool import ProbeResult
-from shared.contract import BUSY_KEY
+from shared.contract import BUSY_KEY, HEALTH_CHECKS_KEY, HEALTH_LOADING
 
 log = logging.getLogger("edge.pool")
 
@@ -38,7 +38,6 @@ DEPARTURE_PROBE_INTERVAL_SECONDS = 0.1  # gateway.md § Scheduling: at once, the
 # The host's own inference timeout must end at least this much before the gateway gives up
 # on the request, or its 1007 (with its reason) never reaches the client (issue 15 item 7).
 INFERENCE_TIMEOUT_MARGIN_SECONDS = 1.0
-LOADING_STATUS = "loading"
 
 
 def judge(answer: HealthAnswer, sent_at: float) -> ProbeResult:
@@ -49,13 +48,13 @@ def judge(answer: HealthAnswer, sent_at: float) -> ProbeResult:
     except (ValueError, RecursionError):
         body = None
     document = body if isinstance(body, dict) else {}
-    checks = _checks(document.get("checks")) if body is not None else None
+    checks = _checks(document.get(HEALTH_CHECKS_KEY)) if body is not None else None
     timeout = document.get("inference_timeout_seconds")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout):
         timeout = None
     if answer.status != 200:
-        loading = answer.status == 503 and document.get("status") == LOADING_STATUS
-        reason = f"HTTP {answer.status} {LOADING_STATUS}" if loading else f"HTTP {answer.status}"
+        loading = answer.status == 503 and document.get("status") == HEALTH_LOADING
+        reason = f"HTTP {answer.status} {HEALTH_LOADING}" if loading else f"HTTP {answer.status}"
         return ProbeResult(sent_at, ok=False, reason=reason, loading=loading, checks=checks, inference_timeout_seconds=timeout)
     if body is None:
         return ProbeResult(sent_at, ok=False, reason="health body is not JSON")
