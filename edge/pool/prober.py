@@ -28,6 +28,7 @@ from edge.pool.dispatch import Dispatcher
 from edge.pool.forward import HealthAnswer
 from edge.pool.pool import ProbeResult
 from shared.contract import BUSY_KEY, HEALTH_CHECKS_KEY, HEALTH_LOADING
+from shared.settings import timeout_margin_seconds
 
 log = logging.getLogger("edge.pool")
 
@@ -35,9 +36,6 @@ log = logging.getLogger("edge.pool")
 ProbeFunction = Callable[[str, float], Awaitable[HealthAnswer]]
 
 DEPARTURE_PROBE_INTERVAL_SECONDS = 0.1  # gateway.md § Scheduling: at once, then every 100 ms
-# The host's own inference timeout must end at least this much before the gateway gives up
-# on the request, or its 1007 (with its reason) never reaches the client (issue 15 item 7).
-INFERENCE_TIMEOUT_MARGIN_SECONDS = 1.0
 
 
 def judge(answer: HealthAnswer, sent_at: float) -> ProbeResult:
@@ -158,7 +156,10 @@ class Prober:
     def _check_margin(self, index: int, inference_timeout_seconds: float | None) -> None:
         if inference_timeout_seconds is None:
             return
-        limit = self._request_timeout_seconds - INFERENCE_TIMEOUT_MARGIN_SECONDS
+        # the host's own 1007 (with its reason) must reach the client before the gateway gives
+        # up: the margin the settings check holds a file configuring both roles to
+        margin = timeout_margin_seconds(self._request_timeout_seconds)
+        limit = self._request_timeout_seconds - margin
         if inference_timeout_seconds <= limit:
             self._warned_timeouts.pop(index, None)
             return
@@ -168,7 +169,7 @@ class Prober:
         log.warning(
             "Worker 推理超时未留余量：gpu_host.inference_timeout_seconds (%g) 应比网关 "
             "edge.dispatch.request_timeout_seconds (%g) 至少小 %g 秒 | worker=%d | url=%s",
-            inference_timeout_seconds, self._request_timeout_seconds, INFERENCE_TIMEOUT_MARGIN_SECONDS,
+            inference_timeout_seconds, self._request_timeout_seconds, margin,
             index, self._dispatcher.pool.workers[index].url,
         )  # fmt: skip
 

@@ -153,13 +153,14 @@ async def test_one_warning_per_worker_whose_inference_timeout_leaves_no_margin(a
     def health(timeout: float) -> HealthAnswer:
         return HealthAnswer(200, b'{"status":"ok","inference_timeout_seconds":%g}' % timeout)
 
-    answers = {URLS[0]: health(50), URLS[1]: health(59.5), URLS[2]: health(59)}
+    # the margin the settings check asks of one file: max(1 s, 5 %) of the gateway's 60 s = 3 s
+    answers = {URLS[0]: health(50), URLS[1]: health(58), URLS[2]: health(57)}
     prober, dispatcher, fakes = make(answers)
     prober.reconfigure(path="/health", interval_seconds=8, timeout_seconds=3, request_timeout_seconds=60)
     for _ in range(3):
         await prober.probe_all()
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 1 and "worker=1" in warnings[0] and "59.5" in warnings[0]
+    assert len(warnings) == 1 and "worker=1" in warnings[0] and "(58)" in warnings[0]
     fakes.answers[URLS[0]] = health(65)  # a host reloaded with a longer timeout: named once more
     await prober.probe_all()
     await prober.probe_all()
