@@ -53,7 +53,7 @@ class PoolGauges:
 def pool_gauges(pool: Pool, queue_length: int, counters: DispatchCounters | None = None) -> PoolGauges:
     return PoolGauges(
         up=tuple(w.online for w in pool.workers),  # by index; a retired worker reads 0
-        busy=tuple(w.leased or w.reported_busy or w.draining_until is not None for w in pool.workers),
+        busy=tuple(w.busy for w in pool.workers),
         queue_length=queue_length,
         generation_ready=tuple(w.generation_ready for w in pool.workers),
         disk_low=tuple(w.disk_low and not w.retired for w in pool.workers),

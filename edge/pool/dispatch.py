@@ -232,11 +232,9 @@ class Dispatcher:
                     with trio.move_on_after(BUSY_ELSEWHERE_SECONDS):
                         await waiter.event.wait()
                     self._hand_over()
-        except trio.Cancelled:
-            self.counters.departures_queued += 1
-            self._abandon(waiter)
-            raise
-        except BaseException:
+        except BaseException as leaving:
+            if isinstance(leaving, trio.Cancelled):  # the client left while queued
+                self.counters.departures_queued += 1
             self._abandon(waiter)
             raise
         if waiter.index is not None:

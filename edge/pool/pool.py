@@ -65,8 +65,14 @@ class WorkerState:
     inference_timeout_seconds: float | None = None  # as its /health reports it
 
     @property
+    def busy(self) -> bool:
+        """Running a job: ours (leased), another gateway's (it said so), or one a departed
+        client left behind (draining)."""
+        return self.leased or self.reported_busy or self.draining_until is not None
+
+    @property
     def idle(self) -> bool:
-        return self.online and not self.leased and not self.reported_busy and self.draining_until is None
+        return self.online and not self.busy
 
     @property
     def comfyui_down(self) -> bool:
@@ -301,7 +307,7 @@ class Pool:
         return PoolStatistics(
             workers_total=len(active),
             workers_healthy=sum(w.online for w in active),
-            workers_busy=sum(w.leased or w.reported_busy or w.draining_until is not None for w in active),
+            workers_busy=sum(w.busy for w in active),
             workers_primary_total=sum(w.primary for w in active),
             workers_primary_healthy=sum(w.primary and w.online for w in active),
             drill=self.drill,
