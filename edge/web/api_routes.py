@@ -80,16 +80,17 @@ async def _forwarded(gateway: Gateway, exchange: Exchange) -> ApiResponse:
         request_id=exchange.request_id,
         forwarded_for=_forwarded_for(exchange.headers.get(b"x-forwarded-for"), exchange.client_ip),
     )
-    return _api_response(await gateway.api.handle(forward))
+    return api_response(await gateway.api.handle(forward))
 
 
 async def _answered_here(endpoint: Callable[[], LocalEndpoint], gateway: Gateway, exchange: Exchange) -> ApiResponse:
     """Endpoints 4 and 99, run by the gateway itself (never a GPU host, never a pool slot)."""
     answer = await endpoint()(exchange.body, exchange.header(b"content-type"), exchange.request_id)
-    return _api_response(ApiAnswer(encode(answer.envelope), answer.code, answer.retry_after, gateway_made=True))
+    return api_response(ApiAnswer(encode(answer.envelope), answer.code, answer.retry_after, gateway_made=True))
 
 
-def _api_response(answer: ApiAnswer) -> ApiResponse:
+def api_response(answer: ApiAnswer) -> ApiResponse:
+    """An `ApiService`/local answer as the response the admission layer and the log see."""
     outcome = Outcome(
         answer.code,
         answer.worker,

@@ -287,7 +287,7 @@ class _Sent:
 
 
 def _record(request: GatewayRequest, sent: _Sent, started: float) -> RequestRecord:
-    outcome = request.outcome
+    outcome = request.outcome or Outcome(None)
     left = not sent.complete
     exchange = request.exchange
     return RequestRecord(
@@ -296,18 +296,18 @@ def _record(request: GatewayRequest, sent: _Sent, started: float) -> RequestReco
         method=request.method,
         path=request.path,
         client_ip=exchange.client_ip if exchange else _client_ip(request.scope),
-        worker=outcome.worker if outcome else None,
-        attempts=outcome.attempts if outcome else 0,
-        queue_ms=round(outcome.queue_seconds * 1000, 3) if outcome else 0.0,
+        worker=outcome.worker,
+        attempts=outcome.attempts,
+        queue_ms=round(outcome.queue_seconds * 1000, 3),
         duration_ms=round((time.perf_counter() - started) * 1000, 3),
         http_status=CLIENT_CLOSED if left or sent.status is None else sent.status,
-        code=outcome.code if outcome else None,
+        code=outcome.code,
         bytes_in=len(exchange.body) if exchange else 0,
         bytes_out=0 if left else sent.body_bytes,
-        idempotent_replay=outcome.idempotent_replay if outcome else False,
-        rate_limited=outcome.rate_limited if outcome else False,
-        early_refusal=outcome.early_refusal if outcome else False,
-        failed_workers=outcome.failed_workers if outcome else (),
+        idempotent_replay=outcome.idempotent_replay,
+        rate_limited=outcome.rate_limited,
+        early_refusal=outcome.early_refusal,
+        failed_workers=outcome.failed_workers,
     )
 
 

@@ -24,7 +24,7 @@ from quart import request as current_request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge, RequestTimeout
 
 from edge.web import monitor
-from edge.web.api_routes import api_answer
+from edge.web.api_routes import api_answer, api_response
 from edge.web.http import (
     BODY_IDLE_TIMEOUT,
     JSON,
@@ -141,8 +141,7 @@ def register_refusals(app: Quart, gateway: Gateway) -> None:
         if not _is_api(request):
             return json_page(500, monitor.error_answer("internal error"))
         answer = gateway.api.gateway_failure(request.request_id, Code.SYSTEM_ERROR, DEFAULT_MESSAGES[Code.SYSTEM_ERROR])
-        headers = [] if answer.retry_after is None else [(b"retry-after", str(answer.retry_after).encode())]
-        return api_answer(request, ApiResponse(200, answer.body, headers=headers, outcome=Outcome(answer.code)))
+        return api_answer(request, api_response(answer))
 
     @app.after_request
     async def name_the_request(response: QuartResponse) -> QuartResponse:
