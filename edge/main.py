@@ -30,7 +30,7 @@ from edge.pool.prober import Prober
 from edge.reload import reload_settings
 from edge.admission.shared_state import redis_client
 from edge.annotations.static_cleanup import StaticCleanup
-from shared.secrets_file import SecretsSource
+from shared.secrets_file import SecretsSource, is_header_safe
 from shared.logs import configure_logging
 from shared.settings import ENV_SHARED_PASSWORD, Settings, SettingsError, load_settings
 
@@ -90,7 +90,7 @@ def check_edge_settings(settings: Settings) -> None:
         raise SettingsError(
             "auth.shared_password is empty: set it in the secrets file or HAIRGATE_SHARED_PASSWORD"
         )
-    if not all(33 <= ord(char) < 127 for char in settings.auth.shared_password):
+    if not is_header_safe(settings.auth.shared_password):
         # it travels as a header value: a stray space or newline would fail every forward
         raise SettingsError("auth.shared_password must be printable ASCII without spaces (check for a trailing newline)")
     if not settings.edge.pool.workers:

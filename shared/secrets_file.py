@@ -64,11 +64,16 @@ def check_token_strength(token: str) -> str | None:
     switching to it cannot break forwarding. The reason never quotes the token."""
     if len(token) < MIN_TOKEN_CHARS:
         return f"token 至少 {MIN_TOKEN_CHARS} 个字符"
-    if not all(33 <= ord(c) < 127 for c in token):
+    if not is_header_safe(token):
         return "token 只能包含可打印 ASCII 字符，不能有空格"
     if len(set(token)) < MIN_DISTINCT_TOKEN_CHARS:
         return f"token 至少要有 {MIN_DISTINCT_TOKEN_CHARS} 个不同的字符"
     return None
+
+
+def is_header_safe(secret: str) -> bool:
+    """Sendable as an HTTP header value by any client: printable ASCII, no spaces."""
+    return all(33 <= ord(char) < 127 for char in secret)
 
 
 def is_acceptable_token(token: object) -> bool:
