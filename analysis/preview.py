@@ -273,15 +273,17 @@ def _blend(
     reach = drop + (v - current)
     sources, fade = _source_heights(columns, u, np.maximum(reach, 0.0), px_per_mm)
     shape = ys.shape
-    moved = []
-    for source_u, source_v in sources:
+
+    def moved(source_u: np.ndarray, source_v: np.ndarray) -> np.ndarray:
         source_v = np.where(reach < 0, v + drop, source_v)
         source_u = np.where(reach < 0, u, source_u)
         source = frame.to_image(np.stack([source_u, source_v], axis=1)).astype(np.float32)
-        moved.append(cv2.remap(rgb, source[:, 0].reshape(shape), source[:, 1].reshape(shape),
-                               cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT).astype(np.float32))
-    fade_image = fade.reshape(shape)[..., None].astype(np.float32)
-    fill = moved[0] + fade_image * (moved[1] - moved[0])
+        return cv2.remap(rgb, source[:, 0].reshape(shape), source[:, 1].reshape(shape),
+                         cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT).astype(np.float32)
+
+    fill = moved(*sources[0])
+    if fade.any():  # the second source only matters where a repeat cross-fades into it
+        fill += fade.reshape(shape)[..., None].astype(np.float32) * (moved(*sources[1]) - fill)
     new_edge = current - drop
     top = current + EDGE_ZONE_MM * px_per_mm
     under = UNDER_EDGE_MM * px_per_mm
