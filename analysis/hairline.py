@@ -18,8 +18,8 @@ import numpy as np
 
 from .calibration import calibrate
 from .hair_evidence import NOTE_HAT, HairEvidence, assess_hair
-from .hairline_checks import MIDLINE_HALF_WINDOW, judge
-from .hairline_trace import Trace, trace_edges
+from .hairline_checks import judge
+from .hairline_trace import MIDLINE_HALF_WINDOW, Trace, trace_edges
 from .head_crop import HeadCrop
 from .headwear import headwear_band
 from .head_samples import to_lab

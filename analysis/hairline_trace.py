@@ -17,6 +17,7 @@ from .head_samples import brow_curve, face_width_px, head_outline_rows
 from .types import Face, LandmarkId
 
 MIN_RUN_PX = 3  # working px: a hair region starts with >= 3 hair pixels in a row
+MIDLINE_HALF_WINDOW = 0.10  # face widths either side of the midline: the trichion's window
 
 
 @dataclass(frozen=True)

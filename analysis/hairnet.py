@@ -33,7 +33,8 @@ from .head_crop import HeadCrop
 from .head_samples import head_colours, to_lab
 from .native_logs import quiet_native_logs
 from .network_crop import NetworkCrop
-from .subject_hair import PERSON_PROBABILITY, is_scalp_ring, subject_hair
+from .segmentation import PERSON_THRESHOLD
+from .subject_hair import is_scalp_ring, subject_hair
 from .tflite_reader import Graph, Operator, TfliteFormatError, read_graph
 from .types import Face, HairSegmentation
 
@@ -264,7 +265,7 @@ class HairNetSegmenter:
         head = HeadCrop.around(face)
         work = head.cut(rgb)
         work_face = head.face_in_work(face)
-        person = self._selfie.process(np.ascontiguousarray(work)).segmentation_mask >= PERSON_PROBABILITY
+        person = self._selfie.process(np.ascontiguousarray(work)).segmentation_mask >= PERSON_THRESHOLD
         shape = rgb.shape[:2]
         lab = to_lab(work)
         bald = HairSegmentation("hairnet", np.zeros(shape, bool), head.paste(person, shape), work=(head.key, work))

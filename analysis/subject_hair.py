@@ -32,18 +32,16 @@ import cv2
 import numpy as np
 
 from .edge_profile import clear_forehead_top
-from .hairline_trace import trace_edges
+from .hairline_trace import MIDLINE_HALF_WINDOW, trace_edges
 from .head_samples import brow_curve, brow_strip_mask, face_height_px, face_oval_mask, head_outline_rows
 from .types import Face
 
 # hysteresis: hair is where the network is sure (CORE), and where it is at least EDGE_PROBABILITY
 # sure within EDGE_REACH square px of that (the faint front edge, not faint trails)
 CORE_PROBABILITY, EDGE_PROBABILITY, EDGE_REACH = 0.5, 0.2, 4
-PERSON_PROBABILITY = 0.5
 HEAD_REACH = 0.35  # face heights around the face oval that count as the subject's head
 RING_FACE_HEIGHTS = 0.12  # a midline hair band thinner than this under the outline: a ring
 RING_SKIN_INTO = 0.02  # face heights the forehead's skin must run up into that band
-MIDLINE_HALF_WIDTH = 0.10  # face widths either side of the midline (as for the trichion)
 
 
 def subject_hair(probability: np.ndarray, face: Face) -> np.ndarray:
@@ -79,7 +77,7 @@ def is_scalp_ring(hair: np.ndarray, person: np.ndarray, lab: np.ndarray, face: F
     """Whether the mask over the midline is the network's ring on a bald scalp (see the
     module docstring). Working frame: `hair` coverage, `person` bool, `lab`, `face`."""
     trace = trace_edges(hair, person, face)
-    window = trace.in_window(0.0, MIDLINE_HALF_WIDTH)
+    window = trace.in_window(0.0, MIDLINE_HALF_WINDOW)
     if not window.any():
         return False
     columns = trace.points[window, 0].astype(int)

@@ -55,10 +55,6 @@ class Upright:
         offset = np.array([side / 2, side / 2 + 0.25 * face_height * scale]) - linear @ centre
         return cls(matrix=np.hstack([linear, offset[:, None]]), size=(side, side), shape=(height, width))
 
-    @property
-    def turns(self) -> bool:
-        return self.matrix is not None
-
     def image(self, rgb: np.ndarray) -> np.ndarray:
         if self.matrix is None:
             return rgb
