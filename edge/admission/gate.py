@@ -35,6 +35,7 @@ from edge.admission.rate_limit import ClientKeys, RateLimiter, header_key
 from shared.contract import (
     HEADER_IDEMPOTENCY_KEY,
     HEADER_IDEMPOTENCY_REPLAYED,
+    HEADER_REQUEST_ID,
     HEADER_RETRY_AFTER,
     MSG_BACKEND_UNAVAILABLE,
     MSG_IDEMPOTENCY_KEY_REUSED,
@@ -124,7 +125,7 @@ class Admission:
                     return _rate_limited(request.request_id, admitted.limited_retry_after)
                 return _replay(stored)
             produced: list[ApiResponse] = []
-            outcome = await self._idempotency.execute(key, print_, lambda: _run(handle, produced))
+            outcome = await self._idempotency.execute(key, print_, lambda: _run(handle, produced, request.request_id))
         except IdempotencyUnavailable:  # never run a keyed request unprotected
             return _envelope(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_UNAVAILABLE, STORE_DOWN_RETRY_AFTER_SECONDS)
         self._metrics.observe_idempotency(outcome.result.value)
@@ -147,13 +148,15 @@ class Admission:
         return f"{header_key(value)}:{key}" if value else "anon:" + key
 
 
-async def _run(handle: Callable[[], Awaitable[ApiResponse]], produced: list[ApiResponse]) -> RunResult:
+async def _run(handle: Callable[[], Awaitable[ApiResponse]], produced: list[ApiResponse], request_id: str) -> RunResult:
     response = await handle()
     produced.append(response)
     code = response.outcome.code if response.outcome else None
+    headers = tuple((name.decode("latin-1"), value.decode("latin-1")) for name, value in response.headers)
     stored = StoredResponse(
         status=response.status,
-        headers=tuple((name.decode("latin-1"), value.decode("latin-1")) for name, value in response.headers),
+        # a replay is this answer: its X-Request-ID names the request the envelope names
+        headers=(*headers, (HEADER_REQUEST_ID, request_id)),
         body=response.body,
         code=code,
     )

@@ -10,7 +10,6 @@ unknown path gets its envelope from the app's error handlers (`edge.web.refusals
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING
@@ -22,7 +21,7 @@ from edge.local.local_answer import LocalAnswer
 from edge.pool.forward import ForwardRequest
 from edge.web.api import ApiAnswer
 from edge.web.http import JSON, ApiResponse, Exchange, GatewayRequest, Outcome, current_gateway_request, encode, exchange_of
-from shared.contract import GPU_ENDPOINT_PATHS, HEADER_REQUEST_ID, HEADER_RETRY_AFTER
+from shared.contract import GPU_ENDPOINT_PATHS, HEADER_RETRY_AFTER
 
 if TYPE_CHECKING:
     from edge.gateway import Gateway
@@ -60,11 +59,8 @@ def api_answer(request: GatewayRequest, response: ApiResponse) -> QuartResponse:
     """The Quart response for an `/api/` answer; notes its outcome for the request log."""
     request.outcome = response.outcome
     answer = QuartResponse(response.body, status=response.status, content_type=JSON)
-    for name, value in response.headers:
+    for name, value in response.headers:  # a replay's include the X-Request-ID it was stored with
         answer.headers[name.decode("latin-1")] = value.decode("latin-1")
-    if response.outcome is not None and response.outcome.idempotent_replay:
-        # a replay is the stored answer: its header names the request whose answer it is
-        answer.headers[HEADER_REQUEST_ID] = _envelope_request_id(response.body) or request.request_id
     return answer
 
 
@@ -105,11 +101,3 @@ def api_response(answer: ApiAnswer) -> ApiResponse:
 
 def _forwarded_for(existing: bytes | None, client_ip: str) -> str:
     return f"{existing.decode('latin-1')}, {client_ip}" if existing else client_ip
-
-
-def _envelope_request_id(body: bytes) -> str | None:
-    try:
-        request_id = json.loads(body).get("request_id")
-    except (ValueError, AttributeError):
-        return None
-    return request_id if isinstance(request_id, str) else None
