@@ -35,6 +35,9 @@ from shared.settings import EdgeSettings
 REQUEST_LINE_BYTES = 64  # method, spaces, "?", "HTTP/1.1", CRLFs: beyond what the setting counts
 
 
+LISTEN_BACKLOG = 1024
+
+
 class GatewayConfig(Config):
     """Hypercorn's config, with what the gateway's `edge` settings decide read from them
     when Hypercorn reads it (each new connection, each request, the shutdown): a reload
@@ -45,6 +48,10 @@ class GatewayConfig(Config):
         self._edge = edge
         self.bind = [edge().bind]
         self.include_server_header = False
+        # Hypercorn's 100 overflowed when 200 clients connected at once (the prelaunch test's
+        # 1000 keyed requests): connections the kernel had accepted were dropped unanswered.
+        # A public entry takes a burst of phones; the kernel caps it at net.core.somaxconn.
+        self.backlog = LISTEN_BACKLOG
         self.accesslog = None  # the request log is ours; hypercorn's would double it
         self.errorlog = logging.getLogger("hypercorn.error")  # through our handler, once
         if edge().certfile:
