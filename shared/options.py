@@ -26,6 +26,8 @@ STYLES = ("straight", "rounded", "m_shape", "widows_peak")  # == analysis.types.
 MAX_DROP_MM = 40.0
 MIN_HAIRLINE_POINTS = 3
 MAX_HAIRLINE_POINTS = 1000  # a hand-drawn polyline; more is a bug or abuse, not a hairline
+# Longer JSON integers are read as floats (+-inf past ~309 digits): every number here is one.
+_MAX_EXACT_INTEGER_DIGITS = 20
 
 # The endpoints whose answers carry grown images (`grown_image_base64` + `generator`).
 GENERATING_ENDPOINTS = ("grow", "mark")
@@ -47,9 +49,16 @@ def _present(fields: dict[str, Any], name: str) -> bool:
     return value is not None and not (isinstance(value, str) and not value.strip())
 
 
+def json_integer(text: str) -> int | float:
+    """`parse_int` for every JSON document a client sends: an integer too long for a float
+    is +-inf (out of range, a 1001 naming its field), never an OverflowError in `float()`
+    or the int-to-str digit limit's ValueError (4300 digits) for the whole body."""
+    return int(text) if len(text) <= _MAX_EXACT_INTEGER_DIGITS else float(text)
+
+
 def _json_text(name: str, value: str) -> Any:
     try:
-        return json.loads(value)
+        return json.loads(value, parse_int=json_integer)
     except ValueError:
         raise _invalid(f"参数 {name} 不是有效的 JSON：{value[:40]!r}") from None
     except RecursionError:  # the decoder's own depth limit: "[[[[…" is abuse, not a value
@@ -65,9 +74,15 @@ def _finite_number(name: str, value: Any) -> float:
             raise _invalid(f"参数 {name} 必须是数字，收到 {value[:40]!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _invalid(f"参数 {name} 必须是数字")
-    if not math.isfinite(value):
+    try:
+        number = float(value)  # an int past float's range (a caller's own dict) overflows here
+    except OverflowError:
+        number = math.inf if value > 0 else -math.inf
+    if math.isnan(number):
         raise _invalid(f"参数 {name} 必须是有限的数字")
-    return float(value)
+    if math.isinf(number):  # "1e400", or a 400-digit integer as text or JSON
+        raise _invalid(f"参数 {name} 超出范围：数值过大")
+    return number
 
 
 def _gender(fields: dict[str, Any]) -> str:

@@ -40,7 +40,7 @@ from shared.contract import (
     Code,
     ContractError,
 )
-from shared.options import parse_options
+from shared.options import json_integer, parse_options
 from shared.settings import AnalysisSettings
 
 IMAGE_FIELD = "image"
@@ -250,7 +250,7 @@ def _in_memory(
 
 def _parse_json(body: bytes) -> Upload:
     try:
-        document = json.loads(body)
+        document = json.loads(body, parse_int=json_integer)
     except (ValueError, UnicodeDecodeError):
         raise ContractError(Code.INVALID_PARAMETER, "请求体不是有效的 JSON") from None
     except RecursionError:  # the decoder's own depth limit

@@ -102,6 +102,26 @@ def test_mark_rejected(fields: dict[str, Any], named: str) -> None:
     _rejects("mark", fields, named)
 
 
+HUGE = 10**400  # a 400-digit integer: float() of it overflows
+
+
+@pytest.mark.parametrize(
+    "fields, named",
+    [
+        ({"drop_mm": HUGE}, "drop_mm"),
+        ({"drop_mm": -HUGE}, "drop_mm"),
+        ({"drop_mm": str(HUGE)}, "drop_mm"),  # a multipart field
+        ({"drop_mm": "1e400"}, "drop_mm"),
+        ({"hairline_points": [[1, 2], [3, HUGE], [5, 6]]}, "hairline_points[1]"),
+        ({"hairline_points": f"[[1,2],[3,4],[{HUGE},6]]"}, "hairline_points[2]"),  # JSON text in a form field
+        ({"hairline_points": f"[[1,2],[3,4],[{'9' * 5000},6]]"}, "hairline_points[2]"),  # past int's digit limit
+    ],
+)
+def test_a_number_of_any_length_is_out_of_range_not_a_crash(fields: dict[str, Any], named: str) -> None:
+    error = _rejects("mark", fields, named)
+    assert "超出范围" in error.message, error.message
+
+
 def test_unknown_endpoint_is_a_programming_error() -> None:
     with pytest.raises(ValueError):
         parse_options("features", {})

@@ -116,6 +116,21 @@ def test_bad_requests_get_the_same_first_failure_at_the_gateway_and_the_host(
     assert got_code == code and fragment in message, message
 
 
+@pytest.mark.parametrize("digits", [400, 5000])  # 5000: past the int-to-str limit (4300) of json.loads
+def test_a_long_number_in_a_body_is_out_of_range_at_the_gateway_and_the_host(digits: int) -> None:
+    number = "9" * digits
+    image = json.dumps(b64(JPEG))
+    bodies = {
+        "drop_mm": f'{{"image_base64": {image}, "drop_mm": {number}}}'.encode(),
+        "hairline_points[0]": f'{{"image_base64": {image}, "hairline_points": [[{number}, 1], [2, 3], [4, 5]]}}'.encode(),
+    }
+    for field, body in bodies.items():
+        code, message = outcome("/api/v1/hair/mark", body, "application/json")
+        assert code == 1001 and field in message and "超出范围" in message, message
+    code, message = outcome("/api/v1/hair/mark", *multipart({"drop_mm": number}))
+    assert code == 1001 and "drop_mm" in message and "超出范围" in message, message
+
+
 def test_too_many_form_parts_are_refused_without_parsing_them_all() -> None:
     body, content_type = multipart({f"f{i}": "x" for i in range(500)})
     assert outcome(GROW, body, content_type)[0] == Code.INVALID_PARAMETER
