@@ -3,9 +3,11 @@
 A segmenter always finds "hair" somewhere; on a bald head it is the scalp, and a number
 traced from that is the worst answer the product can give. So the top of the head, just
 inside its outline, is compared with the cheeks first (analysis.md § Real photos):
-- its median colour within ΔE 25 of the cheek skin, or >= 40 % of it skin-coloured: no
-  hairline (measured: bald scalps ΔE 21-23 and 52-78 % skin; hair 30+ and <= 29 %; white
-  hair on pink skin, ΔE 30, is the closest call);
+- bare scalp on positive evidence only (`scalp`: skin-coloured, smooth as the face's own
+  skin, and no network sure of hair there): no hairline. Skin-coloured but textured or
+  seen by the network: light hair, low contrast. The photo's top edge cutting the head:
+  no claim of baldness (a note when what the frame cuts through is skin-coloured);
+- no top of the head in view at all: `uncertain` (nothing to judge), never bald;
 - a hat (segmenters that can tell, i.e. BiSeNet) over the top of the head: occluded;
 - hair colour close to skin (white, grey, sparse): the mask edge is soft -> low contrast.
 """
@@ -18,7 +20,10 @@ from typing import Literal
 import numpy as np
 
 from .head_crop import HeadCrop
-from .head_samples import head_colours, top_of_head_mask
+from .head_samples import top_of_head_mask
+from .scalp import TopOfHead, top_of_head
+from shared.contract import NOTE_TOP_OF_HEAD_CUT
+
 from .types import Face, HairSegmentation
 
 # hair this close to the skin colour still segments, but its edge is diffuse
@@ -30,9 +35,10 @@ HAT_FRACTION = 0.30
 NOTE_BALD = "头顶以皮肤为主，未见前额发际线（光头或剃发）；如有浅色或花白头发，请在光线充足处重拍"
 NOTE_HAT = "帽子遮挡了发际线，请摘帽后重拍"
 NOTE_LOW_CONTRAST = "发色与肤色接近（浅色、花白或稀疏头发），发际线位置不确定"
+NOTE_TOP_CUT = NOTE_TOP_OF_HEAD_CUT
 NOTE_NO_OUTLINE = "头顶不在画面内或未能识别头部轮廓，看不到发际线：请拍摄完整的头部"
 
-Verdict = Literal["hair", "no_hairline", "occluded"]
+Verdict = Literal["hair", "uncertain", "no_hairline", "occluded"]
 
 
 @dataclass(frozen=True)
@@ -40,8 +46,7 @@ class HairEvidence:
     """What the top of the head says, with the numbers behind it (for tests and logs)."""
 
     verdict: Verdict
-    top_delta_e: float | None  # top-of-head median vs cheek skin
-    top_skin_fraction: float
+    top: TopOfHead
     hair_delta_e: float | None  # non-skin top-of-head pixels vs cheek skin
     low_contrast: bool
     notes: tuple[str, ...]
@@ -49,21 +54,27 @@ class HairEvidence:
 
 def assess_hair(lab: np.ndarray, person: np.ndarray, work_face: Face, segmentation: HairSegmentation,
                 crop: HeadCrop) -> HairEvidence:
-    """`lab`, `person` and `work_face` are in the working frame of `crop`."""
-    colours = head_colours(lab, person, work_face)
-    if colours.top_median is None:
-        return HairEvidence("no_hairline", None, 0.0, None, False, (NOTE_NO_OUTLINE,))
-    top_delta_e = colours.top_delta_e
+    """`lab`, `person` and `work_face` are in the working frame of `crop`. A claim needs its
+    evidence (analysis.md § Statuses and claims): no top of the head in view is
+    `uncertain`, not bald; a skin-coloured top is bald only when `scalp` finds a bare scalp."""
+    probability = segmentation.probability
+    top = top_of_head(lab, person, work_face, crop.at_photo_top,
+                      probability[1] if probability is not None and probability[0] == crop.key else None)
+    colours = top.colours
     hair_delta_e = None if colours.hair_median is None else float(np.linalg.norm(colours.hair_median - colours.skin_median))
-    low_contrast = hair_delta_e is None or hair_delta_e < LOW_CONTRAST_DELTA_E
+    low_contrast = hair_delta_e is None or hair_delta_e < LOW_CONTRAST_DELTA_E or top.light_hair
 
     def verdict(kind: Verdict, *notes: str) -> HairEvidence:
-        return HairEvidence(kind, top_delta_e, colours.top_skin_fraction, hair_delta_e, low_contrast, notes)
+        return HairEvidence(kind, top, hair_delta_e, low_contrast, notes)
 
+    if colours.top_median is None:
+        return verdict("uncertain", NOTE_NO_OUTLINE)
     if _hat_covers_top(segmentation, crop, person, work_face):
         return verdict("occluded", NOTE_HAT)
-    if colours.bare_scalp:
+    if top.bare_scalp:
         return verdict("no_hairline", NOTE_BALD)
+    if top.cut_off and colours.skin_coloured:  # hair may begin above the frame
+        return verdict("hair", NOTE_TOP_CUT)
     return verdict("hair")  # low contrast is noted by the hairline checks, unless two views agree
 
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .calibration import calibrate
-from .hair_evidence import NOTE_HAT, HairEvidence, assess_hair
+from .hair_evidence import NOTE_BALD, NOTE_HAT, HairEvidence, assess_hair
 from .hairline_checks import judge
 from .hairline_trace import MIDLINE_HALF_WINDOW, Trace, trace_edges
 from .head_crop import HeadCrop
-from .headwear import headwear_band
+from .headwear import CAP_CROWN_GAP, NOTE_DARK_BAND, crown_gap, headwear_band
 from .head_samples import to_lab
 from .types import Calibration, Face, HairSegmentation, Hairline
 
@@ -79,9 +79,19 @@ def _traced(rgb: np.ndarray, face: Face, segmentation: HairSegmentation) -> _Tra
     window = trace.near(0.0, MIDLINE_HALF_WINDOW)
     found = window[~np.isnan(window)]
     if len(found) < MIN_MIDLINE_COVERAGE * max(1, len(window)):
-        return Hairline(status="no_hairline", notes=(*evidence.notes, NOTE_NOT_FOUND))
-    headwear = headwear_band(trace, trace.in_window(0.0, MIDLINE_HALF_WINDOW), hair, lab, work_face)
-    return _Traced(crop, work_face, lab, hair, evidence, trace, headwear)
+        # an empty or edgeless mask is no evidence of a bare scalp by itself
+        if segmentation.scalp_seen:
+            return Hairline(status="no_hairline", notes=(*evidence.notes, NOTE_BALD))
+        return Hairline(status="uncertain", notes=(*evidence.notes, NOTE_NOT_FOUND))
+    midline = trace.in_window(0.0, MIDLINE_HALF_WINDOW)
+    band = headwear_band(trace, midline, hair, lab, work_face)
+    # a flat dark band is a cap only with a cap's crown above it, in view: very dark, flat
+    # hair (a parting's two sides) and hair the frame cuts off are hair, their edge uncertain
+    is_a_cap = band is not None and not evidence.top.cut_off and \
+        crown_gap(trace.points[midline, 0].astype(int), hair, person, work_face) >= CAP_CROWN_GAP
+    if band is not None and not is_a_cap:
+        evidence = replace(evidence, notes=(*evidence.notes, NOTE_DARK_BAND))
+    return _Traced(crop, work_face, lab, hair, evidence, trace, band if is_a_cap else None)
 
 
 def _in_pixels_of(face: Face, calibration: Calibration) -> Calibration:

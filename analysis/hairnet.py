@@ -30,9 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .head_crop import HeadCrop
-from .head_samples import head_colours, to_lab
+from .head_samples import to_lab
 from .native_logs import quiet_native_logs
 from .network_crop import NetworkCrop
+from .scalp import may_be_a_ring, top_of_head
 from .segmentation import PERSON_THRESHOLD
 from .subject_hair import is_scalp_ring, subject_hair
 from .tflite_reader import Graph, Operator, TfliteFormatError, read_graph
@@ -268,12 +269,15 @@ class HairNetSegmenter:
         person = self._selfie.process(np.ascontiguousarray(work)).segmentation_mask >= PERSON_THRESHOLD
         shape = rgb.shape[:2]
         lab = to_lab(work)
-        bald = HairSegmentation("hairnet", np.zeros(shape, bool), head.paste(person, shape), work=(head.key, work))
-        if head_colours(lab, person, work_face).bare_scalp:
-            return bald
         square = NetworkCrop.around(face, INPUT_SIZE)
         probability = hair_probability(self.network, square.cut(rgb), self.device)
+        in_work = square.warp_into(probability, head.to_image_matrix, lab.shape[:2])
+        bald = HairSegmentation("hairnet", np.zeros(shape, bool), head.paste(person, shape), work=(head.key, work),
+                                probability=(head.key, in_work))
+        top = top_of_head(lab, person, work_face, head.at_photo_top, in_work)
+        if top.bare_scalp:
+            return replace(bald, scalp_seen=True)
         hair = square.paste(subject_hair(probability, square.face_in_square(face)), shape)
-        if is_scalp_ring(head.mask_in_work(hair), person, lab, work_face):
-            return bald
+        if may_be_a_ring(top) and is_scalp_ring(head.mask_in_work(hair), person, lab, work_face):
+            return replace(bald, scalp_seen=True)
         return replace(bald, hair=hair)

@@ -81,6 +81,16 @@ class HeadCrop:
         interpolation = cv2.INTER_AREA if self.scale < 1 else cv2.INTER_LINEAR
         return cv2.resize(region, self.work_size, interpolation=interpolation)
 
+    @property
+    def to_image_matrix(self) -> np.ndarray:
+        """(2, 3) affine map of working px to original image px (`to_image`)."""
+        return np.array([[1 / self.scale, 0.0, self.x0], [0.0, 1 / self.scale, self.y0]])
+
+    @property
+    def at_photo_top(self) -> bool:
+        """The working frame's first row is the photo's top edge (nothing above it)."""
+        return self.y0 == 0
+
     def to_image(self, points: np.ndarray) -> np.ndarray:
         """(N, 2) working px -> original image px."""
         return np.asarray(points, dtype=np.float64) / self.scale + np.array([self.x0, self.y0])

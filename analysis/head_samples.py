@@ -66,14 +66,19 @@ class ColourModel:
         return np.sqrt(np.einsum("...i,ij,...j->...", delta, self.inverse_covariance, delta))
 
 
-def skin_samples(lab: np.ndarray, face: Face) -> np.ndarray:
-    """Lab pixels from small disks on the cheeks and the nose bridge."""
+def skin_mask(shape: tuple[int, ...], face: Face) -> np.ndarray:
+    """Small disks on the cheeks and the nose bridge: the face's own skin."""
     radius = max(2, int(round(0.04 * face_width_px(face))))
-    mask = np.zeros(lab.shape[:2], np.uint8)
+    mask = np.zeros(shape, np.uint8)
     for index in SKIN_LANDMARKS:
         x, y = face.points[index]
         cv2.circle(mask, (int(round(x)), int(round(y))), radius, (1,), -1)
-    return lab[mask.astype(bool)]
+    return mask.astype(bool)
+
+
+def skin_samples(lab: np.ndarray, face: Face) -> np.ndarray:
+    """Lab pixels from small disks on the cheeks and the nose bridge."""
+    return lab[skin_mask(lab.shape[:2], face)]
 
 
 def brow_strip_mask(shape: tuple[int, ...], face: Face, height_fraction: float = 0.025) -> np.ndarray:
@@ -151,12 +156,17 @@ class HeadColours:
         return None if self.top_median is None else float(np.linalg.norm(self.top_median - self.skin_median))
 
     @property
-    def bare_scalp(self) -> bool:
-        """The top of the head is skin (bald or shaved): its median within SKIN_DELTA_E of
+    def skin_coloured(self) -> bool:
+        """The top of the head has the colour of skin: its median within SKIN_DELTA_E of
         the cheeks, or at least BALD_SKIN_FRACTION of it skin-coloured. False when the
-        top of the head is not in view (nothing to judge)."""
+        top of the head is not in view (nothing to judge). Colour alone is no evidence of
+        a bare scalp: light hair passes too (`scalp.TopOfHead.bare_scalp` decides)."""
         delta_e = self.top_delta_e
         return delta_e is not None and (delta_e < SKIN_DELTA_E or self.top_skin_fraction >= BALD_SKIN_FRACTION)
+
+    def skin_explained(self, lab: np.ndarray) -> np.ndarray:
+        """Which pixels of `lab` lie within SKIN_DELTA_E of the cheek skin."""
+        return np.linalg.norm(lab - self.skin_median, axis=-1) < SKIN_DELTA_E
 
 
 def head_colours(lab: np.ndarray, person: np.ndarray, face: Face) -> HeadColours:

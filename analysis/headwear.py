@@ -5,7 +5,11 @@ grey hair showing only at the temples): its edge is the cap's lower edge, and me
 grown from, the cap becomes a fringe painted down the forehead (issue 17: "a headband or
 hat edge is not a hairline"). Hair has strands and highlights; a band of cloth is one flat
 colour. So a band just above the midline edge whose lightness varies by at most
-FLAT_LIGHTNESS_SD and which is dark (median <= DARK_LIGHTNESS) is a cap: `occluded`.
+FLAT_LIGHTNESS_SD and which is dark (median <= DARK_LIGHTNESS) may be a cap; it is one
+(`occluded`) only with a cap's crown in view above it (`crown_gap`: the network does not
+call a crown hair), never where the photo's top edge cuts the head. A flat dark band
+without that evidence is very dark hair as likely as a cap (a parting's two dark sides, a
+short dark cut under the frame's edge): hair, with NOTE_DARK_BAND (`uncertain`).
 Measured on the 26 labelled hairline photos, the astronaut and grace_hopper (working
 frame, 160 px faces; OpenCV 8-bit L): the spread is 3.0-5.4 on grace_hopper's band (the
 photo, 2x, JPEG q30, +15 and +30 brighter; `occluded` mirrored, 0.6x, 4x and 0.7x darker
@@ -30,7 +34,7 @@ import cv2
 import numpy as np
 
 from .hairline_trace import Trace
-from .head_samples import face_height_px
+from .head_samples import face_height_px, head_outline_rows
 from .types import Face
 
 FLAT_LIGHTNESS_SD = 8.0  # OpenCV 8-bit L, over the band just above the edge
@@ -40,6 +44,11 @@ BAND_FACE_HEIGHTS = 0.08  # how far above the edge the band is sampled
 # (grace_hopper, median 9: of the working mask 7 % is left at 2, 4 % at 3, 2.5 % at 4, before
 # the rim; its grey temple hair is L >= 100, far above any of them)
 BAND_CEILING_SDS = 3.0
+# a cap's crown: the mask begins this many face heights below the head outline over the
+# midline (grace_hopper 0.33; every labelled haired head <= 0.07, but deepface_img40 0.30,
+# whose person mask spills over the people behind him: the cue only confirms a flat band)
+CAP_CROWN_GAP = 0.2
+NOTE_DARK_BAND = "前额上方的头发颜色深而均匀（可能是很黑的头发，也可能是帽檐），发际线位置不确定"
 _RIM = np.ones((3, 3), np.uint8)  # working px: the band's edge, half skin, half cloth
 
 
@@ -67,3 +76,13 @@ def headwear_band(trace: Trace, window: np.ndarray, hair: np.ndarray, lab: np.nd
     touched = np.unique(regions[sampled & dark])
     band = np.isin(regions, touched[touched > 0]).astype(np.uint8)
     return is_hair & cv2.dilate(band, _RIM).astype(bool)  # with its rim, blended with the skin
+
+
+def crown_gap(window_columns: np.ndarray, hair: np.ndarray, person: np.ndarray, face: Face) -> float:
+    """How far below the head outline the mask begins over the midline columns, in face
+    heights (median over the columns): ~0 where hair covers the top of the head; a cap's
+    crown, which the network does not call hair, leaves a gap (grace_hopper: 0.31-0.34)."""
+    is_hair = hair[:, window_columns] >= 0.5
+    outline = head_outline_rows(person)[window_columns]
+    first_hair = np.where(is_hair.any(axis=0), np.argmax(is_hair, axis=0), hair.shape[0])
+    return float(np.median(first_hair - outline)) / face_height_px(face)

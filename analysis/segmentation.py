@@ -19,6 +19,7 @@ import numpy as np
 from .head_crop import HeadCrop
 from .head_samples import HeadColours, brow_curve, brow_strip_mask, face_oval_mask, head_colours, to_lab
 from .native_logs import quiet_native_logs
+from .scalp import top_of_head
 from .types import Face, HairSegmentation, LandmarkId
 
 GRABCUT_ITERATIONS = 1
@@ -49,25 +50,28 @@ class FallbackSegmenter:
         work = crop.cut(rgb)
         work_face = crop.face_in_work(face)
         person_probability = self._selfie.process(np.ascontiguousarray(work)).segmentation_mask
-        hair = segment_hair(work, work_face, person_probability)
+        person = person_probability >= PERSON_THRESHOLD
+        top = top_of_head(to_lab(work), person, work_face, crop.at_photo_top)
+        hair = np.zeros(person.shape, bool) if top.bare_scalp else segment_hair(work, work_face, person_probability)
         shape = rgb.shape[:2]
         return HairSegmentation(
             segmenter="fallback",
             hair=crop.paste(hair, shape),
-            person=crop.paste(person_probability >= PERSON_THRESHOLD, shape),
+            person=crop.paste(person, shape),
             work=(crop.key, work),
+            scalp_seen=top.bare_scalp,
         )
 
 
 def segment_hair(work: np.ndarray, face: Face, person_probability: np.ndarray) -> np.ndarray:
-    """Hair mask of a working-scale head crop (pure function of its inputs)."""
+    """Hair mask of a working-scale head crop (pure function of its inputs), for a head
+    whose top is not bare scalp (`scalp`: the caller decides that)."""
     person = person_probability >= PERSON_THRESHOLD
     lab = to_lab(work)
     colours = head_colours(lab, person, face)
     seeds = colours.hair_seed
-    # bare scalp (the hairline's no_hairline test) or nothing but skin on top of the head:
-    # no hair to grow from, and the mask of a bald head is empty
-    if colours.bare_scalp or seeds.sum() < 20:
+    # nothing but skin-coloured pixels on top of the head: no hair to grow from
+    if seeds.sum() < 20:
         return np.zeros(person.shape, bool)
     labels = _grabcut_labels(lab, face, person_probability, colours)
     if not (labels == cv2.GC_BGD).any():

@@ -110,6 +110,12 @@ class HairSegmentation:
     # `HeadCrop.key`: the hairline takes it instead of resizing the photo's head again
     # (12 ms at 12 MP; `HeadCrop.cut_reusing`)
     work: tuple[CropKey, np.ndarray] | None = None
+    # the hair network's probability in that working frame (float32), where a network gave
+    # one: the bare-scalp test weighs it with colour and texture (`scalp`)
+    probability: tuple[CropKey, np.ndarray] | None = None
+    # the segmenter saw bare scalp where hair would be (`scalp`, or the hair network's ring
+    # with the forehead's skin running up into it): its empty mask means bald, not "unseen"
+    scalp_seen: bool = False
 
 
 class HairSegmenter(Protocol):

@@ -174,3 +174,6 @@ GPU_ENDPOINT_PATHS: dict[str, str] = {
     "/api/v1/hair/hairline": "hairline",
     "/api/v1/hair/mask": "mask",
 }
+# A hairline note (measure, `hairline` status `uncertain`): the photo's top edge cuts the
+# head, so what lies above the frame (hair or scalp) cannot be judged (analysis.md § Statuses and claims).
+NOTE_TOP_OF_HEAD_CUT = "照片上边缘截去了头顶，看不到完整的发际线，位置不确定：请拍摄完整的头部"

@@ -10,7 +10,7 @@ import pytest
 
 from analysis.calibration import calibrate
 from analysis.hair_evidence import NOTE_BALD, NOTE_HAT
-from analysis.hairline import trace_hairline
+from analysis.hairline import NOTE_NOT_FOUND, trace_hairline
 from analysis.edge_profile import EdgeProfile
 from analysis.designs import FaceFrame
 from analysis.hairline_checks import (
@@ -206,7 +206,10 @@ def test_an_empty_mask_is_a_status_not_a_crash(astronaut: np.ndarray, detector: 
     real = segmenter.segment(astronaut, face)
     empty = HairSegmentation("bisenet", np.zeros_like(real.hair), real.person)
     hairline = trace_hairline(astronaut, face, empty, calibrate(face))
-    assert hairline.status == "no_hairline" and hairline.notes
+    # issue 27: a mask that shows nothing is no evidence of a bare scalp (her hair is dark)
+    assert hairline.status == "uncertain" and hairline.trichion is None and NOTE_NOT_FOUND in hairline.notes
+    bald = trace_hairline(astronaut, face, replace(empty, scalp_seen=True), calibrate(face))
+    assert bald.status == "no_hairline" and bald.notes == (NOTE_BALD,)
 
 
 def _edge(row: float, sharpness: float, width_px: float = 4.0) -> EdgeProfile:
