@@ -8,7 +8,7 @@ give the same code and message for the same request.
 Two spellings of one request (contract.md § Requests): multipart/form-data with the file in
 `image`, or JSON with `image_base64` (standard base64, optional `data:image/...;base64,`
 prefix). Checks run in the contract's order and stop at the first failure:
-1. the body parses and every field is valid, the image included (1001: `shared.options`);
+1. the body parses and every field is valid, the image's presence included (1001: `shared.models`);
 2. the image's byte size (1003, read from the base64 length before anything is decoded);
 3. the base64 itself (1001: it is a field; the host only, see below);
 4. the magic bytes: JPEG, PNG or WebP (1002). Whether the file decodes is the model
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import binascii
 import io
-import json
 import re
 from dataclasses import dataclass
 from typing import IO, Any
@@ -40,11 +39,9 @@ from shared.contract import (
     Code,
     ContractError,
 )
-from shared.options import json_integer, parse_options
+from shared.models import IMAGE_FIELD, MSG_NO_IMAGE, validate_form, validate_json
 from shared.settings import AnalysisSettings
 
-IMAGE_FIELD = "image"
-IMAGE_BASE64_FIELD = "image_base64"
 # Room for the non-image fields around the largest allowed image in a body; also the most
 # the form fields of one multipart body may hold together.
 FIELDS_ALLOWANCE_BYTES = 1024 * 1024
@@ -57,14 +54,12 @@ _BASE64_WHITESPACE = (" ", "\n", "\r", "\t")  # line-wrapped base64 (MIME, PEM) 
 _MAGIC_HEAD_BYTES = 12  # "RIFF" + size + "WEBP" is the longest signature
 _MAGIC_HEAD_BASE64_CHARS = 16  # decodes to exactly 12 bytes
 
-_MSG_NO_IMAGE = "缺少图片：multipart 请上传文件字段 image，JSON 请提供 image_base64"
-
 
 @dataclass(frozen=True)
 class Upload:
-    """What a client sent: the non-image fields and the image, still encoded if it came as JSON."""
+    """What a client sent: its form fields (multipart) and the image, still encoded if it came as JSON."""
 
-    fields: dict[str, Any]
+    fields: Any  # multipart: a MultiDict of the text fields (a field may repeat); JSON: validated already
     image_file: bytes | None = None  # multipart
     image_base64: str | None = None  # JSON
 
@@ -93,7 +88,7 @@ def check_request(path_or_endpoint: str, body: bytes, content_type: str | None, 
     `path_or_endpoint`: a public path (`/api/v1/hair/grow`) or an endpoint name (`grow`,
     `special-points`); ValueError for anything else (a programming error). Pure CPU,
     ~1-3 ms for a 2 MB body (scripts/bench_request_checks.py)."""
-    upload, _ = _fields(endpoint_of(path_or_endpoint), body, content_type)
+    upload, _ = read_fields(endpoint_of(path_or_endpoint), body, content_type)
     if upload.image_file is not None:
         _check_size(len(upload.image_file), limits.max_image_bytes)
         check_image_format(upload.image_file)
@@ -106,7 +101,7 @@ def check_request(path_or_endpoint: str, body: bytes, content_type: str | None, 
 def read_request(endpoint: str, body: bytes, content_type: str | None, limits: AnalysisSettings) -> CheckedRequest:
     """The GPU host's check: the options and the image's bytes, or ContractError as above.
     CPU-bound for megabytes of base64: run it in a worker thread."""
-    upload, options = _fields(endpoint, body, content_type)
+    upload, options = read_fields(endpoint, body, content_type)
     image = image_bytes(upload, limits.max_image_bytes)
     check_image_format(image)
     return CheckedRequest(options, image)
@@ -116,24 +111,23 @@ def endpoint_of(path_or_endpoint: str) -> str:
     return GPU_ENDPOINT_PATHS.get(path_or_endpoint, path_or_endpoint)
 
 
-def parse_body(body: bytes, content_type: str | None) -> Upload:
-    """The body by its Content-Type; 1001 for what cannot be parsed."""
+def read_fields(endpoint: str, body: bytes, content_type: str | None) -> tuple[Upload, dict[str, Any]]:
+    """Step 1 of every check: the body by its Content-Type, the image's presence and the
+    endpoint's options (`shared.models`); 1001 for the first thing wrong."""
     mimetype, parameters = parse_options_header(content_type or "")
     mimetype = mimetype.lower()
     if mimetype == "multipart/form-data":
-        return _parse_multipart(body, parameters.get("boundary", ""))
+        upload = _parse_multipart(body, parameters.get("boundary", ""))
+        if not upload.has_image:
+            raise ContractError(Code.INVALID_PARAMETER, MSG_NO_IMAGE)
+        return upload, validate_form(endpoint, upload.fields)
     if mimetype == "application/json" or mimetype.endswith("+json"):
-        return _parse_json(body)
+        options, encoded = validate_json(endpoint, body)
+        return Upload(fields={}, image_base64=encoded), options
     raise ContractError(
         Code.INVALID_PARAMETER,
         f"不支持的 Content-Type {mimetype or '（空）'}：请使用 multipart/form-data 或 application/json",
     )
-
-
-def require_image(upload: Upload) -> None:
-    """1001 when no image came; part of the field checks."""
-    if not upload.has_image:
-        raise ContractError(Code.INVALID_PARAMETER, _MSG_NO_IMAGE)
 
 
 def image_bytes(upload: Upload, max_image_bytes: int) -> bytes:
@@ -160,13 +154,6 @@ def check_image_format(image: bytes) -> None:
 # -- parsing ------------------------------------------------------------------------------
 
 
-def _fields(endpoint: str, body: bytes, content_type: str | None) -> tuple[Upload, dict[str, Any]]:
-    """Step 1 of both checks: the parsed body (image present) and the endpoint's options."""
-    upload = parse_body(body, content_type)
-    require_image(upload)
-    return upload, parse_options(endpoint, upload.fields)
-
-
 def _parse_multipart(body: bytes, boundary: str) -> Upload:
     parser = MultiPartParser(
         stream_factory=_in_memory,
@@ -182,15 +169,16 @@ def _parse_multipart(body: bytes, boundary: str) -> Upload:
         raise ContractError(Code.INVALID_PARAMETER, "表单字段过多或过大：只需上传 image 与接口定义的参数") from None
     except (ValueError, UnicodeEncodeError):
         raise ContractError(Code.INVALID_PARAMETER, "请求体无法解析：multipart/form-data 格式错误") from None
-    fields: dict[str, Any] = {name: form[name] for name in form if name != IMAGE_FIELD}
-    upload = files.get(IMAGE_FIELD)
-    if upload is None:
+    uploads = files.getlist(IMAGE_FIELD)
+    if not uploads:
         if IMAGE_FIELD in form:
             raise ContractError(Code.INVALID_PARAMETER, "参数 image 必须以文件方式上传（multipart 文件字段）")
-        return Upload(fields=fields)
-    stream = upload.stream
+        return Upload(fields=form)
+    if len(uploads) > 1:  # which one would be the photo?
+        raise ContractError(Code.INVALID_PARAMETER, f"参数 image 只能提供一次，收到 {len(uploads)} 个")
+    stream = uploads[0].stream
     assert isinstance(stream, io.BytesIO)  # `_in_memory` made it
-    return Upload(fields=fields, image_file=stream.getvalue())
+    return Upload(fields=form, image_file=stream.getvalue())
 
 
 @dataclass(frozen=True)
@@ -246,21 +234,6 @@ def _in_memory(
 ) -> IO[bytes]:
     """Werkzeug spools large files to disk by default; the body is in memory already."""
     return io.BytesIO()
-
-
-def _parse_json(body: bytes) -> Upload:
-    try:
-        document = json.loads(body, parse_int=json_integer)
-    except (ValueError, UnicodeDecodeError):
-        raise ContractError(Code.INVALID_PARAMETER, "请求体不是有效的 JSON") from None
-    except RecursionError:  # the decoder's own depth limit
-        raise ContractError(Code.INVALID_PARAMETER, "请求体的 JSON 嵌套过深") from None
-    if not isinstance(document, dict):
-        raise ContractError(Code.INVALID_PARAMETER, "请求体必须是 JSON 对象")
-    encoded = document.pop(IMAGE_BASE64_FIELD, None)
-    if encoded is not None and not isinstance(encoded, str):
-        raise ContractError(Code.INVALID_PARAMETER, "参数 image_base64 必须是字符串（base64 编码的图片）")
-    return Upload(fields=document, image_base64=encoded)
 
 
 # -- the image ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from shared.contract import Code, ContractError
 from shared.settings import AnalysisSettings
-from shared.uploads import image_bytes, parse_body, require_image
+from shared.uploads import read_request
 
 if TYPE_CHECKING:
     import numpy as np
@@ -58,11 +58,9 @@ def load_detector() -> None:
 def special_points(body: bytes, content_type: str | None, limits: AnalysisSettings) -> dict[str, Any] | Refusal:
     """Endpoint 99's `data`, or why not."""
     from analysis.endpoints import special_points as points_of
-    from shared.options import parse_options
 
     try:
-        fields, rgb = _photo(body, content_type, limits)
-        parse_options("special-points", fields)
+        rgb = _photo("special-points", body, content_type, limits)
         return points_of(rgb, _loaded_detector(), limits)
     except ContractError as error:
         return Refusal(int(error.code), error.message)
@@ -74,7 +72,7 @@ def features_photo(body: bytes, content_type: str | None, limits: AnalysisSettin
     from analysis.endpoints import frontal_face
 
     try:
-        _, rgb = _photo(body, content_type, limits)
+        rgb = _photo("features", body, content_type, limits)
         frontal_face(rgb, _loaded_detector(), limits)
     except ContractError as error:
         return Refusal(int(error.code), error.message)
@@ -87,13 +85,11 @@ def _loaded_detector() -> FaceMeshDetector:
     return _detector
 
 
-def _photo(body: bytes, content_type: str | None, limits: AnalysisSettings) -> tuple[dict[str, Any], np.ndarray]:
-    """The non-image fields and the decoded photo; ContractError in the host's order."""
+def _photo(endpoint: str, body: bytes, content_type: str | None, limits: AnalysisSettings) -> np.ndarray:
+    """The decoded photo once the fields passed; ContractError in the host's order."""
     from analysis.image_input import decode_image
 
-    upload = parse_body(body, content_type)
-    require_image(upload)
-    return upload.fields, decode_image(image_bytes(upload, limits.max_image_bytes), limits)
+    return decode_image(read_request(endpoint, body, content_type, limits).image, limits)
 
 
 def _jpeg(rgb: np.ndarray, long_side_px: int) -> bytes:

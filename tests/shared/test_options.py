@@ -124,7 +124,7 @@ def test_a_number_of_any_length_is_out_of_range_not_a_crash(fields: dict[str, An
 
 def test_unknown_endpoint_is_a_programming_error() -> None:
     with pytest.raises(ValueError):
-        parse_options("features", {})
+        parse_options("nothing", {})
 
 
 def test_importing_options_loads_no_heavy_library() -> None:

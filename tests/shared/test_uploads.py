@@ -72,7 +72,7 @@ def test_accepted_formats_pass_as_multipart_and_json(image: bytes) -> None:
 
 def test_read_request_gives_the_options_and_the_decoded_image() -> None:
     wrapped = "data:image/png;base64," + "\n".join(b64(PNG)[i : i + 76] for i in range(0, len(b64(PNG)), 76))
-    checked = read_request("mark", *as_json({"image_base64": wrapped, "drop_mm": "5"}), LIMITS)
+    checked = read_request("mark", *as_json({"image_base64": wrapped, "drop_mm": 5}), LIMITS)
     assert checked.image == PNG
     assert checked.options == {"hairline_points": None, "drop_mm": 5.0}
     from_form = read_request("grow", *multipart({"plans": "aggressive,standard", "gender": "male"}, WEBP), LIMITS)

@@ -1,0 +1,409 @@
+"""The public contract as pydantic models: each endpoint's fields, each endpoint's `data`, the envelope.
+
+One source for three readers: the gateway checks a request with these models before a queue
+slot is taken, the GPU host checks it again before its model process sees it (both through
+`shared.uploads`), and the gateway's `/openapi.json` is generated from them
+(`edge.web.openapi`). No field rule lives anywhere else.
+
+Two spellings of one request map onto the same model (contract.md § Requests):
+- JSON: the values as they are, strictly typed — a number is a JSON number, `gender` one of
+  its three strings; `null` counts as absent. Validated straight from the body's bytes
+  (`pydantic_core`'s parser: ~0.2 ms for 2 MB, json.loads ~1.7 ms).
+- multipart/form-data text (`form_values`): an empty field counts as absent; `plans` and
+  `styles` are repeated fields, one field of JSON text or comma-separated text;
+  `hairline_points` is JSON text; `drop_mm` a number's text; `gender` in any case, spaces
+  around it ignored. A field given twice that takes
+  one value is refused, never cut to its first.
+
+A refusal is `ContractError(1001)` with the Chinese message that names the field (`refusal`
+translates pydantic's error; the first one in the contract's order: the image, then the
+fields' presence, then each field in its order). Fields an endpoint does not know are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, ClassVar, Literal, get_args
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+from shared.contract import Code, ContractError
+
+Gender = Literal["male", "female", "unknown"]
+Plan = Literal["conservative", "standard", "aggressive"]  # == analysis.types.Plan (no numpy import here)
+Style = Literal["straight", "rounded", "m_shape", "widows_peak"]  # == analysis.types.Style
+GENDERS: tuple[str, ...] = get_args(Gender)
+PLANS: tuple[str, ...] = get_args(Plan)
+STYLES: tuple[str, ...] = get_args(Style)
+MAX_DROP_MM = 40.0
+MIN_HAIRLINE_POINTS = 3
+MAX_HAIRLINE_POINTS = 1000  # a hand-drawn polyline; more is a bug or abuse, not a hairline
+# Longer JSON integers are read as floats (+-inf past ~309 digits): every number here is one.
+_MAX_EXACT_INTEGER_DIGITS = 20
+
+IMAGE_FIELD = "image"  # multipart: the photo as a file
+IMAGE_BASE64_FIELD = "image_base64"  # JSON: the photo as base64 text
+MSG_NO_IMAGE = "缺少图片：multipart 请上传文件字段 image，JSON 请提供 image_base64"
+_POINTS_SHAPE = "格式应为 [[x, y], [x, y], …]"
+
+
+def json_integer(text: str) -> int | float:
+    """`parse_int` for every JSON document a client sends: an integer too long for a float
+    is +-inf (out of range, a 1001 naming its field), never an OverflowError in `float()`
+    or the int-to-str digit limit's ValueError (4300 digits) for the whole body."""
+    return int(text) if len(text) <= _MAX_EXACT_INTEGER_DIGITS else float(text)
+
+
+def _invalid(message: str) -> ContractError:
+    return ContractError(Code.INVALID_PARAMETER, message)
+
+
+def _unique(values: list[str]) -> list[str]:
+    if len(set(values)) != len(values):
+        raise PydanticCustomError("unique_items", "duplicate items")
+    return values
+
+
+# A JSON number (ints included), never a boolean, a string, NaN or an infinity.
+Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+Point = Annotated[tuple[Number, Number], Field(description="[x, y]: pixels of the upright photo, origin top-left")]
+
+
+def _choices(kind: Any, allowed: tuple[str, ...], what: str) -> Any:
+    """A non-empty list of distinct `allowed` values (the annotation of `plans`, `styles`)."""
+    return Annotated[
+        list[kind],
+        AfterValidator(_unique),
+        Field(
+            min_length=1,
+            json_schema_extra={"uniqueItems": True},
+            description=f"a subset of {', '.join(allowed)}, in the order wanted (default: all); {what}; "
+            "multipart: repeated fields, JSON text or comma-separated text",
+        ),
+    ]
+
+
+Plans = _choices(Plan, PLANS, "the results come in this order")
+Styles = _choices(Style, STYLES, "one image per style")
+
+
+class Fields(BaseModel):
+    """The non-image fields of one endpoint; subclasses declare them."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    # (field, field): exactly one of the two must be present (mark).
+    exactly_one_of: ClassVar[tuple[str, str] | None] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _presence_first(cls, data: Any) -> Any:
+        """What must be there is checked before any value: the image, then "exactly one of"."""
+        if not isinstance(data, dict):
+            return data
+        if IMAGE_BASE64_FIELD in cls.model_fields and data.get(IMAGE_BASE64_FIELD) in (None, ""):
+            raise PydanticCustomError("missing_image", MSG_NO_IMAGE)
+        if cls.exactly_one_of is not None:
+            first, second = cls.exactly_one_of
+            if (data.get(first) is None) == (data.get(second) is None):
+                raise PydanticCustomError("exactly_one", f"参数 {first} 与 {second} 必须且只能提供其中一个")
+        return data
+
+    def options(self) -> dict[str, Any]:
+        """The validated values as the analysis takes them (points as lists)."""
+        return self.model_dump(exclude={IMAGE_BASE64_FIELD})
+
+
+GenderField = Annotated[Gender, Field(description="sets the reference ranges and the planned heights")]
+
+
+class MeasureFields(Fields):
+    gender: GenderField = "unknown"
+
+
+class GrowFields(Fields):
+    plans: Plans = Field(default_factory=lambda: list(PLANS))  # type: ignore[valid-type]
+    gender: GenderField = "unknown"
+
+
+class MarkFields(Fields):
+    """Exactly one of `hairline_points` and `drop_mm`."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["hairline_points"],
+                 "properties": {"hairline_points": {"type": "array"}, "drop_mm": {"type": "null"}}},
+                {"required": ["drop_mm"],
+                 "properties": {"drop_mm": {"type": "number"}, "hairline_points": {"type": "null"}}},
+            ]
+        }
+    )
+    exactly_one_of = ("hairline_points", "drop_mm")
+    hairline_points: (
+        Annotated[
+            list[Point],
+            Field(
+                min_length=MIN_HAIRLINE_POINTS,
+                max_length=MAX_HAIRLINE_POINTS,
+                description="the hairline as a polyline from left to right (multipart: JSON text); inside the photo",
+            ),
+        ]
+        | None
+    ) = None
+    drop_mm: Annotated[Number, Field(ge=0, le=MAX_DROP_MM, description="lower the detected hairline by this many mm")] | None = None
+
+    def options(self) -> dict[str, Any]:
+        points = None if self.hairline_points is None else [list(point) for point in self.hairline_points]
+        return {"hairline_points": points, "drop_mm": self.drop_mm}
+
+
+class HairlineFields(Fields):
+    styles: Styles = Field(default_factory=lambda: list(STYLES))  # type: ignore[valid-type]
+    gender: GenderField = "unknown"
+
+
+class ImageOnlyFields(Fields):
+    """mask, special-points, features: the photo only."""
+
+
+FIELDS: dict[str, type[Fields]] = {
+    "measure": MeasureFields,
+    "grow": GrowFields,
+    "mark": MarkFields,
+    "hairline": HairlineFields,
+    "mask": ImageOnlyFields,
+    "special-points": ImageOnlyFields,
+    "features": ImageOnlyFields,
+}
+ENDPOINTS = tuple(FIELDS)
+
+
+def fields_of(endpoint: str) -> type[Fields]:
+    try:
+        return FIELDS[endpoint]
+    except KeyError:
+        raise ValueError(f"unknown endpoint {endpoint!r}; known: {', '.join(ENDPOINTS)}") from None
+
+
+def _with_image(fields: type[Fields], name: str, image: Any, annotation: Any) -> type[Fields]:
+    """`fields` plus the photo's field: one model per endpoint and spelling, built once."""
+    namespace = {"__annotations__": {name: annotation}, name: image, "__module__": __name__, "__doc__": fields.__doc__}
+    return type(f"{fields.__name__.removesuffix('Fields')}{'Json' if name == IMAGE_BASE64_FIELD else 'Form'}", (fields,), namespace)
+
+
+_Base64 = Annotated[str, Field(min_length=1, description="the photo (JPEG, PNG or WebP) as standard base64; a data:image/…;base64, prefix is allowed")]
+_File = Annotated[bytes, Field(json_schema_extra={"format": "binary", "contentMediaType": "application/octet-stream"},
+                               description="the photo: a JPEG, PNG or WebP file")]
+# The request body of each endpoint per media type (the document's `requestBody`); the JSON
+# one also validates JSON bodies (its image checked for presence and type only: its size and
+# format are `shared.uploads`').
+JSON_BODIES: dict[type[Fields], type[Fields]] = {
+    model: _with_image(model, IMAGE_BASE64_FIELD, ..., _Base64) for model in set(FIELDS.values())
+}
+FORM_BODIES: dict[type[Fields], type[Fields]] = {
+    model: _with_image(model, IMAGE_FIELD, ..., _File) for model in set(FIELDS.values())
+}
+
+
+# -- validation ---------------------------------------------------------------------------
+
+
+def validate_json(endpoint: str, body: bytes) -> tuple[dict[str, Any], str]:
+    """A JSON body's options and its `image_base64`; ContractError(1001) as described above."""
+    model = JSON_BODIES[fields_of(endpoint)]
+    try:
+        checked = model.model_validate_json(body)
+    except ValidationError as error:
+        if error.errors()[0]["type"] != "json_invalid":
+            raise refusal(error) from None
+        # pydantic's parser refuses integers past ~4300 digits and deep nesting for the whole
+        # body: Python's (integers as floats, `json_integer`) names the field, or says why not
+        checked = _validate_python(model, _json_document(body))
+    return checked.options(), getattr(checked, IMAGE_BASE64_FIELD)
+
+
+def _json_document(body: bytes) -> Any:
+    try:
+        document = json.loads(body, parse_int=json_integer)
+    except (ValueError, UnicodeDecodeError):
+        raise _invalid("请求体不是有效的 JSON") from None
+    except RecursionError:  # the decoder's own depth limit
+        raise _invalid("请求体的 JSON 嵌套过深") from None
+    return document
+
+
+def validate_form(endpoint: str, form: Any) -> dict[str, Any]:
+    """The options of multipart text fields (`form`: a werkzeug MultiDict or a plain dict whose
+    values are text, or already JSON values); ContractError(1001) as described above."""
+    model = fields_of(endpoint)
+    return _validate_python(model, form_values(model, form)).options()
+
+
+def _validate_python(model: type[Fields], values: Any) -> Fields:
+    if not isinstance(values, dict):
+        raise _invalid("请求体必须是 JSON 对象")
+    try:
+        return model.model_validate(values)
+    except ValidationError as error:
+        raise refusal(error) from None
+
+
+# -- multipart text -> JSON values --------------------------------------------------------
+
+
+def form_values(model: type[Fields], form: Any) -> dict[str, Any]:
+    """The values `model` validates, from form text: only its own fields, each decoded by
+    its spelling (module docstring); values that are not text pass as they are."""
+    values: dict[str, Any] = {}
+    for name in model.model_fields:
+        given = [value for value in _all_of(form, name) if not (isinstance(value, str) and not value.strip())]
+        if not given:
+            continue
+        decode = _FORM_TEXT.get(name, _one)
+        values[name] = decode(name, given)
+    return values
+
+
+def _all_of(form: Any, name: str) -> list[Any]:
+    if hasattr(form, "getlist"):
+        return list(form.getlist(name))
+    return [form[name]] if form.get(name) is not None else []
+
+
+def _one(name: str, given: list[Any]) -> Any:
+    if len(given) > 1:
+        raise _invalid(f"参数 {name} 只能提供一次，收到 {len(given)} 个")
+    return given[0]
+
+
+def _json_text(name: str, given: list[Any]) -> Any:
+    value = _one(name, given)
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value, parse_int=json_integer)
+    except ValueError:
+        raise _invalid(f"参数 {name} 不是有效的 JSON：{value[:40]!r}") from None
+    except RecursionError:  # the decoder's own depth limit: "[[[[…" is abuse, not a value
+        raise _invalid(f"参数 {name} 的 JSON 嵌套过深") from None
+
+
+def _choice_text(name: str, given: list[Any]) -> Any:
+    """Repeated fields (`-F plans=a -F plans=b`) are the list; one field is a list, JSON text
+    or comma-separated text."""
+    if len(given) > 1:
+        return [value.strip() if isinstance(value, str) else value for value in given]
+    value = given[0]
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    return _json_text(name, [text]) if text.startswith("[") else [part.strip() for part in text.split(",")]
+
+
+def _number_text(name: str, given: list[Any]) -> Any:
+    value = _one(name, given)
+    if not isinstance(value, str):
+        return value
+    try:
+        return float(value.strip())  # "1e400" and 400 digits are inf: out of range
+    except ValueError:
+        return value  # refused as what it is, text
+
+
+def _word_text(name: str, given: list[Any]) -> Any:
+    value = _one(name, given)
+    return value.strip().lower() if isinstance(value, str) else value  # " Female " from a form
+
+
+_FORM_TEXT: dict[str, Callable[[str, list[Any]], Any]] = {
+    "gender": _word_text,
+    "plans": _choice_text,
+    "styles": _choice_text,
+    "hairline_points": _json_text,
+    "drop_mm": _number_text,
+}
+
+
+# -- pydantic's errors -> the contract's messages ------------------------------------------
+
+
+def refusal(error: ValidationError) -> ContractError:
+    """The 1001 for the first of `error`'s failures in the contract's order."""
+    details = error.errors(include_url=False)
+    first = min(details, key=lambda detail: 0 if detail["loc"][:1] == (IMAGE_BASE64_FIELD,) else 1)
+    return _invalid(_message(first))
+
+
+def _message(detail: ErrorDetails) -> str:
+    loc, kind, given = detail["loc"], detail["type"], detail.get("input")
+    if kind in ("missing_image", "exactly_one"):
+        return detail["msg"]
+    if not loc:
+        return "请求体必须是 JSON 对象" if kind in ("model_type", "dict_type") else detail["msg"]
+    name = str(loc[0])
+    explain = _FIELD_MESSAGES.get(name)
+    if explain is None:  # a field added to a model without its message is a bug
+        raise AssertionError(f"no message for field {name!r} ({kind})")
+    return explain(loc[1:], kind, given)
+
+
+def _image_message(rest: tuple[int | str, ...], kind: str, given: Any) -> str:
+    if kind == "missing" or given is None or given == "":
+        return MSG_NO_IMAGE
+    return "参数 image_base64 必须是字符串（base64 编码的图片）"
+
+
+def _gender_message(rest: tuple[int | str, ...], kind: str, given: Any) -> str:
+    return f"参数 gender 无效：只能是 {' / '.join(GENDERS)}"
+
+
+def _choices_message(name: str, allowed: Sequence[str]) -> Callable[[tuple[int | str, ...], str, Any], str]:
+    listed = ", ".join(allowed)
+
+    def message(rest: tuple[int | str, ...], kind: str, given: Any) -> str:
+        if rest:  # one item
+            return f"参数 {name} 含未知取值 {given!r}，可选值：{listed}"
+        if kind == "unique_items":
+            return f"参数 {name} 含重复取值"
+        return f"参数 {name} 必须是非空列表，可选值：{listed}"
+
+    return message
+
+
+def _number_message(name: str, kind: str, given: Any) -> str:
+    if kind == "finite_number":
+        if isinstance(given, float) and math.isnan(given):
+            return f"参数 {name} 必须是有限的数字"
+        return f"参数 {name} 超出范围：数值过大"  # inf: "1e400", or a 400-digit integer
+    if kind == "float_type" and isinstance(given, int) and not isinstance(given, bool):
+        return f"参数 {name} 超出范围：数值过大"  # an int past float's range (a caller's own dict)
+    if kind in ("greater_than_equal", "less_than_equal"):
+        return f"参数 {name} 超出范围：{given:g}，应在 0–{MAX_DROP_MM:g} 毫米之间"
+    if isinstance(given, str):
+        return f"参数 {name} 必须是数字，收到 {given[:40]!r}"
+    return f"参数 {name} 必须是数字"
+
+
+def _points_message(rest: tuple[int | str, ...], kind: str, given: Any) -> str:
+    if not rest:
+        if kind in ("too_short", "too_long"):
+            return (f"参数 hairline_points 需要 {MIN_HAIRLINE_POINTS}–{MAX_HAIRLINE_POINTS} 个点，"
+                    f"收到 {len(given)} 个")
+        return f"参数 hairline_points 必须是点的列表，{_POINTS_SHAPE}"
+    index = int(rest[0])
+    if len(rest) == 1 or kind == "missing":  # the point itself, or a coordinate short
+        return f"参数 hairline_points 第 {index + 1} 个点无效，{_POINTS_SHAPE}"
+    return _number_message(f"hairline_points[{index}]", kind, given)
+
+
+_FIELD_MESSAGES: Mapping[str, Callable[[tuple[int | str, ...], str, Any], str]] = {
+    IMAGE_BASE64_FIELD: _image_message,
+    "gender": _gender_message,
+    "plans": _choices_message("plans", PLANS),
+    "styles": _choices_message("styles", STYLES),
+    "hairline_points": _points_message,
+    "drop_mm": lambda rest, kind, given: _number_message("drop_mm", kind, given),
+}
