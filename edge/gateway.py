@@ -18,6 +18,7 @@ import trio
 from edge.admission.gate import Admission
 from edge.web.api import ApiService
 from edge.pool.dispatch import Dispatcher
+from edge.pool.host_leases import build_host_leases
 from edge.local.face_workers import FaceWorkers
 from edge.local.features import Features
 from edge.pool.forward import RetryPolicy, Upstream
@@ -106,6 +107,7 @@ def build_gateway(
         probe_interval_seconds=checks.interval_seconds,
         metrics=metrics,
         limits=settings.analysis,
+        host_leases=build_host_leases(redis),
     )
     stats = RequestStats()
     metrics.classify = stats.classify = api.is_slow  # read per record: a reload of slow_paths applies at once

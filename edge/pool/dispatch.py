@@ -3,14 +3,18 @@
 The dispatcher is the only runtime writer of the `Pool`; the prober and the forwarder
 report to it (`record_probe`, `eject`), and it logs the pool's transitions. A request:
 
-    async with dispatcher.slot():                              # one of max_inflight, FIFO
+    async with dispatcher.slot(slow=s):                        # one of max_inflight, by class
         async with dispatcher.worker(tried, path=p, slow=s) as w:  # see edge.pool.scheduling
-            with w.forwarding(timeout):                        # an abandoned forward drains
-                ...                                            # forward to w.url
+            with w.forwarding(timeout):                        # an abandoned forward drains,
+                ...                                            # a busy answer holds: forward to w.url
 
-Who gets the next idle worker is `scheduling.next_assignment` (fast and slow classes, the
-reservation, the slow offset); a request that would wait longer than its queue wait by
-the estimate of `scheduling.estimated_start` is refused at once (`EarlyRefusal`).
+Who gets the next slot and the next idle worker is `scheduling.next_slot` and
+`scheduling.next_assignment` (fast and slow classes, the reservation, the slow offset);
+a request that would wait longer than its queue wait by the estimate of
+`scheduling.estimated_start` (and its margin) is refused at once (`EarlyRefusal`). A
+forward answered "busy" (another gateway's job) gives its worker back marked busy in the
+same step, before any waiter is handed it; the prober then follows that worker as after
+a departure, until a probe says it is free.
 Queue-wait timeouts (work never started) raise `Busy`; no online worker, on arrival or
 while waiting, raises `Unavailable` at once. A client that leaves cancels its handler
 (quart-trio): a wait ends and gives back its place; a forward left unfinished leaves its
@@ -32,13 +36,21 @@ import trio
 
 from edge.pool.forward import WorkerBusy, WorkerFailure, WorkerRefusal
 from edge.pool.pool import Pool, PoolEvent, ProbeResult, Thresholds, Transition
-from edge.pool.scheduling import SchedulingPolicy, ServiceTimes, Waiting, estimated_start, next_assignment
+from edge.pool.scheduling import (
+    SchedulingPolicy,
+    ServiceTimes,
+    SlotUse,
+    Waiting,
+    estimated_start,
+    next_assignment,
+    next_slot,
+    surely_hopeless,
+)
 
 log = logging.getLogger("edge.pool")
 
-# A worker that answered "busy" (another gateway's job) is skipped this long, or until a
-# probe sees it free (gateway.md § Several gateways).
-BUSY_ELSEWHERE_SECONDS = 1.0
+# A waiter for a worker looks again this often: a draining worker's hold ends by time alone.
+HOLD_CHECK_SECONDS = 1.0
 
 
 class DispatchError(Exception):
@@ -75,21 +87,28 @@ class WorkerLease:
         self._path = path
         self._service_times = service_times
         self.abandoned_timeout: float | None = None  # set when a forward was left unfinished
+        self.busy_elsewhere = False  # it answered "busy": given back marked so
+        self.timed = True  # the answer's time is a service time (not the host's own 1007)
 
     @contextmanager
     def forwarding(self, timeout_seconds: float) -> Iterator[None]:
-        """Around the forward: an answer times the path; leaving it any other way than with
-        an answer or a finished exchange (cancelled, the client left) leaves the worker
+        """Around the forward: an answer times the path (unless `timed` was cleared); a
+        busy answer gives the worker back busy; leaving it any other way than with an
+        answer or a finished exchange (cancelled, the client left) leaves the worker
         draining for at most `timeout_seconds`."""
         started = trio.current_time()
         try:
             yield
+        except WorkerBusy:
+            self.busy_elsewhere = True
+            raise
         except _EXCHANGE_ENDED:
             raise
         except BaseException:
             self.abandoned_timeout = timeout_seconds
             raise
-        self._service_times.record(self._path, trio.current_time() - started)
+        if self.timed:
+            self._service_times.record(self._path, trio.current_time() - started)
 
 
 @dataclass
@@ -97,6 +116,14 @@ class _Waiter:
     waiting: Waiting
     event: trio.Event = field(default_factory=trio.Event)
     index: int | None = None  # set when a worker is handed over
+    unavailable: bool = False
+
+
+@dataclass(eq=False)
+class _SlotWaiter:
+    waiting: Waiting
+    event: trio.Event = field(default_factory=trio.Event)
+    granted: bool = False
     unavailable: bool = False
 
 
@@ -127,53 +154,73 @@ class Dispatcher:
         queue_wait_seconds: float,
         max_queue_wait_seconds: float,
         policy: SchedulingPolicy = SchedulingPolicy(),
+        early_refusal: bool = True,
     ) -> None:
+        """`early_refusal` False: every request waits its queue wait (a benchmark's control)."""
         self.pool = pool
         self.policy = policy
         self.counters = DispatchCounters()
         self.service_times = ServiceTimes()
-        self._slots = trio.CapacityLimiter(max_inflight)
+        self._early_refusal = early_refusal
+        self._slots = SlotUse(max_inflight)
         self._queue_wait_seconds = queue_wait_seconds
         self._max_queue_wait_seconds = max_queue_wait_seconds
-        self._slot_waiters: set[trio.CancelScope] = set()
+        self._slot_waiters: list[_SlotWaiter] = []
         self._waiters: list[_Waiter] = []
-        self._departed: set[int] = set()  # workers left draining, for the prober to follow
-        self._departed_changed = trio.Event()
+        self._to_follow: set[int] = set()  # workers held until a probe says free, for the prober
+        self._to_follow_changed = trio.Event()
 
     # --- slots --------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        # The borrower is a token object, not the current task, so the slot's owner is
-        # this block whatever task machinery runs it.
-        token = object()
+    async def slot(self, *, slow: bool = False) -> AsyncIterator[None]:
+        """One of `max_inflight` slots, given in service order with the reservation
+        (`scheduling.next_slot`), waited for at most `max_queue_wait_seconds`."""
         if not self.pool.any_online():
             raise Unavailable
-        try:
-            self._slots.acquire_on_behalf_of_nowait(token)
-        except trio.WouldBlock:
-            try:
-                await self._wait_for_slot(token)
-            except trio.Cancelled:
-                self.counters.departures_queued += 1
-                raise
+        waiter = _SlotWaiter(Waiting(trio.current_time(), slow))
+        self._slot_waiters.append(waiter)
+        self._hand_out_slots()
+        if not waiter.granted:
+            await self._wait_for_slot(waiter)
         try:
             yield
         finally:
-            self._slots.release_on_behalf_of(token)
+            self._take_slot(slow, -1)
+            self._hand_out_slots()
 
-    async def _wait_for_slot(self, token: object) -> None:
-        with trio.move_on_after(self._max_queue_wait_seconds) as timeout:
-            with trio.CancelScope() as nothing_online:
-                self._slot_waiters.add(nothing_online)
-                try:
-                    await self._slots.acquire_on_behalf_of(token)
-                    return
-                finally:
-                    self._slot_waiters.discard(nothing_online)
-            raise Unavailable
-        if timeout.cancelled_caught:
-            raise Busy
+    async def _wait_for_slot(self, waiter: _SlotWaiter) -> None:
+        try:
+            with trio.move_on_after(self._max_queue_wait_seconds):
+                await waiter.event.wait()
+        except BaseException as leaving:
+            if isinstance(leaving, trio.Cancelled):  # the client left while queued
+                self.counters.departures_queued += 1
+            self._abandon_slot(waiter)
+            raise
+        if waiter.granted:
+            return
+        self._abandon_slot(waiter)
+        raise Unavailable if waiter.unavailable else Busy
+
+    def _abandon_slot(self, waiter: _SlotWaiter) -> None:
+        if waiter in self._slot_waiters:
+            self._slot_waiters.remove(waiter)
+        if waiter.granted:  # granted in the same step it gave up: give it back
+            waiter.granted = False
+            self._take_slot(waiter.waiting.slow, -1)
+            self._hand_out_slots()
+
+    def _take_slot(self, slow: bool, count: int) -> None:
+        slots = self._slots
+        self._slots = SlotUse(slots.total, slots.in_use + count, slots.slow_in_use + (count if slow else 0))
+
+    def _hand_out_slots(self) -> None:
+        while (position := next_slot(self._slots, [w.waiting for w in self._slot_waiters], self.policy)) is not None:
+            waiter = self._slot_waiters.pop(position)
+            self._take_slot(waiter.waiting.slow, 1)
+            waiter.granted = True
+            waiter.event.set()
 
     # --- workers ------------------------------------------------------------------------
 
@@ -203,22 +250,26 @@ class Dispatcher:
             yield lease
         finally:
             now = trio.current_time()
-            if lease.abandoned_timeout is None:
-                self.pool.release(lease.index, now)
-            else:
+            if lease.abandoned_timeout is not None:
                 self.counters.departures_forward += 1
                 self.pool.release(lease.index, now, drain_seconds=lease.abandoned_timeout)
-                self._departed.add(lease.index)
-                self._departed_changed.set()
+            else:  # busy elsewhere: marked in this same step, before the hand-over below
+                self.pool.release(lease.index, now, busy_elsewhere=lease.busy_elsewhere)
+            if self.pool.workers[lease.index].awaiting_probe:
+                self._to_follow.add(lease.index)
+                self._to_follow_changed.set()
             self._hand_over()
 
     def _refuse_if_hopeless(self, waiter: _Waiter) -> None:
-        """Early answer: the estimated start is later than the queue wait allows."""
+        """Early answer: the estimated start is past the queue wait, by the margin."""
+        if not self._early_refusal:
+            return
         others = [w.waiting for w in self._waiters if w is not waiter]
+        now = trio.current_time()
         start = estimated_start(
-            self.pool, others, waiter.waiting, self.policy, self.service_times.median, trio.current_time()
+            self.pool, others, waiter.waiting, self.policy, self.service_times.low, now, self._queue_wait_seconds
         )
-        if start is not None and start > self._queue_wait_seconds:
+        if start is not None and surely_hopeless(start, self._queue_wait_seconds):
             self._waiters.remove(waiter)
             self.counters.early_refusals += 1
             raise EarlyRefusal(max(1, math.ceil(start)))
@@ -227,9 +278,8 @@ class Dispatcher:
         try:
             with trio.move_on_after(self._queue_wait_seconds):
                 while not waiter.event.is_set():
-                    # holds that end by time alone (busy elsewhere, draining) free a
-                    # worker without an event
-                    with trio.move_on_after(BUSY_ELSEWHERE_SECONDS):
+                    # a hold that ends by time alone (draining) frees a worker without an event
+                    with trio.move_on_after(HOLD_CHECK_SECONDS):
                         await waiter.event.wait()
                     self._hand_over()
         except BaseException as leaving:
@@ -264,12 +314,13 @@ class Dispatcher:
             waiter.index = index
             waiter.event.set()
 
-    async def departures(self) -> list[int]:
-        """Wait until forwards were abandoned; the workers left draining since the last call."""
-        await self._departed_changed.wait()
-        self._departed_changed = trio.Event()
-        departed, self._departed = sorted(self._departed), set()
-        return departed
+    async def workers_to_follow(self) -> list[int]:
+        """Wait until workers were given back held until a probe says free (a forward
+        abandoned, a busy answer); those since the last call."""
+        await self._to_follow_changed.wait()
+        self._to_follow_changed = trio.Event()
+        held, self._to_follow = sorted(self._to_follow), set()
+        return held
 
     def _fail_hopeless_waiters(self) -> None:
         """Waiters no online worker can ever serve fail now, not after queue_wait_seconds."""
@@ -279,8 +330,10 @@ class Dispatcher:
                 self._waiters.remove(waiter)
                 waiter.event.set()
         if not self.pool.any_online():
-            for scope in self._slot_waiters:
-                scope.cancel()
+            for slot_waiter in self._slot_waiters:
+                slot_waiter.unavailable = True
+                slot_waiter.event.set()
+            self._slot_waiters.clear()
 
     # --- settings reload ------------------------------------------------------------------
 
@@ -299,10 +352,11 @@ class Dispatcher:
         for event in self.pool.reconfigure(workers, primary_workers, thresholds):
             _log_event(event)
         self.policy = policy
-        self._slots.total_tokens = max_inflight
+        self._slots = SlotUse(max_inflight, self._slots.in_use, self._slots.slow_in_use)
         self._queue_wait_seconds = queue_wait_seconds
         self._max_queue_wait_seconds = max_queue_wait_seconds
         self._fail_hopeless_waiters()
+        self._hand_out_slots()
         self._hand_over()
 
     # --- reports from the prober and the forwarder --------------------------------------
@@ -314,13 +368,9 @@ class Dispatcher:
         self._hand_over()
 
     def expire_holds(self) -> None:
-        """Holds that end by time alone (busy elsewhere, draining) end now if due."""
+        """A hold that ends by time alone (draining) ends now if due."""
         self.pool.expire_holds(trio.current_time())
         self._hand_over()
-
-    def mark_busy_elsewhere(self, index: int) -> None:
-        """Call after the lease on `index` is given back (a release clears every busy mark)."""
-        self.pool.mark_busy_elsewhere(index, trio.current_time(), BUSY_ELSEWHERE_SECONDS)
 
     def eject(self, index: int, reason: str) -> None:
         event = self.pool.eject(index, trio.current_time(), reason)
@@ -335,8 +385,8 @@ class Dispatcher:
 
     def statistics(self) -> DispatchStatistics:
         return DispatchStatistics(
-            slots_in_use=self._slots.borrowed_tokens,
-            waiting_for_slot=self._slots.statistics().tasks_waiting,
+            slots_in_use=self._slots.in_use,
+            waiting_for_slot=len(self._slot_waiters),
             waiting_for_worker=len(self._waiters),
         )
 

@@ -8,6 +8,9 @@ Invariants:
 - a worker is leased to at most one request at a time (`per_worker_concurrency` = 1);
 - a worker is selectable only when online, not leased, and not reported busy by a probe
   sent after the gateway's last request to it ended;
+- a worker that answered a forward "busy" (another gateway's job runs there) is marked
+  busy in the same step that gives the lease back (`release(busy_elsewhere=True)`), so no
+  waiter can be handed it in between; only a probe sent after that says it is free again;
 - a worker whose request was abandoned mid-forward (its client left) is draining: it is
   not selectable until a probe sent after the abandonment says it is free, or until the
   attempt's timeout has passed (by then the host has given up the job itself);
@@ -56,7 +59,6 @@ class WorkerState:
     last_request_ended: float = -math.inf
     idle_since: float = -math.inf
     retired: bool = False  # removed from the settings: gets nothing new, counts nowhere
-    busy_elsewhere_until: float | None = None  # it said "busy" to a forward: another gateway's job
     draining_until: float | None = None  # its client left mid-forward: the host may still be at it
     running_slow: bool = False  # leased (or draining) with a slow request: the reservation counts it
     leased_at: float = -math.inf
@@ -73,6 +75,11 @@ class WorkerState:
     @property
     def idle(self) -> bool:
         return self.online and not self.busy
+
+    @property
+    def awaiting_probe(self) -> bool:
+        """Held until a probe says it is free: draining after a departure, or busy elsewhere."""
+        return not self.leased and (self.reported_busy or self.draining_until is not None)
 
     @property
     def comfyui_down(self) -> bool:
@@ -199,7 +206,6 @@ class Pool:
         # worker is free now; only one sent after that request ended may (un)set the flag.
         if result.sent_at >= worker.last_request_ended:
             worker.reported_busy = result.busy and not worker.leased
-            worker.busy_elsewhere_until = None
             if not result.busy and worker.draining_until is not None:
                 worker.draining_until, worker.running_slow = None, False
         if worker.online or now < worker.cooldown_until:
@@ -248,13 +254,16 @@ class Pool:
         worker.leased = True
         worker.leased_at, worker.leased_path, worker.running_slow = now, path, slow
 
-    def release(self, index: int, now: float, *, drain_seconds: float | None = None) -> None:
+    def release(
+        self, index: int, now: float, *, drain_seconds: float | None = None, busy_elsewhere: bool = False
+    ) -> None:
         """The request on `index` is over. `drain_seconds`: it was abandoned mid-forward, so
-        the worker waits for a probe that says it is free, at most that long."""
+        the worker waits for a probe that says it is free, at most that long.
+        `busy_elsewhere`: it answered "busy" (or another gateway holds its shared lease), so
+        it is busy from this very step until a probe sent after it says free."""
         worker = self.workers[index]
         worker.leased = False
-        worker.reported_busy = False
-        worker.busy_elsewhere_until = None
+        worker.reported_busy = busy_elsewhere
         worker.last_request_ended = now
         worker.idle_since = now
         if drain_seconds is None:
@@ -262,19 +271,9 @@ class Pool:
         else:
             worker.draining_until = now + drain_seconds
 
-    def mark_busy_elsewhere(self, index: int, now: float, hold_seconds: float) -> None:
-        """The worker answered a forward with "busy" (another gateway's job runs there): not a
-        failure; skip it until a probe sees it free, or `hold_seconds` have passed."""
-        worker = self.workers[index]
-        worker.reported_busy = True
-        worker.busy_elsewhere_until = now + hold_seconds
-
     def expire_holds(self, now: float) -> None:
-        """End the holds that end by time alone: "busy elsewhere", and draining."""
+        """End the hold that ends by time alone: draining (the host gave the job up by then)."""
         for worker in self.workers:
-            if worker.busy_elsewhere_until is not None and worker.busy_elsewhere_until <= now:
-                worker.reported_busy = False
-                worker.busy_elsewhere_until = None
             if worker.draining_until is not None and worker.draining_until <= now:
                 worker.draining_until, worker.running_slow = None, False
 

@@ -6,9 +6,10 @@ never accepts a connection before it knows who is online; that is also when the 
 connections: a worker busy with an inference still answers `/health`, so a probe never
 waits for a request to finish.
 
-Beside the rounds, a worker whose forward was abandoned (its client left) is probed at
-once and then every `DEPARTURE_PROBE_INTERVAL_SECONDS` until a probe says it is free, so
-the GPU it no longer works for serves the next request within a probe's round trip.
+Beside the rounds, a worker whose forward was abandoned (its client left), or that
+answered a forward "busy" (another gateway's job), is probed at once and then every
+`HELD_PROBE_INTERVAL_SECONDS` until a probe says it is free, so the GPU serves the
+next request within a probe's round trip of being free.
 Each probe also keeps the host's deep `checks` and its `inference_timeout_seconds`; a
 host whose timeout leaves no margin below the gateway's request timeout is named in one
 warning (per worker and value).
@@ -35,7 +36,7 @@ log = logging.getLogger("edge.pool")
 # (url, timeout_seconds) -> the answer; raises on transport errors and timeouts.
 ProbeFunction = Callable[[str, float], Awaitable[HealthAnswer]]
 
-DEPARTURE_PROBE_INTERVAL_SECONDS = 0.1  # gateway.md § Scheduling: at once, then every 100 ms
+HELD_PROBE_INTERVAL_SECONDS = 0.1  # gateway.md § Scheduling, § Several gateways: at once, then every 100 ms
 
 
 def judge(answer: HealthAnswer, sent_at: float) -> ProbeResult:
@@ -114,20 +115,20 @@ class Prober:
 
     async def _follow_departures(self, nursery: trio.Nursery) -> None:
         while True:
-            for index in await self._dispatcher.departures():
+            for index in await self._dispatcher.workers_to_follow():
                 if index not in self._following:
                     self._following.add(index)
                     nursery.start_soon(self._probe_until_free, index)
 
     async def _probe_until_free(self, index: int) -> None:
-        """At once, then every 100 ms, until the worker is no longer draining (a probe said
-        it is free, its hold ran out, or it went offline or was removed)."""
+        """At once, then every 100 ms, until the worker is no longer held (a probe said it
+        is free, a drain ran out, it was leased again, or it went offline or was removed)."""
         worker = self._dispatcher.pool.workers[index]
         try:
             next_probe = trio.current_time()
-            while worker.draining_until is not None and worker.online:
+            while worker.awaiting_probe and worker.online:
                 await self._probe_one(index, worker.url)
-                next_probe = max(next_probe + DEPARTURE_PROBE_INTERVAL_SECONDS, trio.current_time())
+                next_probe = max(next_probe + HELD_PROBE_INTERVAL_SECONDS, trio.current_time())
                 await trio.sleep_until(min(next_probe, worker.draining_until or next_probe))
                 self._dispatcher.expire_holds()
         finally:

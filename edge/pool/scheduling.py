@@ -10,26 +10,40 @@ functions answer (gateway.md § Scheduling), so that they are tables in the test
   slow jobs (unless the eligible pool is no larger than the reservation). A waiter that
   cannot be served lets the next one try: a measurement behind a reserved-out generation
   takes the reserved worker.
+- `next_slot`: the next waiter for one of the `max_inflight` slots, in the same service
+  order, with the same reservation: a slow request never takes a slot that would leave
+  fewer than `reserved_fast_workers` slots free of slow requests, so a burst of
+  generations holding every slot (most of them only waiting for a worker) never makes a
+  measurement wait at the slot while the reserved host is idle.
 - `estimated_start`: seconds until a newcomer could start, replaying the waiters of its
-  class ahead of it against the running jobs with each path's median service time; None
-  when some time is unknown (then the request simply waits). It is a lower bound: what it
-  cannot time (a worker busy for another gateway, one draining) counts as free now, so an
-  early refusal is only given when waiting is surely hopeless.
+  class ahead of it against the running jobs with each path's low service time (the 10th
+  percentile of its last 100 answers, not the median: one fast answer after slow ones
+  pulls it down at once); None when some time is unknown (then the request simply
+  waits). It is meant as a lower bound: what it cannot time (a worker busy for another
+  gateway, one draining) counts as free now, and a waiter ahead that would time out
+  before its turn even so is left out of the replay. `surely_hopeless` then asks for a
+  margin above the queue wait before an early refusal is given.
 """
 
 from __future__ import annotations
 
 import heapq
-import statistics
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from edge.pool.pool import Pool, WorkerState
+from shared.percentiles import percentile
 
-# gateway.md § Scheduling: the median of a path's last 100 answers, none before 5.
+# gateway.md § Scheduling: a low percentile of a path's last 100 answers, none before 5.
 SERVICE_TIME_SAMPLES = 100
 SERVICE_TIME_MIN_SAMPLES = 5
+SERVICE_TIME_LOW_FRACTION = 0.10  # nearest rank: with 5 to 10 answers, the fastest of them
+# An early refusal needs the estimate past the queue wait by this much (seconds, and a
+# fraction of the wait): a bound from recent history is no promise about the next answers.
+REFUSAL_MARGIN_SECONDS = 1.0
+REFUSAL_MARGIN_FRACTION = 0.25
 MAX_TIMED_PATHS = 64  # the GPU endpoints are five; anything beyond is not timed
 # The classes as `/admin/stats` and the metrics name them (slow = `edge.dispatch.slow_paths`).
 FAST, SLOW = "fast", "slow"
@@ -101,7 +115,42 @@ def next_assignment(pool: Pool, waiters: Sequence[Waiting], policy: SchedulingPo
     return None
 
 
+@dataclass(frozen=True)
+class SlotUse:
+    """The `max_inflight` slots: how many exist, how many are held, how many by slow requests."""
+
+    total: int
+    in_use: int = 0
+    slow_in_use: int = 0
+
+
+def slot_allows(slots: SlotUse, slow: bool, policy: SchedulingPolicy) -> bool:
+    """May a request of this class take a slot now?"""
+    if slots.in_use >= slots.total:
+        return False
+    if not slow or slots.total <= policy.reserved_fast_workers:
+        return True  # no room for a reservation: every slot serves everything
+    return slots.total - slots.slow_in_use - 1 >= policy.reserved_fast_workers
+
+
+def next_slot(slots: SlotUse, waiters: Sequence[Waiting], policy: SchedulingPolicy) -> int | None:
+    """Position in `waiters` of the next one to get a slot, or None; a slow waiter the
+    reservation holds back lets the next one try, as at the worker."""
+    if slots.in_use >= slots.total:
+        return None
+    for position in service_order(waiters, policy):
+        if slot_allows(slots, waiters[position].slow, policy):
+            return position
+    return None
+
+
 ServiceTime = Callable[[str], "float | None"]
+
+
+def surely_hopeless(estimated_seconds: float, queue_wait_seconds: float) -> bool:
+    """Refuse at once only when the estimate is past the queue wait by the margin."""
+    margin = max(REFUSAL_MARGIN_SECONDS, REFUSAL_MARGIN_FRACTION * queue_wait_seconds)
+    return estimated_seconds > queue_wait_seconds + margin
 
 
 def estimated_start(
@@ -111,8 +160,11 @@ def estimated_start(
     policy: SchedulingPolicy,
     service_time: ServiceTime,
     now: float,
+    queue_wait_seconds: float = math.inf,
 ) -> float | None:
-    """Seconds from `now` until `newcomer` (not in `queue`) could start; None: unknown."""
+    """Seconds from `now` until `newcomer` (not in `queue`) could start; None: unknown.
+    A waiter ahead whose turn, by the replay, comes after its own queue wait ran out
+    (`queue_wait_seconds` from its arrival) will have left by then: it takes no lane."""
     if service_time(newcomer.path) is None:
         return None
     lanes = _lanes(pool, newcomer, policy, service_time, now)
@@ -125,6 +177,8 @@ def estimated_start(
         seconds = service_time(waiting.path)
         if seconds is None:
             return None
+        if lanes[0] > waiting.arrived_at + queue_wait_seconds - now:
+            continue  # it times out before a lane frees, even by the lower bound
         heapq.heapreplace(lanes, lanes[0] + seconds)
     return lanes[0]
 
@@ -155,11 +209,12 @@ def _lanes(
 
 
 class ServiceTimes:
-    """Each path's recent service times (the forward of an answered request), bounded."""
+    """Each path's recent service times (the forward of a request the host served: not a
+    failure, not the host's own 1007 such as its inference timeout), bounded."""
 
     def __init__(self) -> None:
         self._by_path: dict[str, deque[float]] = {}
-        self._medians: dict[str, float | None] = {}  # until the next record: an estimate asks for each waiter
+        self._lows: dict[str, float | None] = {}  # until the next record: an estimate asks for each waiter
 
     def record(self, path: str, seconds: float) -> None:
         samples = self._by_path.get(path)
@@ -168,13 +223,15 @@ class ServiceTimes:
                 return
             samples = self._by_path[path] = deque(maxlen=SERVICE_TIME_SAMPLES)
         samples.append(seconds)
-        self._medians.pop(path, None)
+        self._lows.pop(path, None)
 
-    def median(self, path: str) -> float | None:
-        if path in self._medians:
-            return self._medians[path]
+    def low(self, path: str) -> float | None:
+        """The path's low service time (`SERVICE_TIME_LOW_FRACTION`), None before 5 answers."""
+        if path in self._lows:
+            return self._lows[path]
         samples = self._by_path.get(path)
-        median = None if samples is None or len(samples) < SERVICE_TIME_MIN_SAMPLES else statistics.median(samples)
+        enough = samples is not None and len(samples) >= SERVICE_TIME_MIN_SAMPLES
+        low = percentile(samples, SERVICE_TIME_LOW_FRACTION) if samples is not None and enough else None
         if samples is not None:  # an unknown path stays uncached: the cache is bounded as the paths are
-            self._medians[path] = median
-        return median
+            self._lows[path] = low
+        return low

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import trio
 
 from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal, Unavailable
+from edge.pool.host_leases import NO_HOST_LEASES, HostLeasing
 from edge.pool.forward import (
     FailureKind,
     ForwardRequest,
@@ -85,8 +86,11 @@ class ApiService:
         probe_interval_seconds: float,
         metrics: GatewayMetrics,
         limits: AnalysisSettings,
+        host_leases: HostLeasing = NO_HOST_LEASES,
     ) -> None:
+        """`host_leases`: the shared Redis's leases on hosts, when several gateways share them."""
         self._dispatcher = dispatcher
+        self._host_leases = host_leases
         self._metrics = metrics
         self._limits = limits
         self._upstream = upstream
@@ -129,7 +133,7 @@ class ApiService:
         progress = _Progress()
         progress.wait_began()
         try:
-            async with self._dispatcher.slot():
+            async with self._dispatcher.slot(slow=self.is_slow(request.path)):
                 progress.wait_ended()
                 answer = await self._forward_with_retries(request, progress)
         except EarlyRefusal as refusal:
@@ -153,6 +157,8 @@ class ApiService:
             try:
                 answer, images = await self._attempt(request, timeout_seconds, tried, progress)
             except WorkerBusy:  # shared with another gateway: not an attempt, not a failure
+                # (the lease was given back marked busy: nobody is handed the worker until a
+                # probe says it is free)
                 assert progress.worker is not None
                 # each new wait for a worker starts its own queue wait: bound them all together,
                 # or a host busy with another gateway's long job holds this request (and its slot)
@@ -161,7 +167,6 @@ class ApiService:
                     raise Busy("every eligible worker stayed busy with other gateways' jobs") from None
                 tried.discard(progress.worker)
                 progress.attempts -= 1
-                self._dispatcher.mark_busy_elsewhere(progress.worker)
                 continue
             except WorkerFailure as failure:
                 assert progress.worker is not None
@@ -199,8 +204,13 @@ class ApiService:
             try:
                 # A client that leaves now cancels the forward (the upstream connection is
                 # closed) and leaves the worker draining until the host says it is free.
+                # A busy answer (or another gateway's lease on the host) gives the worker
+                # back marked busy, in the same step (`WorkerLease.forwarding`).
                 with lease.forwarding(timeout_seconds):
-                    answer = await self._upstream.forward(lease.url, request, timeout_seconds)
+                    async with self._host_leases.hold(lease.url, timeout_seconds):
+                        answer = await self._upstream.forward(lease.url, request, timeout_seconds)
+                    # the host's own 1007 (its inference timeout, a restart) is no service time
+                    lease.timed = answer.envelope.get("code") != Code.SYSTEM_ERROR
                 images = await self._images.decode(answer.envelope) if has_images(answer.raw) else None
             except WorkerFailure as failure:
                 self._eject(lease.index, failure)

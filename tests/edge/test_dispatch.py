@@ -7,6 +7,7 @@ import trio
 import trio.testing
 
 from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal, Unavailable
+from edge.pool.forward import WorkerBusy
 from edge.pool.pool import Pool, ProbeResult
 from edge.pool.scheduling import SchedulingPolicy
 
@@ -261,33 +262,63 @@ async def test_a_measurement_never_waits_behind_generations_on_the_reserved_work
 
 
 async def test_an_early_answer_when_the_estimate_exceeds_the_queue_wait(autojump_clock) -> None:
-    for queue_wait, refused in [(1, True), (3, False)]:
+    # one running and one queued 3 s generation: the newcomer starts in 6 s. Past a 4 s wait
+    # by more than the margin (1 s): refused. Within a 7 s wait: it waits and is served.
+    for queue_wait, refused in [(4, True), (7, False)]:
         dispatcher = make_dispatcher(1, queue_wait=queue_wait)
         for _ in range(5):
-            dispatcher.service_times.record(GROW, 1.2)
-        release = trio.Event()
+            dispatcher.service_times.record(GROW, 3.0)
         outcome: list[tuple[str, float] | tuple[str, int, float]] = []
         async with trio.open_nursery() as nursery:
 
-            async def first() -> None:
+            async def generation() -> None:
                 async with dispatcher.worker(path=GROW, slow=True):
-                    await trio.sleep(1.2)
+                    await trio.sleep(3.0)
 
-            nursery.start_soon(first)
-            await trio.testing.wait_all_tasks_blocked()
+            for _ in range(2):
+                nursery.start_soon(generation)
+                await trio.testing.wait_all_tasks_blocked()
             started = trio.current_time()
             try:
                 async with dispatcher.worker(path=GROW, slow=True):
                     outcome.append(("served", trio.current_time() - started))
             except EarlyRefusal as refusal:
                 outcome.append(("refused", refusal.retry_after_seconds, trio.current_time() - started))
-            release.set()
         if refused:
-            assert outcome == [("refused", 2, 0)]
+            assert outcome == [("refused", 6, 0)]
             assert dispatcher.counters.early_refusals == 1
         else:
-            assert outcome == [("served", pytest.approx(1.2))]
+            assert outcome == [("served", pytest.approx(6.0))]
             assert dispatcher.counters.early_refusals == 0
+
+
+async def test_a_path_fast_again_is_not_refused_after_one_fast_answer(autojump_clock) -> None:
+    # five 2 s answers, then one of 20 ms: the median said 2 s for 50 more answers and refused
+    # requests that were then served at once; the low percentile follows the fast answer
+    dispatcher = make_dispatcher(1, queue_wait=2)
+    for seconds in [2.0] * 5 + [0.02]:
+        dispatcher.service_times.record(MEASURE, seconds)
+    served: list[float] = []
+
+    async def measurement() -> None:
+        async with dispatcher.worker(path=MEASURE):
+            await trio.sleep(0.02)
+            served.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(8):
+            nursery.start_soon(measurement)
+    assert len(served) == 8 and dispatcher.counters.early_refusals == 0
+
+
+async def test_the_hosts_own_1007_is_not_a_service_time(autojump_clock) -> None:
+    dispatcher = make_dispatcher(1)
+    for _ in range(5):
+        async with dispatcher.worker(path=GROW, slow=True) as lease:
+            with lease.forwarding(60):
+                await trio.sleep(50)  # the host's inference timeout answered 1007
+                lease.timed = False
+    assert dispatcher.service_times.low(GROW) is None, "no estimate from timeouts"
 
 
 async def test_no_estimate_before_five_answers_means_waiting(autojump_clock) -> None:
@@ -317,7 +348,7 @@ async def test_a_departed_forward_leaves_its_worker_draining_until_a_probe_says_
     dispatcher = make_dispatcher(1)
     index = await _abandon_a_forward(dispatcher, timeout=60)
     assert dispatcher.counters.departures_forward == 1
-    assert await dispatcher.departures() == [index], "the prober is told to follow it"
+    assert await dispatcher.workers_to_follow() == [index], "the prober is told to follow it"
     served_at: list[float] = []
 
     async def next_request() -> None:
@@ -350,7 +381,7 @@ async def test_an_answer_times_its_path_and_leaves_the_worker_idle(autojump_cloc
         async with dispatcher.worker(path=MEASURE) as lease:
             with lease.forwarding(10):
                 await trio.sleep(0.25)
-    assert dispatcher.service_times.median(MEASURE) == pytest.approx(0.25)
+    assert dispatcher.service_times.low(MEASURE) == pytest.approx(0.25)
     assert dispatcher.pool.workers[0].idle and dispatcher.counters.departures_forward == 0
 
 
@@ -388,3 +419,58 @@ async def test_a_reload_of_the_reservation_applies_to_waiters(autojump_clock) ->
         await trio.testing.wait_all_tasks_blocked()
         assert served == ["g1", "g2"]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_busy_answer_marks_the_worker_before_any_waiter_is_handed_it(autojump_clock) -> None:
+    # the mark used to come after the lease's exit had handed the worker to the next waiter,
+    # which uploaded its body to the busy host and bounced in turn
+    dispatcher = make_dispatcher(1)
+    handed: list[tuple[str, float]] = []
+
+    async def bounced() -> None:
+        with pytest.raises(WorkerBusy):
+            async with dispatcher.worker(path=MEASURE) as lease:
+                handed.append(("first", trio.current_time()))
+                with lease.forwarding(10):
+                    await trio.sleep(0.01)
+                    raise WorkerBusy
+
+    async def waiter() -> None:
+        async with dispatcher.worker(path=MEASURE):
+            handed.append(("waiter", trio.current_time()))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(bounced)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(waiter)
+        assert await dispatcher.workers_to_follow() == [0], "the prober follows it at once"
+        await trio.sleep(5)  # no hold that ends by time: another gateway's job may be long
+        assert [name for name, _ in handed] == ["first"], "nobody was handed the busy worker"
+        dispatcher.record_probe(0, ProbeResult(0.005, ok=True, busy=False))  # sent before it said busy
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(handed) == 1, "a probe sent before the busy answer says nothing"
+        freed_at = trio.current_time()
+        dispatcher.record_probe(0, ProbeResult(freed_at, ok=True, busy=False))
+    assert handed[-1] == ("waiter", freed_at)
+    assert dispatcher.pool.workers[0].online, "busy elsewhere is not a failure"
+
+
+async def test_a_measurement_never_waits_at_the_slot_behind_a_burst_of_generations(autojump_clock) -> None:
+    # max_inflight 6, 3 hosts, 10 queued 2 s generations: the FIFO slot limiter made the
+    # measurement wait for a slot (4.97 s on loopback) while the reserved host was idle
+    dispatcher = make_dispatcher(3, max_inflight=6)
+    served: dict[str, float] = {}
+
+    async def client(name: str, slow: bool, seconds: float) -> None:
+        async with dispatcher.slot(slow=slow), dispatcher.worker(path=GROW if slow else MEASURE, slow=slow):
+            served[name] = trio.current_time()
+            await trio.sleep(seconds)
+
+    async with trio.open_nursery() as nursery:
+        for number in range(10):
+            nursery.start_soon(client, f"g{number}", True, 2.0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert dispatcher.statistics().slots_in_use == 5, "generations leave the reserved slot"
+        nursery.start_soon(client, "m", False, 0.05)
+    assert served["m"] == 0, "the measurement took the free slot and the reserved host at once"
+    assert len(served) == 11, "every generation ran too"

@@ -258,3 +258,26 @@ def test_a_departure_drains_the_worker_until_a_later_probe_or_the_timeout(probe,
     assert pool.workers[0].idle is idle
     assert pool.workers[0].running_slow is not idle, "a draining generation still counts as slow work"
     assert (pool.statistics().workers_busy == 1) is not idle
+
+
+@pytest.mark.parametrize(
+    ("probe", "now", "idle"),
+    [
+        (None, 0.0, False),  # busy from the very step that gave the lease back
+        (None, 3600.0, False),  # … and time alone never frees it: another gateway's job may be long
+        (ProbeResult(0.0, ok=True, busy=False), 0.1, True),  # a probe after the busy answer: free
+        (ProbeResult(0.0, ok=True, busy=True), 0.1, False),  # still running the other job
+        (ProbeResult(-0.5, ok=True, busy=False), 0.1, False),  # sent before the answer: stale
+    ],
+)
+def test_a_busy_answer_holds_the_worker_until_a_later_probe_says_free(probe, now, idle) -> None:
+    pool = online_pool(A, B)
+    pool.lease(0, -1.0, path="/api/v1/hair/measure")
+    pool.release(0, 0.0, busy_elsewhere=True)
+    assert pool.select() is pool.workers[1], "nobody can be handed the busy worker"
+    if probe is not None:
+        pool.record_probe(0, probe, now=now)
+    pool.expire_holds(now)
+    assert pool.workers[0].idle is idle
+    assert pool.workers[0].awaiting_probe is not idle, "the prober follows it until it is free"
+    assert pool.workers[0].online, "busy elsewhere is not a failure"

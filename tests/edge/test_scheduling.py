@@ -1,7 +1,8 @@
 """Who is served next, and the early-answer estimate, as tables: pool state in, choice out.
 
-No sockets, no clock: `next_assignment` and `estimated_start` are pure functions of the
-pool, the waiters and the policy (gateway.md § Scheduling, § Capabilities).
+No sockets, no clock: `next_assignment`, `next_slot`, `estimated_start` and
+`surely_hopeless` are pure functions of the pool (or the slots), the waiters and the
+policy (gateway.md § Scheduling, § Capabilities).
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from edge.pool.pool import Pool, ProbeResult
 from edge.pool.scheduling import (
     SchedulingPolicy,
     ServiceTimes,
+    SlotUse,
     Waiting,
     estimated_start,
     next_assignment,
+    next_slot,
     service_order,
+    surely_hopeless,
 )
 
 URLS = ["http://w0", "http://w1", "http://w2", "http://w3"]
@@ -127,9 +131,9 @@ def test_nothing_idle_is_none_at_once() -> None:
     assert next_assignment(pool_of(1), [], DEFAULT) is None
 
 
-def times(**medians: float) -> ServiceTimes:
+def times(**lows: float) -> ServiceTimes:
     service = ServiceTimes()
-    for name, seconds in medians.items():
+    for name, seconds in lows.items():
         for _ in range(5):
             service.record({"grow": GROW, "measure": MEASURE}[name], seconds)
     return service
@@ -143,7 +147,7 @@ def times(**medians: float) -> ServiceTimes:
         # a generation queued ahead of it adds its own 1.2 s
         (pool_of(1, running={0: "slow"}), [Waiting(0.1, True, path=GROW)], Waiting(0.2, True, path=GROW),
          times(grow=1.2), 0.2, 2.2),
-        # a job that ran past its median counts as ending now, not in the past
+        # a job that ran past its low time counts as ending now, not in the past
         (pool_of(1, running={0: "slow"}), [], Waiting(5, True, path=GROW), times(grow=1.2), 5.0, 0.0),
         # fewer than 5 answers on a path: no estimate, the request simply waits
         (pool_of(1, running={0: "slow"}), [], Waiting(0.2, True, path=GROW), ServiceTimes(), 0.2, None),
@@ -155,26 +159,85 @@ def times(**medians: float) -> ServiceTimes:
         # a measurement on the same pool uses the free third host at once
         (pool_of(3, running={0: "slow", 1: "slow"}), [], Waiting(1, False, path=MEASURE),
          times(grow=2.0, measure=0.05), 1.0, 0.0),
+        # queue wait 2 s: of three generations queued at t=0 behind a 1.2 s job, the first
+        # starts in 1.0 s (taken), the second at 2.2 s, past its wait: it will have left
+        # and takes no lane, nor does the third; the newcomer starts at 2.2 s, not 4.6 s
+        (pool_of(1, running={0: "slow"}), [Waiting(0, True, path=GROW)] * 3, Waiting(0.2, True, path=GROW),
+         times(grow=1.2), 0.2, 2.2),
     ],
 )
 def test_estimated_start(pool: Pool, queue, newcomer: Waiting, service: ServiceTimes, now: float, expected) -> None:
-    got = estimated_start(pool, queue, newcomer, DEFAULT, service.median, now)
+    got = estimated_start(pool, queue, newcomer, DEFAULT, service.low, now, queue_wait_seconds=2.0)
     assert got == (None if expected is None else pytest.approx(expected))
 
 
-def test_service_times_are_the_median_of_the_last_hundred() -> None:
+def test_service_times_are_a_low_percentile_of_the_last_hundred() -> None:
     service = ServiceTimes()
     for seconds in [9.0] * 50 + [1.0] * 100:
         service.record(GROW, seconds)
-    assert service.median(GROW) == 1.0
-    assert service.median(MEASURE) is None
+    assert service.low(GROW) == 1.0, "the older 50 fell out of the window"
+    for seconds in [0.5] * 9:
+        service.record(GROW, seconds)
+    assert service.low(GROW) == 1.0, "9 fast of 100: the 10th percentile is still 1 s"
+    service.record(GROW, 0.5)
+    assert service.low(GROW) == 0.5, "the 10th fast answer is the 10th percentile, the median says 1 s"
+    assert service.low(MEASURE) is None
 
 
-def test_a_median_follows_each_new_service_time() -> None:
-    # the median is kept between records (an estimate asks for it once per waiter)
-    service = times(measure=0.05)
-    assert service.median(MEASURE) == 0.05
-    for _ in range(6):
-        service.record(MEASURE, 0.2)
-    assert service.median(MEASURE) == 0.2
-    assert service.median(GROW) is None
+def test_a_low_time_follows_each_new_service_time() -> None:
+    # the value is kept between records (an estimate asks for it once per waiter)
+    service = times(grow=2.0)
+    assert service.low(GROW) == 2.0
+    service.record(GROW, 0.02)  # five slow answers, then the path is fast again
+    assert service.low(GROW) == 0.02, "one fast answer is enough: the median stayed at 2 s"
+    assert service.low(MEASURE) is None
+
+
+@pytest.mark.parametrize(
+    ("estimate", "queue_wait", "hopeless"),
+    [
+        (2.9, 2.0, False),  # within the 1 s margin
+        (3.1, 2.0, True),
+        (2.4, 1.0, True),  # a short wait: still the whole second of margin
+        (24.0, 20.0, False),  # a long one: a quarter of it (5 s)
+        (25.1, 20.0, True),
+    ],
+)
+def test_an_early_refusal_needs_the_margin(estimate: float, queue_wait: float, hopeless: bool) -> None:
+    assert surely_hopeless(estimate, queue_wait) is hopeless
+
+
+def slot_order(slots: SlotUse, named: list[tuple[str, Waiting]], policy: SchedulingPolicy) -> list[str]:
+    """What the dispatcher does when slots free up: take waiters until none may have one."""
+    waiting, granted = list(named), []
+    while (position := next_slot(slots, [w for _, w in waiting], policy)) is not None:
+        name, waiter = waiting.pop(position)
+        slots = SlotUse(slots.total, slots.in_use + 1, slots.slow_in_use + waiter.slow)
+        granted.append(name)
+    return granted
+
+
+@pytest.mark.parametrize(
+    ("slots", "waiters", "policy", "expected"),
+    [
+        # max_inflight 6, reservation 1: generations hold at most 5, a measurement gets the 6th
+        (SlotUse(6), [slow(f"g{n}", n * 0.1) for n in range(10)] + [fast("m", 9)], DEFAULT,
+         ["g0", "g1", "g2", "g3", "g4", "m"]),
+        # … and within the offset it goes first
+        (SlotUse(6), [slow(f"g{n}", n * 0.1) for n in range(10)] + [fast("m", 2)], DEFAULT,
+         ["m", "g0", "g1", "g2", "g3", "g4"]),
+        (SlotUse(6, 5, 5), [slow("g5", 0.5), fast("m", 2)], DEFAULT, ["m"]),
+        # reservation 0: first come, first served (by the offset), every slot to anyone
+        (SlotUse(6, 5, 5), [slow("g5", 0.5), fast("m", 6)], SchedulingPolicy(0, 5), ["g5"]),
+        (SlotUse(6, 5, 5), [slow("g5", 0.5), fast("m", 2)], SchedulingPolicy(0, 5), ["m"]),
+        # fast work may hold every slot: the reservation is for fast work, not against it
+        (SlotUse(3), [fast(f"m{n}", n) for n in range(4)], DEFAULT, ["m0", "m1", "m2"]),
+        # slots held by measurements are free of slow work: a generation may take one
+        (SlotUse(3, 1, 0), [slow("g", 0)], DEFAULT, ["g"]),
+        # no room for a reservation (max_inflight 1): the one slot serves everything
+        (SlotUse(1), [slow("g", 0)], DEFAULT, ["g"]),
+        (SlotUse(2, 2, 1), [fast("m", 0)], DEFAULT, []),  # every slot held: nobody
+    ],
+)
+def test_next_slot(slots: SlotUse, waiters, policy: SchedulingPolicy, expected: list[str]) -> None:
+    assert slot_order(slots, waiters, policy) == expected
