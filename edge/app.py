@@ -15,7 +15,7 @@ from edge.web.admin import admin_blueprint
 from edge.web.api_routes import api_blueprint
 from quart_trio import QuartTrio
 
-from edge.web.http import BODY_IDLE_TIMEOUT, REQUEST_LOG, GatewayConnection, GatewayRequest
+from edge.web.http import AUDIT, BODY_IDLE_TIMEOUT, REQUEST_LOG, GatewayConnection, GatewayRequest
 from edge.web.pages import pages_blueprint
 from edge.web.refusals import register_refusals
 from shared.settings import Settings
@@ -26,6 +26,7 @@ def create_app(gateway: Gateway) -> QuartTrio:
     app.request_class = GatewayRequest  # a body limit a view can lower, an idle bound on the body
     app.asgi_http_class = GatewayConnection  # the request-log line of each `/api/` request
     app.extensions[REQUEST_LOG] = gateway.request_log.record
+    app.extensions[AUDIT] = gateway.audit  # the execution id and audit row of each `/api/` request
     app.config.update(
         PROVIDE_AUTOMATIC_OPTIONS=False,  # OPTIONS is a method like any other: 405 (an envelope under /api/)
         RESPONSE_TIMEOUT=None,  # a slow reader of a large answer is the client's business

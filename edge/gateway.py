@@ -16,6 +16,7 @@ import httpx
 import trio
 
 from edge.admission.gate import Admission
+from edge.audit.trail import AuditTrail, build_audit
 from edge.web.api import ApiService
 from edge.pool.dispatch import Dispatcher
 from edge.pool.host_leases import build_host_leases
@@ -53,6 +54,7 @@ class Gateway:
     face_workers: FaceWorkers
     special_points: SpecialPoints
     features: Features
+    audit: AuditTrail
     secrets: SecretsSource | None = None  # where `POST /admin/token` persists the token
     redis: coredis.Redis[bytes] | None = None  # the shared state, when configured
     # Held by whatever changes `settings` while serving (a SIGHUP reload, a token switch),
@@ -97,6 +99,7 @@ def build_gateway(
     file_threads = trio.CapacityLimiter(FILE_THREADS)
     metrics = GatewayMetrics(version("hairgate"))
     metrics.watch_pool(lambda: pool_gauges(pool, _queue_length(dispatcher), dispatcher.counters))
+    audit = build_audit(settings, lambda: admission.client_keys, metrics)  # client keys: as a reload left them
     api = ApiService(
         dispatcher,
         upstream,
@@ -107,6 +110,7 @@ def build_gateway(
         probe_interval_seconds=checks.interval_seconds,
         metrics=metrics,
         limits=settings.analysis,
+        audit=audit,
         host_leases=build_host_leases(redis),
     )
     stats = RequestStats()
@@ -124,7 +128,7 @@ def build_gateway(
     return Gateway(
         settings, dispatcher, upstream, request_log, api, file_threads, stats, metrics, admission,
         face_workers, SpecialPoints(face_workers, settings.analysis),
-        Features(edge.features, face_workers, settings.analysis, transport=features_transport),
+        Features(edge.features, face_workers, settings.analysis, transport=features_transport), audit,
         secrets, redis,
     )  # fmt: skip
 

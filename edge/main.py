@@ -136,6 +136,7 @@ async def serve(
         try:
             async with trio.open_nursery() as background:
                 await background.start(gateway.request_log.run)
+                await background.start(gateway.audit.run)
                 if idempotency is not None:
                     await background.start(idempotency.run)
                 await background.start(cleanup.run)

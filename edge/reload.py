@@ -49,6 +49,7 @@ EDGE_SETTINGS: dict[str, Literal["live", "restart"]] = {
     "body_timeout_seconds": LIVE,
     "shared_state": RESTART,
     "idempotency": RESTART,
+    "audit": RESTART,  # the store is opened at start
     "cpu": RESTART,
     "rate_limit": LIVE,
     "pool.workers": LIVE,

@@ -44,6 +44,7 @@ from shared.contract import (
     GPU_ENDPOINT_PATHS,
     HEALTH_CHECKS_KEY,
     HEALTH_LOADING,
+    HEADER_EXECUTION_ID,
     HEADER_REQUEST_ID,
     HEADER_REQUEST_TIMEOUT_MS,
     HEADER_TOKEN,
@@ -220,8 +221,9 @@ async def _answer(endpoint: str, host: _Host, request_id: str, started: float) -
         body = envelope(Code.SYSTEM_ERROR, request_id)
     body, payload = await _encoded(body, endpoint)
     log.info(
-        "request | request_id=%s endpoint=%s status=%d code=%d ms=%.0f bytes_out=%d",
+        "request | request_id=%s execution_id=%s endpoint=%s status=%d code=%d ms=%.0f bytes_out=%d",
         request_id,
+        _execution_id(),
         endpoint,
         status,
         body["code"],
@@ -308,6 +310,11 @@ async def _infer(
         raise
     host.metrics.observe_inference(endpoint, trio.current_time() - started)
     return data
+
+
+def _execution_id() -> str:
+    """The gateway's execution id of this request (its audit row), for the log line."""
+    return request.headers.get(HEADER_EXECUTION_ID, "-")[:64]
 
 
 def _request_id() -> str:

@@ -17,6 +17,7 @@ _COMMANDS = {
     "gpu-host": "gpu_host.main",
     "analyze": "analysis.command",
     "dev": "cluster.dev",
+    "audit": "edge.audit.command",
 }
 
 ENDPOINTS = ("measure", "grow", "mark", "hairline", "mask", "special-points")
@@ -62,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port", type=int, default=9464,
         help="gateway Prometheus /metrics port on 127.0.0.1, 0: no metrics listener (default: %(default)s)",
     )
+
+    from edge.audit.command import add_arguments as add_audit_arguments  # its options live with it
+
+    add_audit_arguments(commands.add_parser("audit", help="read the audit trail: show, key, retries, failures"))
     return parser
 
 

@@ -91,6 +91,8 @@ HEADER_FORWARDED_FOR = "X-Forwarded-For"
 HEADER_RETRY_AFTER = "Retry-After"
 HEADER_IDEMPOTENCY_KEY = "Idempotency-Key"
 HEADER_IDEMPOTENCY_REPLAYED = "Idempotency-Replayed"
+# Every /api/ answer's execution id (audit.md), also sent to the GPU host with each forward.
+HEADER_EXECUTION_ID = "X-Execution-ID"
 # The time the gateway gives a forwarded attempt, in ms: the host caps its own work by it.
 HEADER_REQUEST_TIMEOUT_MS = "X-Request-Timeout-Ms"
 

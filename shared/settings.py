@@ -2,7 +2,7 @@
 
 Strict on purpose (hypercorn's loader silently accepts misspelled keys; this one does not):
 every key is validated at start, an unknown key or a bad value is an error naming the key,
-and units are part of the names. Secrets (`[auth]`, `edge.features.api_key`) may only come
+and units are part of the names. Secrets (`[auth]`, `edge.features.api_key`, `[audit]`) may only come
 from the secrets file or the environment, never from the committed settings.toml.
 """
 
@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 ENV_SHARED_PASSWORD = "HAIRGATE_SHARED_PASSWORD"
 ENV_ACCEPT_PASSWORDS = "HAIRGATE_ACCEPT_PASSWORDS"
+ENV_AUDIT_POSTGRES_DSN = "HAIRGATE_AUDIT_POSTGRES_DSN"
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
 
@@ -137,6 +138,36 @@ class RateLimitSettings(_Section):
         return value
 
 
+class AuditSettings(_Section):
+    """The audit trail (audit.md); the PostgreSQL DSN is a secret: `AuditSecrets`."""
+
+    enabled: bool = True
+    path: str = "var/audit.sqlite3"  # SQLite, unless [audit] postgres_dsn is set
+    gateway_id: int = Field(0, ge=0, le=999)  # in every execution id: distinct per gateway sharing one store
+    retention_days: float = Field(30, gt=0)
+    gpu_second_usd: float = Field(0.0, ge=0)
+    max_pending: int = Field(100_000, ge=1)  # changes held in memory while the store is down
+
+
+class AuditSecrets(_Section):
+    """`[audit]` of the secrets file (or HAIRGATE_AUDIT_POSTGRES_DSN): set, the audit trail is in PostgreSQL."""
+
+    postgres_dsn: str = ""
+
+    @field_validator("postgres_dsn")
+    @classmethod
+    def _parses(cls, value: str) -> str:
+        if value:
+            from psycopg import ProgrammingError
+            from psycopg.conninfo import conninfo_to_dict
+
+            try:
+                conninfo_to_dict(value)
+            except ProgrammingError:  # its message quotes the DSN, password included
+                raise ValueError("not a PostgreSQL connection string (postgresql://… or key=value …)") from None
+        return value
+
+
 class CpuSettings(_Section):
     """The gateway's own CPU work (endpoint 99, the image checks of endpoint 4)."""
 
@@ -189,6 +220,7 @@ class EdgeSettings(_Section):
     dispatch: DispatchSettings = DispatchSettings()
     static_cleanup: StaticCleanupSettings = StaticCleanupSettings()
     idempotency: IdempotencySettings = IdempotencySettings()
+    audit: AuditSettings = AuditSettings()
     cpu: CpuSettings = CpuSettings()
     features: FeaturesSettings = FeaturesSettings()
 
@@ -239,6 +271,7 @@ class AnalysisSettings(_Section):
 
 class Settings(_Section):
     auth: AuthSettings = AuthSettings()
+    audit: AuditSecrets = AuditSecrets()
     edge: EdgeSettings = EdgeSettings()
     gpu_host: GpuHostSettings = GpuHostSettings()
     analysis: AnalysisSettings = AnalysisSettings()
@@ -278,7 +311,9 @@ def timeout_margin_seconds(gateway_timeout_seconds: float) -> float:
 
 
 # Keys that may only come from the secrets file or the environment.
-_SECRET_KEYS = (("auth", "shared_password"), ("auth", "accept_passwords"), ("edge", "features", "api_key"))
+_SECRET_KEYS = (
+    ("auth", "shared_password"), ("auth", "accept_passwords"), ("edge", "features", "api_key"), ("audit", "postgres_dsn"),
+)  # fmt: skip
 
 
 def _read_toml(path: Path, what: str) -> dict[str, Any]:
@@ -319,7 +354,10 @@ def _environment_secrets(environ: dict[str, str]) -> dict[str, Any]:
         auth["shared_password"] = environ[ENV_SHARED_PASSWORD]
     if environ.get(ENV_ACCEPT_PASSWORDS):
         auth["accept_passwords"] = [t.strip() for t in environ[ENV_ACCEPT_PASSWORDS].split(",") if t.strip()]
-    return {"auth": auth} if auth else {}
+    secrets: dict[str, Any] = {"auth": auth} if auth else {}
+    if environ.get(ENV_AUDIT_POSTGRES_DSN):
+        secrets["audit"] = {"postgres_dsn": environ[ENV_AUDIT_POSTGRES_DSN]}
+    return secrets
 
 
 def _describe(error: ValidationError) -> str:

@@ -31,7 +31,7 @@ from edge.admission.idempotency import (
     validate_key,
 )
 from edge.observe.metrics import GatewayMetrics
-from edge.admission.rate_limit import ClientKeys, RateLimiter, header_key
+from edge.admission.rate_limit import ClientKeys, RateLimiter, scoped_key
 from shared.contract import (
     HEADER_IDEMPOTENCY_KEY,
     HEADER_IDEMPOTENCY_REPLAYED,
@@ -140,12 +140,8 @@ class Admission:
         return produced[0]
 
     def _scoped(self, key: str, request: Exchange) -> str:
-        """The key as stored: with `key_header` set, in the space of that header's value
-        (hashed: an API key never sits in the store); requests without one share a space."""
-        if not self.client_keys.key_header:
-            return key
-        value = self._key_header_value(request)
-        return f"{header_key(value)}:{key}" if value else "anon:" + key
+        """The key as stored (`rate_limit.scoped_key`)."""
+        return scoped_key(key, self.client_keys.key_header, self._key_header_value(request))
 
 
 async def _run(handle: Callable[[], Awaitable[ApiResponse]], produced: list[ApiResponse], request_id: str) -> RunResult:

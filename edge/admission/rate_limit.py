@@ -104,6 +104,14 @@ def header_key(value: str) -> str:
     return "key:" + hashlib.blake2b(value.encode(), digest_size=16).hexdigest()
 
 
+def scoped_key(key: str, key_header: str, key_header_value: str | None) -> str:
+    """An Idempotency-Key as it is stored: with `key_header` set, in the space of that header's
+    value (hashed: an API key never sits in the store); requests without one share a space."""
+    if not key_header:
+        return key
+    return f"{header_key(key_header_value)}:{key}" if key_header_value else "anon:" + key
+
+
 class MemoryRateLimiter:
     """Buckets in this process; `check_now` is the whole cost (about a microsecond)."""
 

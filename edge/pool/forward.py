@@ -29,6 +29,7 @@ import trio
 
 from shared.contract import (
     BUSY_KEY,
+    HEADER_EXECUTION_ID,
     HEADER_FORWARDED_FOR,
     HEADER_REQUEST_ID,
     HEADER_REQUEST_TIMEOUT_MS,
@@ -48,7 +49,7 @@ RECEIVE_BYTES = 64 * 1024
 # A worker's answer is held whole (its images are rewritten into files): a broken worker
 # must not be able to exhaust the gateway's memory. Grow answers at 52 MP are ~200 MB.
 MAX_ANSWER_BYTES = 512 * 1024 * 1024
-_TOKEN, _REQUEST_ID = HEADER_TOKEN.encode(), HEADER_REQUEST_ID.encode()
+_TOKEN, _REQUEST_ID, _EXECUTION_ID = HEADER_TOKEN.encode(), HEADER_REQUEST_ID.encode(), HEADER_EXECUTION_ID.encode()
 _FORWARDED_FOR, _REQUEST_TIMEOUT_MS = HEADER_FORWARDED_FOR.encode(), HEADER_REQUEST_TIMEOUT_MS.encode()
 
 
@@ -101,6 +102,7 @@ class ForwardRequest:
     content_type: str | None
     request_id: str
     forwarded_for: str
+    execution_id: str = ""  # the audit trail's, logged by the host too
 
     @property
     def target(self) -> str:
@@ -171,6 +173,7 @@ class Upstream:
         headers = [
             (_TOKEN, self._token),
             (_REQUEST_ID, request.request_id.encode()),
+            (_EXECUTION_ID, request.execution_id.encode()),
             (_FORWARDED_FOR, request.forwarded_for.encode("latin-1")),
             # the attempt's deadline, so the host never works on what nobody will read
             (_REQUEST_TIMEOUT_MS, str(deadline_milliseconds(timeout_seconds)).encode()),

@@ -11,6 +11,7 @@
 |-----------------|-----------|-------|
 | /admin/stats    | GET, HEAD | none  |
 | /admin/workers  | GET, HEAD | none  |
+| /admin/audit    | GET, HEAD | none  |
 | /admin/token    | POST      | 4 KiB |
 
 Every route needs the internal token, checked before any body byte is read
@@ -30,6 +31,7 @@ from quart import Blueprint
 from quart import Response as QuartResponse
 from quart import request
 
+from edge.audit.admin import audit_answer
 from edge.web.http import current_gateway_request, json_page
 from edge.web.monitor import error_answer
 from edge.web.refusals import requires_token
@@ -73,6 +75,11 @@ def admin_blueprint(gateway: Gateway) -> Blueprint:
     @token
     async def workers() -> QuartResponse:
         return json_page(200, tokens.workers())
+
+    @admin.get("/audit")
+    @token
+    async def audit() -> QuartResponse:  # edge.audit.admin
+        return json_page(*await audit_answer(gateway.audit, request.args, request.headers.get, gateway.admission.client_keys))
 
     @admin.post("/token")
     @token

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from edge.audit.trail import AuditTrail
 from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal, Unavailable
 from edge.pool.host_leases import NO_HOST_LEASES, HostLeasing
 from edge.pool.forward import (
@@ -86,10 +87,12 @@ class ApiService:
         probe_interval_seconds: float,
         metrics: GatewayMetrics,
         limits: AnalysisSettings,
+        audit: AuditTrail,
         host_leases: HostLeasing = NO_HOST_LEASES,
     ) -> None:
         """`host_leases`: the shared Redis's leases on hosts, when several gateways share them."""
         self._dispatcher = dispatcher
+        self._audit = audit
         self._host_leases = host_leases
         self._metrics = metrics
         self._limits = limits
@@ -130,6 +133,7 @@ class ApiService:
             await self._check(request)
         except ContractError as error:  # refused before taking a slot or a worker
             return ApiAnswer(encode(failure_envelope(error, request.request_id)), int(error.code))
+        self._audit.queued(request.execution_id)
         progress = _Progress()
         progress.wait_began()
         try:
@@ -208,7 +212,9 @@ class ApiService:
                 # back marked busy, in the same step (`WorkerLease.forwarding`).
                 with lease.forwarding(timeout_seconds):
                     async with self._host_leases.hold(lease.url, timeout_seconds):
-                        answer = await self._upstream.forward(lease.url, request, timeout_seconds)
+                        answer = await self._audit.forwarding(
+                            request.execution_id, lease.index, self._upstream.forward(lease.url, request, timeout_seconds)
+                        )
                     # the host's own 1007 (its inference timeout, a restart) is no service time
                     lease.timed = answer.envelope.get("code") != Code.SYSTEM_ERROR
                 images = await self._images.decode(answer.envelope) if has_images(answer.raw) else None

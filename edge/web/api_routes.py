@@ -75,12 +75,14 @@ async def _forwarded(gateway: Gateway, exchange: Exchange) -> ApiResponse:
         content_type=exchange.header(b"content-type"),
         request_id=exchange.request_id,
         forwarded_for=_forwarded_for(exchange.headers.get(b"x-forwarded-for"), exchange.client_ip),
+        execution_id=exchange.execution_id,
     )
     return api_response(await gateway.api.handle(forward))
 
 
 async def _answered_here(endpoint: Callable[[], LocalEndpoint], gateway: Gateway, exchange: Exchange) -> ApiResponse:
     """Endpoints 4 and 99, run by the gateway itself (never a GPU host, never a pool slot)."""
+    gateway.audit.executing(exchange.execution_id)
     answer = await endpoint()(exchange.body, exchange.header(b"content-type"), exchange.request_id)
     return api_response(ApiAnswer(encode(answer.envelope), answer.code, answer.retry_after, gateway_made=True))
 

@@ -50,6 +50,7 @@ log = logging.getLogger("edge.http")
 CLIENT_CLOSED = 499  # request-log status of a client that left before its answer (nginx's)
 LAST_WRITE_LIMIT_SECONDS = 300.0  # the whole answer to a slow reader (15 MB at 0.5 Mbit/s: 240 s)
 REQUEST_LOG = "hairgate.request_log"  # app.extensions key: takes each `/api/` request's log line
+AUDIT = "hairgate.audit"  # app.extensions key: the audit trail's hooks (`edge.audit.AuditTrail`)
 BODY_IDLE_TIMEOUT = "HAIRGATE_BODY_IDLE_TIMEOUT"  # app.config key: longest gap between two body chunks
 JSON = "application/json"
 _REQUEST_ID = HEADER_REQUEST_ID.lower().encode()
@@ -142,6 +143,7 @@ class GatewayRequest(TrioRequest):
         self.request_id = request_id_from_header(None if given is None else given.decode("latin-1"))
         self.outcome: Outcome | None = None
         self.exchange: Exchange | None = None
+        self.execution_id = ""  # an `/api/` request's, given on arrival (`edge.audit`)
 
     @property
     def max_content_length(self) -> int | None:
@@ -198,6 +200,7 @@ class Exchange:
     request_id: str
     body: bytes = b""
     admission: object | None = None  # what admission noted before the body, for after it
+    execution_id: str = ""
 
     def header(self, name: bytes) -> str | None:
         value = self.headers.get(name)
@@ -225,6 +228,7 @@ def exchange_of(request: GatewayRequest) -> Exchange:
         headers=_headers(scope),
         client_ip=client[0] if client else "",
         request_id=request.request_id,
+        execution_id=request.execution_id,
     )
     request.exchange = exchange
     return exchange
@@ -238,7 +242,9 @@ class GatewayConnection(TrioASGIHTTPConnection):
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         started = time.perf_counter()
-        request = self._create_request_from_scope(send)
+        request = cast(GatewayRequest, self._create_request_from_scope(send))
+        if request.path.startswith(API_PREFIX):  # named on arrival, before any check
+            request.execution_id = self.app.extensions[AUDIT].received(request.request_id, request.path, request.scope)
         sent = _Sent(send)
         try:
             async with trio.open_nursery() as nursery:  # quart-trio's, with `sent` in between
@@ -246,7 +252,9 @@ class GatewayConnection(TrioASGIHTTPConnection):
                 nursery.start_soon(self.handle_request, nursery, request, sent.send)
         finally:
             if request.path.startswith(API_PREFIX):
-                self.app.extensions[REQUEST_LOG](_record(request, sent, started))  # type: ignore[arg-type]
+                entry = _record(request, sent, started)
+                self.app.extensions[REQUEST_LOG](entry)
+                self.app.extensions[AUDIT].finished(request.execution_id, entry)
 
     async def _send_response(self, send: ASGISendCallable, response: Any) -> None:
         if not isinstance(response, QuartResponse) or not isinstance(response.response, DataBody):

@@ -42,6 +42,7 @@ from edge.web.http import (
 from shared.contract import (
     API_PREFIX,
     DEFAULT_MESSAGES,
+    HEADER_EXECUTION_ID,
     HEADER_TOKEN,
     MSG_BODY_TOO_LARGE,
     MSG_BODY_TOO_SLOW,
@@ -145,7 +146,10 @@ def register_refusals(app: Quart, gateway: Gateway) -> None:
 
     @app.after_request
     async def name_the_request(response: QuartResponse) -> QuartResponse:
-        response.headers.setdefault("X-Request-ID", current_gateway_request().request_id)
+        request = current_gateway_request()
+        response.headers.setdefault("X-Request-ID", request.request_id)
+        if request.execution_id:  # every `/api/` answer: a refusal's, a replay's own
+            response.headers[HEADER_EXECUTION_ID] = request.execution_id
         return response
 
 

@@ -87,7 +87,7 @@ async def upstream():
 
 def request(target: str = "/echo", body: bytes = b'{"image_base64": "AAAA"}') -> ForwardRequest:
     path, _, query = target.partition("?")
-    return ForwardRequest("POST", path, query, body, "application/json", "req-42", "198.51.100.1, 127.0.0.1")
+    return ForwardRequest("POST", path, query, body, "application/json", "req-42", "198.51.100.1, 127.0.0.1", "exec_1723456789012_000_00007")
 
 
 async def test_forward_sends_exactly_the_whitelisted_headers(upstream: Upstream, worker_url: str) -> None:
@@ -96,12 +96,13 @@ async def test_forward_sends_exactly_the_whitelisted_headers(upstream: Upstream,
     headers = data["headers"]
     assert headers["x-internal-token"] == TOKEN
     assert headers["x-request-id"] == "req-42"
+    assert headers["x-execution-id"] == "exec_1723456789012_000_00007", "the audit row's id reaches the host"
     assert headers["x-forwarded-for"] == "198.51.100.1, 127.0.0.1"
     assert headers["content-type"] == "application/json"
     assert headers["x-request-timeout-ms"] == "5000", "the attempt's timeout reaches the host"
     assert set(headers) == {
         "host", "content-length", "x-internal-token", "x-request-id", "x-forwarded-for", "content-type",
-        "x-request-timeout-ms",
+        "x-request-timeout-ms", "x-execution-id",
     }  # fmt: skip
     assert (data["body"], data["query"]) == ('{"image_base64": "AAAA"}', "a=1&b=2")
 

@@ -98,6 +98,7 @@ def write_gateway_settings(
             "max_retries": 1,
         },
         "idempotency": {"path": str(directory / "idempotency.sqlite3")},
+        "audit": {"path": str(directory / "audit.sqlite3")},
         # every test client is 127.0.0.1: tests of the limit turn it on with their own numbers
         "rate_limit": {"enabled": False},
         "metrics_bind": "",  # tests that read metrics name a free port

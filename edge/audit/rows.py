@@ -1,0 +1,67 @@
+"""One execution as the audit trail holds it in memory, and its row's columns (audit.md § The table)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+RECEIVED, QUEUED, EXECUTING, COMPLETED, FAILED = "received", "queued", "executing", "completed", "failed"
+STATES = (RECEIVED, QUEUED, EXECUTING, COMPLETED, FAILED)  # seed 002 §4.2.3, in this order
+FINAL_STATES = (COMPLETED, FAILED)
+
+# Every column but `id` (the store's), in the order `Execution.values()` gives them.
+COLUMNS = (
+    "execution_id",
+    "request_id",
+    "endpoint",
+    "idempotency_key",
+    "client_ip",
+    "user_id",
+    "status",
+    "code",
+    "worker",
+    "retry_count",
+    "replayed",
+    "queue_ms",
+    "gpu_ms",
+    "duration_ms",
+    "cost_usd",
+    "created_at",
+    "updated_at",
+)
+
+
+@dataclass(slots=True, eq=False)
+class Execution:
+    """Mutated by the request's hooks, snapshotted (`values()`) by the writer task."""
+
+    execution_id: str
+    request_id: str
+    endpoint: str
+    idempotency_key: str | None  # SHA-256 hex of the key as stored; never the key
+    client_ip: str
+    user_id: str | None  # first 16 hex of SHA-256 of the key_header value; never the value
+    created_at: float  # wall-clock seconds at arrival
+    updated_at: float
+    status: str = RECEIVED
+    code: int | None = None
+    worker: int | None = None
+    retry_count: int = 0
+    replayed: bool = False
+    queue_ms: int | None = None
+    gpu_ms: int | None = None
+    duration_ms: int | None = None
+    cost_usd: float | None = None
+    forward_started: float = 0.0  # perf_counter() when the current forward began
+
+    def values(self) -> tuple[Any, ...]:
+        return (
+            self.execution_id, self.request_id, self.endpoint[:64], self.idempotency_key, self.client_ip or "0.0.0.0",
+            self.user_id, self.status, self.code, self.worker, self.retry_count, self.replayed, self.queue_ms,
+            self.gpu_ms, self.duration_ms, self.cost_usd, _utc(self.created_at), _utc(self.updated_at),
+        )  # fmt: skip
+
+
+def _utc(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, timezone.utc)

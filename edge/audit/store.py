@@ -1,0 +1,299 @@
+"""Where audit rows live: the `audit_log` table in SQLite (default) or PostgreSQL (audit.md § The table).
+
+Both stores are plain blocking code behind one small interface, called from a worker
+thread (`trio.to_thread`), one batch per hop: `write(rows)` upserts a batch in one
+transaction, `delete_older(cutoff, limit)` is one retention step, `query(sql, args)` reads.
+A store connects lazily and reconnects after any failure, so a store that was down (the
+file's disk full, PostgreSQL restarting) is used again by the next call without a
+restart. Every failure surfaces as `AuditStoreError`, whose message never holds a DSN.
+
+The schema is versioned in `audit_schema`: `MIGRATIONS[i]` takes version i to i + 1, applied
+in one transaction at the first connection (PostgreSQL: under an advisory lock, so that
+gateways starting together do not race), never by dropping data.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from edge.audit.rows import COLUMNS, FINAL_STATES, STATES
+
+SQLITE_BUSY_TIMEOUT_SECONDS = 5.0
+POSTGRES_CONNECT_TIMEOUT_SECONDS = 5
+_MIGRATION_LOCK = 7_125_630_011  # pg_advisory_xact_lock key: "the audit schema is being migrated"
+
+_STATUS_CHECK = "CHECK (status IN ({}))".format(", ".join(f"'{state}'" for state in STATES))
+_TABLE = """
+CREATE TABLE IF NOT EXISTS audit_log (
+    id {id},
+    execution_id VARCHAR(64) NOT NULL UNIQUE,
+    request_id VARCHAR(64) NOT NULL,
+    endpoint VARCHAR(64) NOT NULL,
+    idempotency_key CHAR(64),
+    client_ip {inet} NOT NULL,
+    user_id VARCHAR(64),
+    status VARCHAR(20) NOT NULL {check},
+    code INTEGER,
+    worker INTEGER,
+    retry_count INTEGER NOT NULL DEFAULT 0,
+    replayed BOOLEAN NOT NULL DEFAULT false,
+    queue_ms INTEGER,
+    gpu_ms INTEGER,
+    duration_ms INTEGER,
+    cost_usd NUMERIC(10,6),
+    created_at TIMESTAMPTZ NOT NULL DEFAULT {now},
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT {now}
+)"""
+# execution_id's index is its UNIQUE constraint's
+_INDEXES = [
+    f"CREATE INDEX IF NOT EXISTS audit_log_{column} ON audit_log ({column})"
+    for column in ("idempotency_key", "user_id", "created_at")
+]
+# SQLite spells the PostgreSQL types with its own affinities; ISO-8601 UTC text sorts as time.
+_SQLITE_V1 = [
+    _TABLE.format(
+        id="INTEGER PRIMARY KEY", inet="TEXT", check=_STATUS_CHECK, now="(strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now'))"
+    ),
+    *_INDEXES,
+]
+_POSTGRES_V1 = [_TABLE.format(id="BIGSERIAL PRIMARY KEY", inet="INET", check=_STATUS_CHECK, now="NOW()"), *_INDEXES]
+MIGRATIONS = {"sqlite": [_SQLITE_V1], "postgresql": [_POSTGRES_V1]}
+SCHEMA_VERSION = 1
+
+_UPDATED = [column for column in COLUMNS if column not in ("execution_id", "request_id", "endpoint", "created_at")]
+_UPSERT = (
+    "INSERT INTO audit_log ({columns}) VALUES ({values}) ON CONFLICT (execution_id) DO UPDATE SET "
+    + ", ".join(f"{column} = excluded.{column}" for column in _UPDATED)
+)
+
+
+class AuditStoreError(Exception):
+    """The store could not be reached or written; the message names no secret."""
+
+
+class AuditStore(Protocol):
+    """Blocking; called from one worker thread at a time per store."""
+
+    dialect: str  # "sqlite" or "postgresql": the SQL of `edge.audit.queries` differs a little
+    where: str  # for logs and the CLI: the file, or "PostgreSQL" (never the DSN)
+
+    def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Upsert `rows` (values in `COLUMNS` order) in one transaction."""
+
+    def delete_older(self, cutoff: datetime, limit: int) -> int:
+        """Delete at most `limit` rows created before `cutoff`; how many went."""
+
+    def query(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Rows of a read-only statement written with `?` placeholders."""
+
+    def close(self) -> None: ...
+
+
+class SqliteAuditStore:
+    """One file, WAL mode (readers such as `hairgate audit` never block the writer)."""
+
+    dialect = "sqlite"
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.where = str(self.path)
+        self._connection: sqlite3.Connection | None = None
+        self._lock = threading.Lock()  # the writer and the readers are different threads
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._connection is not None:
+            return self._connection
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            connection = sqlite3.connect(
+                self.path, timeout=SQLITE_BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
+            )
+            try:
+                connection.execute("PRAGMA journal_mode=WAL")
+                connection.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at each checkpoint, never torn
+                _migrate_sqlite(connection)
+            except BaseException:
+                connection.close()
+                raise
+        except (sqlite3.Error, OSError) as error:
+            raise AuditStoreError(f"SQLite {self.path}: {error}") from None
+        self._connection = connection
+        return connection
+
+    def _run(self, sql: str, args: Sequence[Any] = (), *, many: Sequence[Sequence[Any]] | None = None) -> sqlite3.Cursor:
+        with self._lock:
+            connection = self._connect()
+            try:
+                if many is None:
+                    return connection.execute(sql, args)
+                connection.execute("BEGIN IMMEDIATE")
+                try:
+                    cursor = connection.executemany(sql, many)
+                    connection.execute("COMMIT")
+                except BaseException:
+                    connection.execute("ROLLBACK")
+                    raise
+                return cursor
+            except (sqlite3.Error, OSError) as error:
+                self._drop()
+                raise AuditStoreError(f"SQLite {self.path}: {error}") from None
+
+    def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        self._run(_SQLITE_UPSERT, many=[_sqlite_values(row) for row in rows])
+
+    def delete_older(self, cutoff: datetime, limit: int) -> int:
+        sql = "DELETE FROM audit_log WHERE id IN (SELECT id FROM audit_log WHERE created_at < ? ORDER BY id LIMIT ?)"
+        return self._run(sql, (cutoff.isoformat(timespec="milliseconds"), limit)).rowcount
+
+    def query(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+        converted = [value.isoformat(timespec="milliseconds") if isinstance(value, datetime) else value for value in args]
+        return self._run(sql, converted).fetchall()
+
+    def _drop(self) -> None:
+        if self._connection is not None:
+            try:
+                self._connection.close()
+            except sqlite3.Error:
+                pass
+            self._connection = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+
+_SQLITE_UPSERT = _UPSERT.format(columns=", ".join(COLUMNS), values=", ".join("?" for _ in COLUMNS))
+_CREATED_AT, _UPDATED_AT = COLUMNS.index("created_at"), COLUMNS.index("updated_at")
+
+
+def _sqlite_values(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    values = list(row)
+    for index in (_CREATED_AT, _UPDATED_AT):
+        values[index] = values[index].isoformat(timespec="milliseconds")
+    return tuple(values)
+
+
+def _migrate_sqlite(connection: sqlite3.Connection) -> None:
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        connection.execute("CREATE TABLE IF NOT EXISTS audit_schema (version INTEGER NOT NULL)")
+        row = connection.execute("SELECT version FROM audit_schema").fetchone()
+        version = 0 if row is None else row[0]
+        for step in MIGRATIONS["sqlite"][version:]:
+            for statement in step:
+                connection.execute(statement)
+        if row is None:
+            connection.execute("INSERT INTO audit_schema (version) VALUES (?)", (SCHEMA_VERSION,))
+        else:
+            connection.execute("UPDATE audit_schema SET version = ?", (SCHEMA_VERSION,))
+        connection.execute("COMMIT")
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+
+
+class PostgresAuditStore:
+    """psycopg 3, synchronous: one connection per role (the writer, the readers), each
+    used from a worker thread; asyncio-only async API, hence threads under trio."""
+
+    dialect = "postgresql"
+    where = "PostgreSQL"
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._connection: Any = None
+        self._lock = threading.Lock()
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        if self._connection is not None and not self._connection.closed:
+            return self._connection
+        try:
+            connection = psycopg.connect(self._dsn, connect_timeout=POSTGRES_CONNECT_TIMEOUT_SECONDS, autocommit=False)
+        except psycopg.Error as error:
+            raise AuditStoreError(f"PostgreSQL: cannot connect ({_postgres_reason(error)})") from None
+        try:
+            with connection.transaction():
+                connection.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+                connection.execute("CREATE TABLE IF NOT EXISTS audit_schema (version INTEGER NOT NULL)")
+                row = connection.execute("SELECT version FROM audit_schema").fetchone()
+                version = 0 if row is None else row[0]
+                for step in MIGRATIONS["postgresql"][version:]:
+                    for statement in step:
+                        connection.execute(statement)
+                if row is None:
+                    connection.execute("INSERT INTO audit_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
+                else:
+                    connection.execute("UPDATE audit_schema SET version = %s", (SCHEMA_VERSION,))
+        except psycopg.Error as error:
+            connection.close()
+            raise AuditStoreError(f"PostgreSQL: schema: {_postgres_reason(error)}") from None
+        self._connection = connection
+        return connection
+
+    def _run(self, sql: str, args: Sequence[Any] = (), *, many: Sequence[Sequence[Any]] | None = None) -> Any:
+        import psycopg
+
+        with self._lock:
+            connection = self._connect()
+            try:
+                with connection.transaction():
+                    cursor = connection.cursor()
+                    if many is None:
+                        cursor.execute(sql, args)
+                    else:
+                        cursor.executemany(sql, many)
+                    rows = cursor.fetchall() if cursor.description is not None else None
+                    return rows if rows is not None else cursor.rowcount
+            except psycopg.Error as error:
+                if connection.closed or connection.broken:
+                    self._connection = None
+                raise AuditStoreError(f"PostgreSQL: {_postgres_reason(error)}") from None
+
+    def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        self._run(_POSTGRES_UPSERT, many=rows)
+
+    def delete_older(self, cutoff: datetime, limit: int) -> int:
+        sql = "DELETE FROM audit_log WHERE id IN (SELECT id FROM audit_log WHERE created_at < %s ORDER BY id LIMIT %s)"
+        deleted: int = self._run(sql, (cutoff, limit))
+        return deleted
+
+    def query(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = self._run(sql.replace("?", "%s"), args)
+        return rows
+
+    def close(self) -> None:
+        with self._lock:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
+
+
+_POSTGRES_UPSERT = _UPSERT.format(
+    columns=", ".join(COLUMNS),
+    values=", ".join("%s::inet" if column == "client_ip" else "%s" for column in COLUMNS),
+)
+
+
+def _postgres_reason(error: Exception) -> str:
+    """psycopg's first line (the server's message or libpq's), which names no password."""
+    sqlstate = getattr(error, "sqlstate", None)
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"{first} [{sqlstate}]" if sqlstate else first
+
+
+def open_store(path: str | Path, postgres_dsn: str) -> AuditStore:
+    """The store the settings name: PostgreSQL when the DSN secret is set, else SQLite at `path`.
+    Nothing is opened yet: the first call connects (and creates or migrates the schema)."""
+    if postgres_dsn:
+        return PostgresAuditStore(postgres_dsn)
+    return SqliteAuditStore(path)
+
+
+__all__ = ["FINAL_STATES", "AuditStore", "AuditStoreError", "PostgresAuditStore", "SqliteAuditStore", "open_store"]

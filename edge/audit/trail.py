@@ -1,0 +1,292 @@
+"""The audit trail's write side: hooks on the request's path, a writer task off it (audit.md § Writing).
+
+The request's path only touches memory: `received` (its arrival, before any check: the
+execution id), `queued` (waiting for a host), `forwarding` (around each forward: executing,
+then the answering host and its time), `executing` (answered by the gateway itself) and
+`finished` (its request-log record: code, retries, times). Each mutates the execution's
+`Execution` and puts it in `pending` (an ordered dict: one entry per execution however
+many changes it had, oldest first); a few microseconds, no I/O, no await.
+
+`run()`, in the serving nursery, writes what is pending every `FLUSH_INTERVAL_SECONDS` in
+batches of at most `BATCH_ROWS`, one thread hop per batch. A batch the store refuses goes
+back to the front and is tried again a second later, in order, until the store is back;
+beyond `max_pending` executions the oldest pending are dropped and counted. Failures are
+logged once a minute. Cancelled (shutdown, after the server drained), it writes what is
+left, for at most `SHUTDOWN_FLUSH_SECONDS`. Retention runs beside it, in small batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from datetime import datetime, timedelta, timezone
+from typing import Any, TypeVar
+
+import trio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from edge.admission.rate_limit import ClientKeys, scoped_key
+from edge.audit.ids import ExecutionIds
+from edge.audit.rows import COMPLETED, EXECUTING, FAILED, QUEUED, Execution
+from edge.audit.store import AuditStore, AuditStoreError, open_store
+from edge.observe.metrics import GatewayMetrics
+from edge.observe.request_log import RequestRecord
+from shared.contract import HEADER_IDEMPOTENCY_KEY, Code
+from shared.logs import FailureLog
+from shared.settings import Settings
+
+log = logging.getLogger("edge.audit")
+T = TypeVar("T")
+
+FLUSH_INTERVAL_SECONDS = 0.5
+RETRY_SECONDS = 1.0  # after a refused batch: the store is down, do not spin
+BATCH_ROWS = 2000  # a catch-up after an outage goes in hops of this many
+SHUTDOWN_FLUSH_SECONDS = 10.0
+RETENTION_INTERVAL_SECONDS = 3600.0
+RETENTION_BATCH_ROWS = 1000
+RETENTION_PAUSE_SECONDS = 0.2  # between two deletes: the table stays writable
+WRITE_RESULTS = ("written", "failed", "dropped")
+_KEY = HEADER_IDEMPOTENCY_KEY.lower().encode()
+_FORWARDED_FOR = b"x-forwarded-for"
+Scope = Mapping[str, Any]
+
+
+def key_hash(key: str, key_header: str = "", key_header_value: str | None = None) -> str:
+    """The `idempotency_key` column: SHA-256 hex of the scoped key."""
+    return hashlib.sha256(scoped_key(key, key_header, key_header_value).encode()).hexdigest()
+
+
+def user_id(key_header_value: str) -> str:
+    """The `user_id` column: the first 16 hex of the SHA-256 of the key_header value."""
+    return hashlib.sha256(key_header_value.encode()).hexdigest()[:16]
+
+
+class AuditTrail:
+    """One per gateway. Without a store (`edge.audit.enabled = false`) it still names every
+    execution (the X-Execution-ID header) and records nothing."""
+
+    def __init__(
+        self,
+        ids: ExecutionIds,
+        store: AuditStore | None,
+        client_keys: Callable[[], ClientKeys],
+        *,
+        reader: AuditStore | None = None,
+        max_pending: int = 100_000,
+        retention_days: float = 30,
+        gpu_second_usd: float = 0.0,
+    ) -> None:
+        self._ids = ids
+        self.store = store
+        self.reader = reader  # its own connection: a slow read never holds up the writer
+        self._client_keys = client_keys
+        self._max_pending = max_pending
+        self._retention_days = retention_days
+        self._gpu_ms_usd = gpu_second_usd / 1000
+        self._live: dict[str, Execution] = {}  # received, not yet finished
+        self._pending: OrderedDict[str, Execution] = OrderedDict()
+        self._has_pending = trio.Event()
+        self._writer = trio.CapacityLimiter(1)
+        self.writes = dict.fromkeys(WRITE_RESULTS, 0)  # rows, since start
+        self._failures = FailureLog(log, f"审计日志写入失败，变更暂存内存（{store.where if store else '-'}）")
+        self._dropped_log = FailureLog(log, "审计日志待写变更超过 edge.audit.max_pending，最旧的已丢弃")
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    # --- the request's path ------------------------------------------------------------------
+
+    def received(self, request_id: str, path: str, scope: Scope) -> str:
+        """A new `/api/` request: its execution id (and its row, when recording)."""
+        execution_id = self._ids.next()
+        if self.store is None:
+            return execution_id
+        keys = self._client_keys()
+        key_name = keys.key_header_name if keys.key_header else None
+        forwarded = key = api_key = None
+        for name, value in scope["headers"]:
+            if name == _FORWARDED_FOR:
+                forwarded = value if forwarded is None else forwarded + b", " + value
+            elif name == _KEY:
+                key = value.decode("latin-1")
+            elif name == key_name:
+                api_key = value.decode("latin-1")
+        client = scope.get("client")
+        client_ip = keys.client_ip(client[0] if client else "", forwarded.decode("latin-1") if forwarded else None)
+        now = time.time()
+        execution = Execution(
+            execution_id, request_id, path,
+            None if key is None else key_hash(key, keys.key_header, api_key), client_ip,
+            user_id(api_key) if api_key else None, now, now,
+        )  # fmt: skip
+        self._live[execution_id] = execution
+        self._changed(execution)
+        return execution_id
+
+    def queued(self, execution_id: str) -> None:
+        execution = self._live.get(execution_id)
+        if execution is not None:
+            self._move(execution, QUEUED)
+
+    def executing(self, execution_id: str) -> None:
+        """Answered by the gateway itself (endpoints 4 and 99)."""
+        execution = self._live.get(execution_id)
+        if execution is not None:
+            self._move(execution, EXECUTING)
+
+    async def forwarding(self, execution_id: str, worker: int, forward: Awaitable[T]) -> T:
+        """`await forward` (one forward to `worker`), recording it: executing, then — if
+        the host answered — that host and the time it took (`gpu_ms`)."""
+        execution = self._live.get(execution_id)
+        if execution is None:
+            return await forward
+        self._move(execution, EXECUTING)
+        started = time.perf_counter()
+        answer = await forward
+        execution.worker, execution.gpu_ms = worker, round((time.perf_counter() - started) * 1000)
+        return answer
+
+    def finished(self, execution_id: str, entry: RequestRecord) -> None:
+        """The request's final state, from its request-log record (taken after the answer)."""
+        execution = self._live.pop(execution_id, None)
+        if execution is None:
+            return
+        execution.code = entry.code
+        execution.retry_count = max(entry.attempts - 1, 0)
+        execution.replayed = entry.idempotent_replay
+        execution.queue_ms = round(entry.queue_ms)
+        execution.duration_ms = round(entry.duration_ms)
+        if execution.gpu_ms is None or entry.idempotent_replay:  # no host answered it
+            execution.worker, execution.gpu_ms = None, 0
+        execution.cost_usd = round(execution.gpu_ms * self._gpu_ms_usd, 6)
+        self._move(execution, COMPLETED if entry.code == Code.OK else FAILED)
+
+    def _move(self, execution: Execution, status: str) -> None:
+        execution.status = status
+        execution.updated_at = time.time()
+        self._changed(execution)
+
+    def _changed(self, execution: Execution) -> None:
+        pending = self._pending
+        if execution.execution_id not in pending:
+            pending[execution.execution_id] = execution
+            if len(pending) > self._max_pending:
+                pending.popitem(last=False)
+                self._dropped(1)
+        self._has_pending.set()
+
+    def _dropped(self, count: int) -> None:
+        self.writes["dropped"] += count
+        self._dropped_log.report(f"共丢弃 {self.writes['dropped']} 条")
+
+    # --- the writer task -----------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Write batches until cancelled, then what is left; retention beside it."""
+        task_status.started()
+        if self.store is None:
+            return
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._retention)
+                while True:
+                    await self._has_pending.wait()
+                    await trio.sleep(FLUSH_INTERVAL_SECONDS)  # let a batch gather
+                    if not await self.flush():
+                        await trio.sleep(RETRY_SECONDS)
+        finally:
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + SHUTDOWN_FLUSH_SECONDS):
+                await self.flush()
+            if self._pending:
+                log.error("退出时审计日志仍有 %d 条变更未能写入（%s）", len(self._pending), self.store.where)
+            self.store.close()
+            if self.reader is not None:
+                self.reader.close()
+
+    async def flush(self) -> bool:
+        """Write everything pending, batch by batch; False when the store refused (the rest waits)."""
+        assert self.store is not None
+        while self._pending:
+            batch = [self._pending.popitem(last=False)[1] for _ in range(min(BATCH_ROWS, len(self._pending)))]
+            rows = [_checked(execution.values()) for execution in batch]
+            try:
+                await trio.to_thread.run_sync(self.store.write, rows, limiter=self._writer)
+            except AuditStoreError as error:
+                self.writes["failed"] += len(rows)
+                self._failures.report(error)
+                self._put_back(batch)
+                return False
+            self.writes["written"] += len(rows)
+        self._has_pending = trio.Event()
+        return True
+
+    def _put_back(self, batch: list[Execution]) -> None:
+        """A refused batch goes back in front of what came since, in its order."""
+        for execution in reversed(batch):
+            self._pending[execution.execution_id] = execution
+            self._pending.move_to_end(execution.execution_id, last=False)
+        excess = len(self._pending) - self._max_pending
+        for _ in range(max(excess, 0)):
+            self._pending.popitem(last=False)
+        if excess > 0:
+            self._dropped(excess)
+
+    async def _retention(self) -> None:
+        assert self.store is not None
+        while True:
+            cutoff = datetime.now(timezone.utc) - timedelta(days=self._retention_days)
+            try:
+                while await trio.to_thread.run_sync(
+                    self.store.delete_older, cutoff, RETENTION_BATCH_ROWS, limiter=self._writer
+                ) >= RETENTION_BATCH_ROWS:
+                    await trio.sleep(RETENTION_PAUSE_SECONDS)
+            except AuditStoreError as error:
+                self._failures.report(error)
+            await trio.sleep(RETENTION_INTERVAL_SECONDS)
+
+    # --- metrics -------------------------------------------------------------------------------
+
+    def collect(self) -> Iterable[Metric]:
+        """`hairgate_audit_writes_total{result}` and `hairgate_audit_pending`, read at scrape time."""
+        writes = CounterMetricFamily("hairgate_audit_writes", "Audit row writes by result", labels=["result"])
+        for result in WRITE_RESULTS:
+            writes.add_metric([result], self.writes[result])
+        yield writes
+        yield GaugeMetricFamily("hairgate_audit_pending", "Audit rows waiting to be written", value=len(self._pending))
+
+
+_CLIENT_IP = 4  # index in COLUMNS
+
+
+def _checked(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A client address that is no IP (a proxy forwarded garbage) would refuse the whole
+    batch in PostgreSQL (INET): it is stored as 0.0.0.0."""
+    try:
+        ipaddress.ip_address(values[_CLIENT_IP])
+    except ValueError:
+        return (*values[:_CLIENT_IP], "0.0.0.0", *values[_CLIENT_IP + 1 :])
+    return values
+
+
+def build_audit(settings: Settings, client_keys: Callable[[], ClientKeys], metrics: GatewayMetrics) -> AuditTrail:
+    """The gateway's trail (nothing opened yet: `AuditTrail.run` connects), its metrics registered."""
+    audit = settings.edge.audit
+    store = open_store(audit.path, settings.audit.postgres_dsn) if audit.enabled else None
+    reader = open_store(audit.path, settings.audit.postgres_dsn) if audit.enabled else None
+    trail = AuditTrail(
+        ExecutionIds(audit.gateway_id),
+        store,
+        client_keys,
+        reader=reader,
+        max_pending=audit.max_pending,
+        retention_days=audit.retention_days,
+        gpu_second_usd=audit.gpu_second_usd,
+    )
+    metrics.registry.register(trail)
+    return trail
