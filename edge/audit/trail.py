@@ -222,6 +222,9 @@ class AuditTrail:
                 self._failures.report(error)
                 self._put_back(batch)
                 return False
+            except BaseException:  # cancelled before the hop (a shutdown): still to be written
+                self._put_back(batch)
+                raise
             self.writes["written"] += len(rows)
         self._has_pending = trio.Event()
         return True
