@@ -6,11 +6,20 @@ split the way a retry policy needs them, as in httpx's exception tree:
 
     WorkerFailure       the worker is broken: eject it, maybe retry elsewhere
       never answered    connect, closed, timeout
-      bad answer        HTTP >= 500, 401, or a body that is not an envelope
+      bad answer        HTTP >= 500, 401, a body that is not an envelope (or nested
+                        deeper than `MAX_ANSWER_DEPTH`), an envelope for another request
+                        (a stale answer left on the connection), a response framed by both
+                        Content-Length and Transfer-Encoding
     WorkerRefusal       the worker refused *this request* (another 4xx, e.g. 431 for a
                         header block too large): the client's problem, nobody is ejected
     WorkerBusy          503 `"busy": true`: another gateway's job runs there; wait for a
                         worker, eject nobody, spend no retry
+
+A connection is kept only when nothing is left unread on it: bytes after the answer (a
+second, unsolicited response, a Content-Length shorter than what followed) close it, and
+an idle one with bytes waiting is closed when next taken. HTTP/1.1 cannot tell a stale
+answer that arrives just after a request was sent from the answer to it, so a forward
+also checks the envelope's `request_id`.
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ import functools
 import json
 import math
 import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -49,6 +60,9 @@ RECEIVE_BYTES = 64 * 1024
 # A worker's answer is held whole (its images are rewritten into files): a broken worker
 # must not be able to exhaust the gateway's memory. Grow answers at 52 MP are ~200 MB.
 MAX_ANSWER_BYTES = 512 * 1024 * 1024
+# A host's envelope is a few levels deep; bounded so that nothing downstream (the image
+# rewrite, the JSON encoder) meets a RecursionError on a broken host's answer.
+MAX_ANSWER_DEPTH = 32
 _TOKEN, _REQUEST_ID, _EXECUTION_ID = HEADER_TOKEN.encode(), HEADER_REQUEST_ID.encode(), HEADER_EXECUTION_ID.encode()
 _FORWARDED_FOR, _REQUEST_TIMEOUT_MS = HEADER_FORWARDED_FOR.encode(), HEADER_REQUEST_TIMEOUT_MS.encode()
 
@@ -182,25 +196,17 @@ class Upstream:
         if request.content_type is not None:
             headers.append((b"Content-Type", request.content_type.encode("latin-1")))
         target = request.target.encode("latin-1")  # the client's bytes, as sent
-        status, raw = await self._send(base_url, request.method, target, headers, request.body, timeout_seconds)
-        if 400 <= status < 500 and status != 401:
-            raise WorkerRefusal(status)
-        if status == 503 and _says_busy(raw):
-            raise WorkerBusy
-        if status != 200:
-            raise WorkerFailure(FailureKind.BAD_STATUS, f"HTTP {status}")
-        if len(raw) > PARSE_IN_THREAD_BYTES:
-            body = await trio.to_thread.run_sync(_parse_envelope, raw)
-        else:
-            body = _parse_envelope(raw)
-        return WorkerAnswer(raw, body)
+        async with self._exchange(base_url, request.method, target, headers, request.body, timeout_seconds) as answer:
+            # judged before the connection is kept: a stale answer's connection is closed
+            return await _judge(request.request_id, *answer)
 
     async def probe(self, url: str, timeout_seconds: float) -> HealthAnswer:
         base_url, target = _split_target(url)
-        status, body = await self._send(base_url, "GET", target, [(_TOKEN, self._token)], b"", timeout_seconds)
-        return HealthAnswer(status, body)
+        async with self._exchange(base_url, "GET", target, [(_TOKEN, self._token)], b"", timeout_seconds) as answer:
+            return HealthAnswer(*answer)
 
-    async def _send(
+    @asynccontextmanager
+    async def _exchange(
         self,
         base_url: str,
         method: str,
@@ -208,8 +214,9 @@ class Upstream:
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         timeout_seconds: float,
-    ) -> tuple[int, bytes]:
-        """One exchange; `timeout_seconds` bounds all of it, connecting included."""
+    ) -> AsyncIterator[tuple[int, bytes]]:
+        """One exchange, `(status, body)`; `timeout_seconds` bounds all of it, connecting
+        included. The connection is kept when the block exits normally, closed otherwise."""
         origin = _origin(base_url)
         deadline = trio.current_time() + timeout_seconds
         try:
@@ -217,18 +224,17 @@ class Upstream:
         except h11.LocalProtocolError:  # nothing we could send: it never left
             # h11's message quotes the offending header, which may be the shared password
             raise WorkerFailure(FailureKind.CONNECT, "a request header is not valid HTTP") from None
-        connection = self._take_idle(origin)
+        connection = await self._take_idle(origin)
         if connection is None:
             with trio.move_on_at(deadline):
                 connection = await self._connect(origin)
             if connection is None:
                 raise WorkerFailure(FailureKind.CONNECT, f"connect timeout after {timeout_seconds:g}s")
+        answer = None
         try:
             with trio.move_on_at(deadline):
                 answer = await connection.exchange(head, body)
-                self._keep(origin, connection)
-                return answer
-        except AnswerTooLarge as error:
+        except (AnswerTooLarge, AmbiguousFraming) as error:
             connection.close()
             raise WorkerFailure(FailureKind.UNUSABLE_BODY, str(error)) from None
         except (h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
@@ -237,15 +243,22 @@ class Upstream:
         except BaseException:  # cancelled (the client left): the host must see the close
             connection.close()
             raise
-        connection.close()
-        raise WorkerFailure(FailureKind.TIMEOUT, f"no complete answer in {timeout_seconds:g}s")
+        if answer is None:
+            connection.close()
+            raise WorkerFailure(FailureKind.TIMEOUT, f"no complete answer in {timeout_seconds:g}s")
+        try:
+            yield answer
+        except BaseException:
+            connection.close()
+            raise
+        self._keep(origin, connection)
 
-    def _take_idle(self, origin: _Origin) -> _Connection | None:
+    async def _take_idle(self, origin: _Origin) -> _Connection | None:
         """The most recently used idle connection to `origin` still fit to send on."""
         connections = self._idle.get(origin, [])
         while connections:
             connection = connections.pop()
-            if connection.reusable():
+            if await connection.reusable():
                 return connection
             connection.close()  # closed or expired: nothing to say on it
         return None
@@ -325,6 +338,8 @@ class _Connection:
             if event is h11.NEED_DATA:
                 self._protocol.receive_data(bytes(await self.stream.receive_some(RECEIVE_BYTES)))  # bytes: no copy
             elif isinstance(event, h11.Response):
+                if _framed_twice(event):
+                    raise AmbiguousFraming("the answer has both Content-Length and Transfer-Encoding")
                 status = event.status_code
             elif isinstance(event, h11.Data):
                 chunks.append(event.data)
@@ -337,8 +352,12 @@ class _Connection:
                 raise h11.RemoteProtocolError("the worker closed the connection before its answer")
 
     def start_next_cycle(self) -> bool:
-        """Ready the connection for the next exchange; False when it must be closed instead."""
-        if self._write_failed or self._protocol.our_state is not h11.DONE or self._protocol.their_state is not h11.DONE:
+        """Ready the connection for the next exchange; False when it must be closed instead:
+        also when bytes followed the answer, which h11 would read as the next one's."""
+        protocol = self._protocol
+        if self._write_failed or protocol.our_state is not h11.DONE or protocol.their_state is not h11.DONE:
+            return False
+        if protocol.trailing_data[0]:
             return False
         self._protocol.start_next_cycle()
         self._idle_since = trio.current_time()
@@ -348,11 +367,26 @@ class _Connection:
         """At once, also when cancelled: the worker sees the connection end."""
         self.socket_stream.socket.close()
 
-    def reusable(self) -> bool:
-        """Idle for less than the keep-alive expiry, and the worker has not closed it (a
-        closed socket reads as readable)."""
-        fresh = trio.current_time() - self._idle_since < KEEPALIVE_EXPIRY_SECONDS
-        return fresh and not self.socket_stream.socket.is_readable()
+    async def reusable(self) -> bool:
+        """Idle for less than the keep-alive expiry, nothing unread on it and the worker has
+        not closed it (a closed socket reads as readable; so do bytes it sent unasked)."""
+        if trio.current_time() - self._idle_since >= KEEPALIVE_EXPIRY_SECONDS:
+            return False
+        if self.socket_stream.socket.is_readable():
+            return False
+        if self.stream is self.socket_stream:
+            return True
+        # TLS may already hold bytes read off the socket with the last answer's end. A
+        # receive in a cancelled scope returns them without waiting, or is cancelled before
+        # it touches the socket (trio's SSLStream: safe outside a handshake).
+        with trio.CancelScope() as peek:
+            peek.cancel()
+            try:
+                await self.stream.receive_some(RECEIVE_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return False
+            return False  # bytes, or the end of the stream: either way not a fresh answer
+        return peek.cancelled_caught
 
 
 def deadline_milliseconds(timeout_seconds: float) -> int:
@@ -362,12 +396,45 @@ def deadline_milliseconds(timeout_seconds: float) -> int:
     return math.floor(round(timeout_seconds * 1000, 6))
 
 
-def _says_busy(raw: bytes) -> bool:
+class AmbiguousFraming(Exception):
+    """An answer with both Content-Length and Transfer-Encoding (RFC 9112 § 6.3: it may be
+    smuggling; its end cannot be trusted, so neither can what follows it)."""
+
+
+def _framed_twice(response: h11.Response) -> bool:
+    names = {name for name, _ in response.headers}
+    return b"content-length" in names and b"transfer-encoding" in names
+
+
+async def _judge(request_id: str, status: int, raw: bytes) -> WorkerAnswer:
+    """The answer to the request sent as `request_id`, or the exception that says why not."""
+    if status == 200:
+        if len(raw) > PARSE_IN_THREAD_BYTES:
+            body = await trio.to_thread.run_sync(_parse_envelope, raw)
+        else:
+            body = _parse_envelope(raw)
+        if body["request_id"] != request_id:
+            raise WorkerFailure(FailureKind.UNUSABLE_BODY, "the answer is another request's (its request_id)")
+        return WorkerAnswer(raw, body)
+    refused = _small_json_object(raw)
+    if refused is not None and "request_id" in refused and refused["request_id"] != request_id:
+        raise WorkerFailure(FailureKind.UNUSABLE_BODY, f"the HTTP {status} answer is another request's")
+    if 400 <= status < 500 and status != 401:
+        raise WorkerRefusal(status)
+    if status == 503 and refused is not None and refused.get(BUSY_KEY) is True:
+        raise WorkerBusy
+    raise WorkerFailure(FailureKind.BAD_STATUS, f"HTTP {status}")
+
+
+def _small_json_object(raw: bytes) -> dict[str, Any] | None:
+    """A refusal's JSON object (busy, a 4xx envelope), None for anything else."""
+    if len(raw) > PARSE_IN_THREAD_BYTES:
+        return None
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError):
-        return False
-    return isinstance(body, dict) and body.get(BUSY_KEY) is True
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def _parse_envelope(raw: bytes) -> dict[str, Any]:
@@ -377,4 +444,21 @@ def _parse_envelope(raw: bytes) -> dict[str, Any]:
         raise WorkerFailure(FailureKind.UNUSABLE_BODY, "answer is not JSON") from None
     if not is_envelope(body):
         raise WorkerFailure(FailureKind.UNUSABLE_BODY, "answer is not an envelope")
+    if not nested_within(body, MAX_ANSWER_DEPTH):
+        raise WorkerFailure(FailureKind.UNUSABLE_BODY, f"answer nested deeper than {MAX_ANSWER_DEPTH} levels")
     return body
+
+
+def nested_within(document: Any, max_depth: int) -> bool:
+    """Are `document`'s objects and arrays at most `max_depth` levels deep? Without
+    recursion, whatever the depth."""
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if depth > max_depth:
+            return False
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return True

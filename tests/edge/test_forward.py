@@ -9,6 +9,7 @@ import socket
 from functools import partial
 
 import h11
+import httpx
 import hypercorn.trio
 import pytest
 import trio
@@ -25,9 +26,14 @@ from edge.pool.forward import (
     WorkerRefusal,
     deadline_milliseconds,
 )
+from edge.app import create_app
+from edge.gateway import Gateway, build_gateway
 from shared.contract import Code, envelope
+from tests.edge.conftest import PHOTO_BODY, bring_online, make_settings
+from tests.fakes.raw_host import Misbehaviour, RawHost, response
 
 TOKEN = "forward-test-token"
+MEASURE = "/api/v1/hair/measure"
 
 
 async def worker_app(scope, receive, send) -> None:
@@ -44,11 +50,12 @@ async def worker_app(scope, receive, send) -> None:
         if not message.get("more_body"):
             break
     path = scope["path"]
+    rid = dict(scope["headers"]).get(b"x-request-id", b"").decode()  # echoed, as a host does
     status, payload, content_type = 200, b"", b"application/json"
     if path == "/echo":
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         data = {"headers": headers, "body": body.decode(), "query": scope["query_string"].decode()}
-        payload = json.dumps(envelope(Code.OK, "rid", data)).encode()
+        payload = json.dumps(envelope(Code.OK, rid, data)).encode()
     elif path == "/status":
         status = int(scope["query_string"].decode())
         payload = b"<html>error</html>"
@@ -56,7 +63,7 @@ async def worker_app(scope, receive, send) -> None:
     elif path == "/not-json":
         payload = b"<html>ok</html>"
     elif path == "/large":  # an answer with megabytes of images
-        payload = json.dumps(envelope(Code.OK, "rid", {"mask_image_base64": "A" * 2_000_000})).encode()
+        payload = json.dumps(envelope(Code.OK, rid, {"mask_image_base64": "A" * 2_000_000})).encode()
     elif path == "/not-envelope":
         payload = b'{"result": 1}'
     elif path == "/slow":
@@ -85,12 +92,15 @@ async def upstream():
     await client.aclose()
 
 
-def request(target: str = "/echo", body: bytes = b'{"image_base64": "AAAA"}') -> ForwardRequest:
+def request(
+    target: str = "/echo", body: bytes = b'{"image_base64": "AAAA"}', request_id: str = "req-42"
+) -> ForwardRequest:
     path, _, query = target.partition("?")
-    return ForwardRequest("POST", path, query, body, "application/json", "req-42", "198.51.100.1, 127.0.0.1", "exec_1723456789012_000_00007")
+    return ForwardRequest("POST", path, query, body, "application/json", request_id, "198.51.100.1, 127.0.0.1", "exec_1723456789012_000_00007")
 
 
-async def test_forward_sends_exactly_the_whitelisted_headers(upstream: Upstream, worker_url: str) -> None:
+async def test_forward_sends_exactly_the_whitelisted_headers(upstream: Upstream, worker_url: str, mock_clock) -> None:
+    # mock_clock: time stands still unless jumped, so the whole attempt timeout remains
     answer = await upstream.forward(worker_url, request("/echo?a=1&b=2"), 5)
     data = answer.envelope["data"]
     headers = data["headers"]
@@ -280,16 +290,18 @@ class ScriptedWorker:
                 if not (data := await stream.receive_some(65536)):
                     return
                 protocol.receive_data(data)
+            elif isinstance(event, h11.Request):
+                request_id = dict(event.headers).get(b"x-request-id", b"").decode()
             elif isinstance(event, h11.EndOfMessage):
-                await stream.send_all(self._answer(protocol))
+                await stream.send_all(self._answer(protocol, request_id))
                 if protocol.our_state is h11.MUST_CLOSE or self.hang_up_when_idle:
                     await stream.aclose()
                     self.hung_up.set()
                     return
                 protocol.start_next_cycle()
 
-    def _answer(self, protocol: h11.Connection) -> bytes:
-        body = json.dumps(envelope(Code.OK, "rid", {"framing": "chunked" if self.chunked else "length"})).encode()
+    def _answer(self, protocol: h11.Connection, request_id: str) -> bytes:
+        body = json.dumps(envelope(Code.OK, request_id, {"framing": "chunked" if self.chunked else "length"})).encode()
         headers = [("Content-Type", "application/json")]
         headers.append(("Transfer-Encoding", "chunked") if self.chunked else ("Content-Length", str(len(body))))
         if self.close_after_answer:
@@ -372,3 +384,187 @@ async def test_an_answer_sent_before_the_whole_body_was_read_is_the_answer(upstr
     with pytest.raises(WorkerRefusal) as caught:
         await upstream.forward(f"http://127.0.0.1:{port}", request(body=b"x" * 8_000_000), 5)
     assert caught.value.status == 413
+
+
+# --- a host that misbehaves at the byte level (tests/fakes/raw_host.py) --------------------
+
+
+@pytest.fixture
+async def raw_host(nursery) -> RawHost:
+    host = RawHost()
+    await host.start(nursery)
+    return host
+
+
+async def answered_ids(upstream: Upstream, host: RawHost, clients: int, between=None) -> list[str]:
+    """The request_id of the answer each of `clients` sequential forwards got."""
+    ids = []
+    for number in range(clients):
+        later_write = host.later_write_done
+        answer = await upstream.forward(host.url, request(request_id=f"client-{number}"), 5)
+        ids.append(answer.envelope["request_id"])
+        if host.misbehaviour is Misbehaviour.SECOND_RESPONSE_LATER:
+            await later_write.wait()  # the unsolicited answer was written: it waits unread
+    return ids
+
+
+@pytest.mark.parametrize("misbehaviour", [Misbehaviour.SECOND_RESPONSE_SAME_WRITE, Misbehaviour.SECOND_RESPONSE_LATER])
+async def test_an_unsolicited_second_response_never_reaches_the_next_client(
+    upstream: Upstream, raw_host: RawHost, misbehaviour: Misbehaviour
+) -> None:
+    # it did: the connection was kept with the stale answer buffered (7 of 8 clients got
+    # another request's answer in the attack; 1 of 8 when it came 200 ms later)
+    raw_host.misbehaviour = misbehaviour
+    assert await answered_ids(upstream, raw_host, 8) == [f"client-{n}" for n in range(8)]
+    assert (raw_host.stale_sent, raw_host.connections) == (8, 8), "every stale answer's connection was dropped"
+    assert raw_host.requests == [f"client-{n}" for n in range(8)], "each sent once: nothing failed"
+
+
+@pytest.mark.parametrize("misbehaviour", [Misbehaviour.SECOND_RESPONSE_SAME_WRITE, Misbehaviour.SECOND_RESPONSE_LATER])
+async def test_an_unsolicited_response_after_health_never_reaches_a_forward(
+    upstream: Upstream, raw_host: RawHost, misbehaviour: Misbehaviour
+) -> None:
+    # probes and forwards share the idle connections
+    raw_host.misbehaviour = misbehaviour
+    later_write = raw_host.later_write_done
+    assert (await upstream.probe(raw_host.url + "/health", 5)).status == 200
+    if misbehaviour is Misbehaviour.SECOND_RESPONSE_LATER:
+        await later_write.wait()
+    raw_host.misbehaviour = Misbehaviour.NONE
+    assert (await upstream.forward(raw_host.url, request(request_id="after-health"), 5)).envelope["request_id"] == "after-health"
+    assert (raw_host.requests, raw_host.connections) == (["health", "after-health"], 2)
+
+
+async def test_bytes_past_a_short_content_length_never_break_the_next_exchange(
+    upstream: Upstream, raw_host: RawHost
+) -> None:
+    # the 3 bytes left were read as the start of the next answer: a CLOSED failure that
+    # ejected the host for an answer it gave right
+    raw_host.misbehaviour = Misbehaviour.SHORT_CONTENT_LENGTH
+    assert await answered_ids(upstream, raw_host, 3) == ["client-0", "client-1", "client-2"]
+    assert raw_host.connections == 3
+    await upstream.probe(raw_host.url + "/health", 5)  # a probe after one, too
+    raw_host.misbehaviour = Misbehaviour.NONE
+    assert await answered_ids(upstream, raw_host, 2) == ["client-0", "client-1"]
+    assert raw_host.connections == 5, "the probe's connection had 3 bytes left: not reused"
+
+
+async def test_an_answer_with_content_length_and_transfer_encoding_is_refused_and_closed(
+    upstream: Upstream, raw_host: RawHost
+) -> None:
+    raw_host.misbehaviour = Misbehaviour.LENGTH_AND_CHUNKED
+    with pytest.raises(WorkerFailure) as caught:
+        await upstream.forward(raw_host.url, request(), 5)
+    assert caught.value.kind is FailureKind.UNUSABLE_BODY
+    raw_host.misbehaviour = Misbehaviour.NONE
+    assert (await upstream.forward(raw_host.url, request(), 5)).envelope["request_id"] == "req-42"
+    assert raw_host.connections == 2
+
+
+async def test_an_answer_for_another_request_is_a_bad_answer_and_its_connection_dropped(
+    upstream: Upstream, raw_host: RawHost
+) -> None:
+    # what no framing check can catch: a stale answer that arrives just after the request
+    raw_host.misbehaviour = Misbehaviour.STALE_FIRST
+    with pytest.raises(WorkerFailure) as caught:
+        await upstream.forward(raw_host.url, request(request_id="mine"), 5)
+    assert caught.value.kind is FailureKind.UNUSABLE_BODY and "another request" in str(caught.value)
+    raw_host.misbehaviour = Misbehaviour.NONE
+    assert (await upstream.forward(raw_host.url, request(request_id="next"), 5)).envelope["request_id"] == "next"
+    assert raw_host.connections == 2, "the real answer left behind was not read as the next one's"
+
+
+async def test_a_busy_or_refusal_envelope_for_another_request_is_a_bad_answer(upstream: Upstream, nursery) -> None:
+    async def stale_busy(stream: trio.SocketStream) -> None:
+        await stream.receive_some(65536)
+        body = json.dumps({**envelope(Code.SYSTEM_ERROR, "someone-else"), "busy": True}).encode()
+        await stream.send_all(response(body, status=b"503 Service Unavailable"))
+
+    listeners = await nursery.start(partial(trio.serve_tcp, stale_busy, 0, host="127.0.0.1"))
+    with pytest.raises(WorkerFailure) as caught:
+        await upstream.forward(f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}", request(), 5)
+    assert caught.value.kind is FailureKind.UNUSABLE_BODY
+
+
+def nested(depth: int) -> bytes:
+    """An envelope `depth` objects deep, an image key at the bottom (built as text: the
+    encoder itself stops near 1000 levels)."""
+    data = '{"a":' * (depth - 2) + '{"mask_image_base64":null}' + "}" * (depth - 2)
+    return b'{"code":0,"message":"ok","request_id":"req-42","data":%s}' % data.encode()
+
+
+@pytest.mark.parametrize("depth", [500, 5000])
+async def test_an_answer_nested_too_deep_is_a_bad_answer_not_a_recursion_error(
+    upstream: Upstream, nursery, depth: int
+) -> None:
+    # ~500 levels with an image key: a RecursionError in the rewrite (a 1007 with a
+    # 3,000-line traceback, the host not ejected)
+    body = nested(depth)
+
+    async def deep(stream: trio.SocketStream) -> None:
+        await stream.receive_some(65536)
+        await stream.send_all(response(body))
+
+    listeners = await nursery.start(partial(trio.serve_tcp, deep, 0, host="127.0.0.1"))
+    with pytest.raises(WorkerFailure) as caught:
+        await upstream.forward(f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}", request(), 5)
+    assert caught.value.kind is FailureKind.UNUSABLE_BODY
+
+
+def test_nesting_is_measured_without_recursion() -> None:
+    limit = forward_module.MAX_ANSWER_DEPTH
+    assert forward_module.nested_within(json.loads(nested(limit)), limit)
+    assert not forward_module.nested_within(json.loads(nested(limit + 1)), limit)
+    deep: list = []
+    for _ in range(100_000):  # far past the recursion limit
+        deep = [deep]
+    assert not forward_module.nested_within(deep, 10)
+    assert forward_module.nested_within([[1, {"a": [2]}], "x"], 4) and not forward_module.nested_within([[{"a": []}]], 3)
+
+
+# --- the same hosts behind a real gateway: which answer each client got, ejections, retries
+
+
+async def gateway_over(tmp_path, urls: list[str], primary: list[str]) -> tuple[Gateway, httpx.AsyncClient]:
+    settings = make_settings(tmp_path, pool={"workers": urls, "primary_workers": primary})
+    gateway = build_gateway(settings)  # the real Upstream
+    bring_online(gateway, *range(len(urls)))
+    transport = httpx.ASGITransport(app=create_app(gateway))
+    return gateway, httpx.AsyncClient(transport=transport, base_url="http://gateway.test")
+
+
+def sample(gateway: Gateway, name: str, **labels: str) -> float:
+    return gateway.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def post_as(client: httpx.AsyncClient, request_id: str) -> httpx.Response:
+    return await client.post(MEASURE, content=PHOTO_BODY, headers={"X-Request-ID": request_id, "Content-Type": "application/json"})
+
+
+async def test_behind_the_gateway_a_stale_answer_ejects_its_host_and_is_retried_elsewhere(tmp_path, nursery) -> None:
+    stale, good = RawHost(Misbehaviour.STALE_FIRST), RawHost()
+    urls = [await stale.start(nursery), await good.start(nursery)]
+    gateway, client = await gateway_over(tmp_path, urls, primary=urls[:1])  # the stale host first
+    try:
+        answers = [(await post_as(client, f"client-{n}")).json() for n in range(8)]
+    finally:
+        await gateway.upstream.aclose()
+    assert [a["request_id"] for a in answers] == [f"client-{n}" for n in range(8)]
+    assert [a["data"]["answered"] for a in answers] == [f"client-{n}" for n in range(8)], "each its own answer"
+    assert (stale.requests, good.requests) == (["client-0"], [f"client-{n}" for n in range(8)])
+    assert sample(gateway, "hairgate_worker_ejections_total", worker="0", reason="unusable_body") == 1
+    assert sample(gateway, "hairgate_retries_total", reason="unusable_body") == 1
+    assert not gateway.dispatcher.pool.workers[0].online
+
+
+async def test_behind_the_gateway_unsolicited_answers_reach_nobody(tmp_path, nursery) -> None:
+    host = RawHost(Misbehaviour.SECOND_RESPONSE_SAME_WRITE)
+    gateway, client = await gateway_over(tmp_path, [await host.start(nursery)], primary=[])
+    try:
+        answers = [(await post_as(client, f"client-{n}")).json() for n in range(8)]
+    finally:
+        await gateway.upstream.aclose()
+    assert [a["data"]["answered"] for a in answers] == [f"client-{n}" for n in range(8)]
+    assert (host.stale_sent, host.connections) == (8, 8)
+    assert sample(gateway, "hairgate_worker_ejections_total", worker="0", reason="unusable_body") == 0
+    assert gateway.dispatcher.pool.workers[0].online

@@ -3,6 +3,7 @@ and a certificate it cannot verify is a CONNECT failure at once, never a hang.""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
@@ -12,8 +13,9 @@ import pytest
 import trio
 from hypercorn.config import Config
 
-from edge.pool.forward import FailureKind, Upstream, WorkerFailure
+from edge.pool.forward import FailureKind, ForwardRequest, Upstream, WorkerFailure
 from tests.fakes.fake_worker import FakeWorker, create_app
+from tests.fakes.raw_host import Misbehaviour, RawHost
 from tests.fakes.tls import TlsFiles, tls_files
 
 TOKEN = "tls-test-token-0123456789"
@@ -71,3 +73,31 @@ async def test_the_failure_names_the_certificate_problem(https_worker: str, tmp_
     finally:
         await upstream.aclose()
     assert "CERTIFICATE_VERIFY_FAILED" in str(failure.value)  # what the offline warning logs
+
+
+@pytest.mark.parametrize(
+    ("misbehaviour", "connections"),
+    [(Misbehaviour.NONE, 1), (Misbehaviour.SECOND_RESPONSE_SAME_WRITE, 8), (Misbehaviour.SECOND_RESPONSE_LATER, 8)],
+)
+async def test_an_unsolicited_response_over_tls_never_reaches_the_next_client(
+    worker_tls: TlsFiles, nursery, misbehaviour: Misbehaviour, connections: int
+) -> None:
+    # NONE: the look into the TLS layer for bytes read off the socket with the answer's
+    # end (a receive in a cancelled scope) leaves a kept connection usable
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(worker_tls.certfile, worker_tls.keyfile)
+    host = RawHost(misbehaviour, tls=server)
+    url = await host.start(nursery)
+    upstream = Upstream(TOKEN, keepalive_connections=2, ca_file=str(worker_tls.ca_file))
+    answered = []
+    try:
+        for number in range(8):
+            later_write = host.later_write_done
+            request = ForwardRequest("POST", "/api/v1/hair/measure", "", b"{}", None, f"client-{number}", "127.0.0.1")
+            answered.append((await upstream.forward(url, request, 5)).envelope["request_id"])
+            if misbehaviour is Misbehaviour.SECOND_RESPONSE_LATER:
+                await later_write.wait()
+    finally:
+        await upstream.aclose()
+    assert answered == [f"client-{n}" for n in range(8)]
+    assert (host.stale_sent, host.connections) == (0 if misbehaviour is Misbehaviour.NONE else 8, connections)

@@ -17,7 +17,7 @@ from hypercorn.events import RawData
 from hypercorn.trio.tcp_server import TCPServer
 
 from edge.main import serve
-from shared.contract import envelope
+from shared.contract import Code, envelope
 from tests.edge.conftest import PHOTO, PHOTO_BODY, make_settings
 
 GATEWAY_PORT = 18150
@@ -50,7 +50,8 @@ class InProcessWorker:
             self.jobs += 1
             self.job_started.set()
             await self.job_may_finish.wait()
-            payload = json.dumps(envelope(0, "w", {"done": True})).encode()
+            request_id = dict(scope["headers"])[b"x-request-id"].decode()  # the gateway checks it comes back
+            payload = json.dumps(envelope(Code.OK, request_id, {"done": True})).encode()
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": payload})
 
@@ -145,7 +146,7 @@ async def test_stop_drains_in_flight_requests_then_returns(tmp_path: Path, worke
                 while await port_accepts(GATEWAY_PORT):
                     await trio.sleep(0.02)
             worker.job_may_finish.set()
-    assert answers == [envelope(0, "w", {"done": True})]
+    assert [(answer["code"], answer["data"]) for answer in answers] == [(0, {"done": True})]
     log_lines = (tmp_path / "request_log.jsonl").read_text().splitlines()
     assert [json.loads(line)["code"] for line in log_lines] == [0], "the log is flushed on the way out"
 
