@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from edge.pool.forward import WorkerBusy, WorkerFailure, WorkerRefusal
+from edge.pool.forward import RequestNotSent, WorkerBusy, WorkerFailure, WorkerRefusal
 from edge.pool.pool import Pool, PoolEvent, ProbeResult, Thresholds, Transition
 from edge.pool.scheduling import (
     SchedulingPolicy,
@@ -74,8 +74,8 @@ class Unavailable(DispatchError):
 
 
 # A forward that ended in one of these had its exchange finished: nothing is left running
-# because of it (a timeout ejects the worker instead).
-_EXCHANGE_ENDED = (WorkerFailure, WorkerBusy, WorkerRefusal)
+# because of it (a timeout ejects the worker instead); RequestNotSent: none began.
+_EXCHANGE_ENDED = (WorkerFailure, WorkerBusy, WorkerRefusal, RequestNotSent)
 
 
 class WorkerLease:

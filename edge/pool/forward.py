@@ -14,6 +14,9 @@ split the way a retry policy needs them, as in httpx's exception tree:
                         header block too large): the client's problem, nobody is ejected
     WorkerBusy          503 `"busy": true`: another gateway's job runs there; wait for a
                         worker, eject nobody, spend no retry
+    RequestNotSent      h11 refused to build the request head: the gateway's fault (its
+                        settings) or the client's (a header or query it sent); nothing was
+                        sent, nobody is ejected
 
 A connection is kept only when nothing is left unread on it: bytes after the answer (a
 second, unsolicited response, a Content-Length shorter than what followed) close it, and
@@ -47,6 +50,7 @@ from shared.contract import (
     HEADER_TOKEN,
     is_envelope,
 )
+from shared.contract import DEFAULT_MESSAGES, Code
 from shared.errors import reason
 
 # An idle connection is dropped after this, below the workers' own keep-alive timeout
@@ -57,6 +61,8 @@ KEEPALIVE_EXPIRY_SECONDS = 4.0
 # loop for ~13 ms, every other request's latency included.
 PARSE_IN_THREAD_BYTES = 256 * 1024
 RECEIVE_BYTES = 64 * 1024
+MSG_NOT_FORWARDABLE = "请求的查询字符串或请求头含有无法转发的字符，请检查后重试"  # 1001
+_CLIENT_PARTS_REFUSED = "the client's query or headers are not valid HTTP"
 # A worker's answer is held whole (its images are rewritten into files): a broken worker
 # must not be able to exhaust the gateway's memory. Grow answers at 52 MP are ~200 MB.
 MAX_ANSWER_BYTES = 512 * 1024 * 1024
@@ -81,6 +87,20 @@ class WorkerFailure(Exception):
     def __init__(self, kind: FailureKind, detail: str) -> None:
         super().__init__(f"{kind.value}: {detail}")
         self.kind = kind
+
+
+class RequestNotSent(Exception):
+    """h11 refused to build the request head: nothing left the gateway, the worker is fine.
+
+    INVALID_PARAMETER when the client's own parts (the query, Content-Type,
+    X-Forwarded-For) cannot be sent; SYSTEM_ERROR when the gateway's cannot (its token,
+    a worker URL). `message` is the client's; the exception's text (for the log) never
+    quotes a header, which may be the shared password."""
+
+    def __init__(self, code: Code, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.message = MSG_NOT_FORWARDABLE if code is Code.INVALID_PARAMETER else DEFAULT_MESSAGES[code]
 
 
 class AnswerTooLarge(Exception):
@@ -184,21 +204,26 @@ class Upstream:
         self._token = token.encode()
 
     async def forward(self, base_url: str, request: ForwardRequest, timeout_seconds: float) -> WorkerAnswer:
+        try:
+            target, client_headers = _client_parts(request)
+        except UnicodeEncodeError:
+            raise RequestNotSent(Code.INVALID_PARAMETER, _CLIENT_PARTS_REFUSED) from None
         headers = [
             (_TOKEN, self._token),
             (_REQUEST_ID, request.request_id.encode()),
             (_EXECUTION_ID, request.execution_id.encode()),
-            (_FORWARDED_FOR, request.forwarded_for.encode("latin-1")),
-            # the attempt's deadline, so the host never works on what nobody will read
-            (_REQUEST_TIMEOUT_MS, str(deadline_milliseconds(timeout_seconds)).encode()),
+            *client_headers,
             (b"Content-Length", str(len(request.body)).encode()),
         ]
-        if request.content_type is not None:
-            headers.append((b"Content-Type", request.content_type.encode("latin-1")))
-        target = request.target.encode("latin-1")  # the client's bytes, as sent
-        async with self._exchange(base_url, request.method, target, headers, request.body, timeout_seconds) as answer:
-            # judged before the connection is kept: a stale answer's connection is closed
-            return await _judge(request.request_id, *answer)
+        try:
+            async with self._exchange(base_url, request.method, target, headers, request.body, timeout_seconds,
+                                      send_deadline=True) as (status, raw):  # fmt: skip
+                # judged before the connection is kept: a stale answer's connection is closed
+                return await _judge(request.request_id, status, raw)
+        except RequestNotSent:
+            if _sendable(request.method, target, client_headers):
+                raise
+            raise RequestNotSent(Code.INVALID_PARAMETER, _CLIENT_PARTS_REFUSED) from None
 
     async def probe(self, url: str, timeout_seconds: float) -> HealthAnswer:
         base_url, target = _split_target(url)
@@ -214,22 +239,29 @@ class Upstream:
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         timeout_seconds: float,
+        *,
+        send_deadline: bool = False,
     ) -> AsyncIterator[tuple[int, bytes]]:
         """One exchange, `(status, body)`; `timeout_seconds` bounds all of it, connecting
-        included. The connection is kept when the block exits normally, closed otherwise."""
+        included. The connection is kept when the block exits normally, closed otherwise.
+        `send_deadline`: tell the host what remains of the timeout once connected."""
         origin = _origin(base_url)
         deadline = trio.current_time() + timeout_seconds
-        try:
-            head = h11.Request(method=method, target=origin.path + target, headers=[(b"Host", origin.host), *headers])
-        except h11.LocalProtocolError:  # nothing we could send: it never left
-            # h11's message quotes the offending header, which may be the shared password
-            raise WorkerFailure(FailureKind.CONNECT, "a request header is not valid HTTP") from None
         connection = await self._take_idle(origin)
         if connection is None:
             with trio.move_on_at(deadline):
                 connection = await self._connect(origin)
             if connection is None:
                 raise WorkerFailure(FailureKind.CONNECT, f"connect timeout after {timeout_seconds:g}s")
+        if send_deadline:  # what is left of it after connecting (a TLS handshake takes some)
+            remaining = deadline_milliseconds(max(deadline - trio.current_time(), 0.0))
+            headers = [*headers, (_REQUEST_TIMEOUT_MS, str(remaining).encode())]
+        try:
+            head = h11.Request(method=method, target=origin.path + target, headers=[(b"Host", origin.host), *headers])
+        except h11.LocalProtocolError:  # nothing was sent; not the worker's fault
+            connection.close()
+            # h11's message quotes the offending header, which may be the shared password
+            raise RequestNotSent(Code.SYSTEM_ERROR, "a request header of the gateway's is not valid HTTP") from None
         answer = None
         try:
             with trio.move_on_at(deadline):
@@ -394,6 +426,24 @@ def deadline_milliseconds(timeout_seconds: float) -> int:
     the host never works past the gateway's deadline; 1.001 s is 1001 ms, not the 1000 its
     binary fraction would floor to)."""
     return math.floor(round(timeout_seconds * 1000, 6))
+
+
+def _client_parts(request: ForwardRequest) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """The target and headers that carry what the client sent; UnicodeEncodeError when a
+    part is not Latin-1."""
+    headers = [(_FORWARDED_FOR, request.forwarded_for.encode("latin-1"))]
+    if request.content_type is not None:
+        headers.append((b"Content-Type", request.content_type.encode("latin-1")))
+    return request.target.encode("latin-1"), headers  # the client's bytes, as sent
+
+
+def _sendable(method: str, target: bytes, headers: list[tuple[bytes, bytes]]) -> bool:
+    """Would h11 build a head from the client's parts alone? (Only asked after a refusal.)"""
+    try:
+        h11.Request(method=method, target=target, headers=[(b"Host", b"worker"), *headers])
+    except h11.LocalProtocolError:
+        return False
+    return True
 
 
 class AmbiguousFraming(Exception):

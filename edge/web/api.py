@@ -22,6 +22,7 @@ from edge.pool.host_leases import NO_HOST_LEASES, HostLeasing
 from edge.pool.forward import (
     FailureKind,
     ForwardRequest,
+    RequestNotSent,
     RetryPolicy,
     Upstream,
     WorkerAnswer,
@@ -187,6 +188,9 @@ class ApiService:
                 log.warning("后端拒绝请求 | request_id=%s | worker=%s | %s", request.request_id, progress.worker, refusal)
                 code = Code.TOO_LARGE if refusal.status == 413 else Code.INVALID_PARAMETER
                 return self.gateway_failure(request.request_id, code, MSG_REFUSED_BY_HOST.format(status=refusal.status))
+            except RequestNotSent as unsent:  # the gateway's or the client's fault: nobody is ejected
+                log.warning("请求无法发往后端 | request_id=%s | worker=%s | %s", request.request_id, progress.worker, unsent)
+                return self.gateway_failure(request.request_id, unsent.code, unsent.message)
             return await self._finish(request, answer, images)
 
     async def _attempt(

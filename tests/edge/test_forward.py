@@ -19,6 +19,7 @@ import edge.pool.forward as forward_module
 from edge.pool.forward import (
     FailureKind,
     ForwardRequest,
+    RequestNotSent,
     RetryPolicy,
     Upstream,
     WorkerBusy,
@@ -115,6 +116,24 @@ async def test_forward_sends_exactly_the_whitelisted_headers(upstream: Upstream,
         "x-request-timeout-ms", "x-execution-id",
     }  # fmt: skip
     assert (data["body"], data["query"]) == ('{"image_base64": "AAAA"}', "a=1&b=2")
+
+
+async def test_the_deadline_sent_is_what_remains_after_connecting(
+    upstream: Upstream, worker_url: str, mock_clock, monkeypatch
+) -> None:
+    # a TLS handshake to a far host takes part of the attempt's timeout: the host must not
+    # be told it has the whole of it (it would work on past the gateway's deadline)
+    connect = Upstream._connect
+
+    async def slow_connect(self: Upstream, origin):
+        mock_clock.jump(1.5)
+        return await connect(self, origin)
+
+    monkeypatch.setattr(Upstream, "_connect", slow_connect)
+    first = await upstream.forward(worker_url, request(), 5)
+    again = await upstream.forward(worker_url, request(), 5)  # the kept connection: no connect
+    sent = [answer.envelope["data"]["headers"]["x-request-timeout-ms"] for answer in (first, again)]
+    assert sent == ["3500", "5000"]
 
 
 @pytest.mark.parametrize(
@@ -233,15 +252,25 @@ async def test_an_answer_over_the_cap_is_unusable_not_held(upstream: Upstream, w
     assert caught.value.kind is FailureKind.UNUSABLE_BODY
 
 
-async def test_a_header_h11_refuses_is_not_quoted_in_the_failure(worker_url: str) -> None:
+async def test_a_header_h11_refuses_is_not_sent_and_not_the_workers_fault(worker_url: str) -> None:
+    # it was a CONNECT failure: the gateway's own bad header ejected a healthy worker.
     # h11's own message quotes the value: here, the shared password
     upstream = Upstream("secret-token-with-newline\n", keepalive_connections=2)
     try:
-        with pytest.raises(WorkerFailure) as caught:
+        with pytest.raises(RequestNotSent) as caught:
             await upstream.forward(worker_url, request(), 5)
     finally:
         await upstream.aclose()
-    assert "secret-token" not in str(caught.value)
+    assert caught.value.code is Code.SYSTEM_ERROR
+    assert "secret-token" not in str(caught.value) + caught.value.message
+
+
+async def test_a_query_h11_refuses_is_the_clients_fault(upstream: Upstream, scripted) -> None:
+    worker, url = scripted
+    with pytest.raises(RequestNotSent) as caught:
+        await upstream.forward(url, request("/echo?a b"), 5)
+    assert caught.value.code is Code.INVALID_PARAMETER
+    assert worker.connections <= 1 and (await upstream.forward(url, request(), 5)).envelope["code"] == Code.OK
 
 
 async def test_a_cancelled_forward_closes_the_upstream_connection(upstream: Upstream, nursery) -> None:
@@ -568,3 +597,17 @@ async def test_behind_the_gateway_unsolicited_answers_reach_nobody(tmp_path, nur
     assert (host.stale_sent, host.connections) == (8, 8)
     assert sample(gateway, "hairgate_worker_ejections_total", worker="0", reason="unusable_body") == 0
     assert gateway.dispatcher.pool.workers[0].online
+
+
+async def test_behind_the_gateway_an_unsendable_head_is_a_1007_and_ejects_nobody(tmp_path, nursery) -> None:
+    # a worker URL whose path h11 will not put in a request line: the gateway's settings,
+    # not the host (it was a connect failure that ejected the healthy worker)
+    host = RawHost()
+    gateway, client = await gateway_over(tmp_path, [await host.start(nursery) + "/a b"], primary=[])
+    try:
+        response = await post_as(client, "client-0")
+    finally:
+        await gateway.upstream.aclose()
+    assert response.json()["code"] == Code.SYSTEM_ERROR and "a b" not in response.text
+    assert host.requests == [] and gateway.dispatcher.pool.workers[0].online
+    assert sample(gateway, "hairgate_worker_ejections_total", worker="0", reason="connect") == 0
