@@ -258,7 +258,7 @@ def _deadline(arrived: float) -> float:
     less the margin; inf without the header (or with a value that is no whole number of ms:
     the host's own timeouts apply). Too little time given: a 1007 without running anything."""
     given = request.headers.get(HEADER_REQUEST_TIMEOUT_MS, "").strip()
-    if not given.isdigit():
+    if not (given.isascii() and given.isdigit()):  # "²²²²" is a digit to str.isdigit, not to int()
         return math.inf
     if int(given) < MIN_REQUEST_TIMEOUT_MS:
         raise ContractError(Code.SYSTEM_ERROR, MSG_DEADLINE_TOO_SHORT.format(ms=int(given)))

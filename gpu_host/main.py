@@ -41,6 +41,7 @@ from gpu_host.comfyui import ComfyUIClient, load_workflow
 from gpu_host.connections import close_idle_connections_on_shutdown
 from gpu_host.model_process import ModelProcess
 from gpu_host.protocol import ChildConfig, ChildEntry
+from shared.http_server import http1_only
 from shared.logs import configure_logging
 from shared.secrets_file import SecretsSource
 from shared.settings import ENV_ACCEPT_PASSWORDS, GpuHostSettings, Settings, SettingsError, load_settings
@@ -98,7 +99,7 @@ def child_config(settings: Settings) -> ChildConfig:
 
 
 def hypercorn_config(host: GpuHostSettings, bind: str) -> HypercornConfig:
-    config = HypercornConfig()
+    config = http1_only(HypercornConfig())  # and HTTP/2 refused, a failing connection contained
     config.bind = [bind]
     # A SIGTERM must not cut a request short: the longest one may run its inference to the
     # timeout, then wait for ComfyUI to its own.

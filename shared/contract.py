@@ -71,6 +71,7 @@ CHECK_OK, CHECK_LOW, CHECK_DOWN, CHECK_OFF = "ok", "low", "down", "off"
 # Gateway answers for /api/ requests it cannot route.
 MSG_UNKNOWN_ENDPOINT = "接口不存在：{method} {path}"
 MSG_METHOD_NOT_ALLOWED = "接口 {path} 不接受 {method} 请求，只接受 {allowed}"
+MSG_WEBSOCKET_NOT_SERVED = "接口不支持 WebSocket：请用 HTTP/1.1 请求调用"  # 1001, both services
 # Requests the gateway refuses before reading or forwarding them (1001).
 MSG_HEADERS_TOO_LARGE = "请求头过大：上限 {limit_bytes} 字节（含查询字符串）"
 MSG_BODY_TOO_SLOW = "请求体接收超时：{seconds:g} 秒内未收完，请检查网络后重试"

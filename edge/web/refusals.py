@@ -8,7 +8,9 @@ raises is a logged 500. Each refusal has two faces: under `/api/` the contract's
 (HTTP 200 with a code, and the request-log line says which), elsewhere a small JSON error
 with the HTTP status. A refusal that leaves the body unread closes the connection after
 its answer, except an over-limit `/api/` body, whose rest is read and dropped (bounded)
-so that a client that writes its whole body before reading still gets its 1003.
+so that a client that writes its whole body before reading still gets its 1003 (also
+one told `100 Continue`: a chunked body's size is known only as it arrives). A WebSocket
+upgrade never reaches Quart: the server refuses it (`shared.http_server`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from edge.web.http import (
     json_page,
     token_ok,
 )
+from edge.web.server import withholds_continue
 from shared.contract import (
     API_PREFIX,
     DEFAULT_MESSAGES,
@@ -87,7 +90,8 @@ def register_refusals(app: Quart, gateway: Gateway) -> None:
         if not _is_api(request):
             return json_page(413, monitor.error_answer(f"request body over {limit} bytes"), close=True)
         message = MSG_BODY_TOO_LARGE.format(limit_bytes=limit)
-        if request.headers.get("Expect", "").lower() == "100-continue":
+        expecting = request.headers.get("Expect", "").lower() == "100-continue"
+        if expecting and withholds_continue(request.scope["headers"], gateway.settings.edge.max_body_bytes):
             return _refused(request, Code.TOO_LARGE, message, close=True)  # refused before its body was sent
         request.outcome = Outcome(int(Code.TOO_LARGE))
         return _answer_then_drain(request, encode(envelope(Code.TOO_LARGE, request.request_id, None, message)))

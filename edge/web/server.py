@@ -12,6 +12,8 @@ decision Hypercorn takes before the app is asked — `100 Continue`.
   head, before the app runs. For a `Content-Length` over `edge.max_body_bytes` the
   gateway's protocol (`GatewayH11Protocol`) withholds it, so that the client reads
   the 1003 instead of sending megabytes to be dropped.
+- HTTP/1.1 only, and a failing connection contained: `shared.http_server`, whose
+  protocol this one extends.
 - An answer's head and its body go out in one write (Hypercorn writes them apart: two
   system calls per answer, a sixth of the gateway's CPU at its ceiling), and its end,
   no bytes under `Content-Length`, is not written at all (Hypercorn's empty write takes
@@ -21,15 +23,15 @@ decision Hypercorn takes before the app is asked — `100 Continue`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import h11
 import hypercorn.protocol
 from hypercorn.config import Config
 from hypercorn.events import RawData
-from hypercorn.protocol.h11 import H11Protocol
 
+from shared.http_server import HTTP1Protocol, http1_only
 from shared.settings import EdgeSettings
 
 REQUEST_LINE_BYTES = 64  # method, spaces, "?", "HTTP/1.1", CRLFs: beyond what the setting counts
@@ -56,6 +58,7 @@ class GatewayConfig(Config):
         self.errorlog = logging.getLogger("hypercorn.error")  # through our handler, once
         if edge().certfile:
             self.certfile, self.keyfile = edge().certfile, edge().keyfile
+        http1_only(self)
 
     @property
     def h11_max_incomplete_size(self) -> int:  # type: ignore[override]
@@ -72,8 +75,8 @@ class GatewayConfig(Config):
         return self._edge().max_body_bytes
 
 
-class GatewayH11Protocol(H11Protocol):
-    """Hypercorn's HTTP/1.1 protocol; on a gateway listener (`GatewayConfig`) it sends no
+class GatewayH11Protocol(HTTP1Protocol):
+    """Hypercorn's HTTP/1.1 protocol (HTTP/1.1 only, `shared.http_server`); on a gateway listener (`GatewayConfig`) it sends no
     `100 Continue` to a request whose declared body is over the limit, writes an
     answer's head together with its first body bytes (one write, not two, per answer)
     and writes nothing for an event that encodes to no bytes."""
@@ -82,7 +85,7 @@ class GatewayH11Protocol(H11Protocol):
     _head = b""  # an answer's head, held for its body
 
     async def _create_stream(self, request: h11.Request) -> None:
-        self._withhold_continue = self._on_gateway() and _declared_length(request) > self.config.body_limit  # type: ignore[attr-defined]
+        self._withhold_continue = self._on_gateway() and withholds_continue(request.headers, self.config.body_limit)  # type: ignore[attr-defined]
         await super()._create_stream(request)
 
     async def _send_h11_event(self, event: Any) -> None:
@@ -110,14 +113,17 @@ class GatewayH11Protocol(H11Protocol):
         return isinstance(self.config, GatewayConfig)
 
 
-def _declared_length(request: h11.Request) -> int:
-    for name, value in request.headers:
+def withholds_continue(headers: Iterable[tuple[bytes, bytes]], body_limit: int) -> bool:
+    """Whether the gateway sends no `100 Continue` to a request with these (lower-cased)
+    headers: its declared Content-Length is over `body_limit`. A chunked body's size is
+    unknown until it arrives: it is told to continue, and a refusal drains it."""
+    for name, value in headers:
         if name == b"content-length" and value.isdigit():
-            return int(value)
-    return 0
+            return int(value) > body_limit
+    return False
 
 
 # Hypercorn has no setting for its HTTP/1.1 protocol class; `ProtocolWrapper` looks the
-# name up here for each connection. The subclass behaves as Hypercorn's own on any other
+# name up here for each connection (`shared.http_server` installed its base class there). The subclass behaves as Hypercorn's own on any other
 # listener (the metrics one, the GPU host's, the tests' fakes in one process).
 hypercorn.protocol.H11Protocol = GatewayH11Protocol  # type: ignore[misc]

@@ -8,16 +8,20 @@ from functools import partial
 from pathlib import Path
 
 import httpx
+import hypercorn.protocol
 import hypercorn.trio
 import pytest
 import trio
 import trio.testing
 from hypercorn.config import Config
 from hypercorn.events import RawData
+from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
 
 from edge.main import serve
+from edge.web.server import GatewayConfig, GatewayH11Protocol
 from shared.contract import Code, envelope
+from shared.http_server import HTTP1Protocol
 from tests.edge.conftest import PHOTO, PHOTO_BODY, make_settings
 
 GATEWAY_PORT = 18150
@@ -327,3 +331,13 @@ async def test_an_answer_is_one_write_and_its_end_no_empty_one(
     (write,) = [data for data in writes if data.startswith(b"HTTP/1.1 200") and answer.content in data]
     assert write.endswith(answer.content), "head and body in one write"
     assert b"" not in writes
+
+
+def test_the_gateway_listener_offers_http_1_1_alone_and_its_protocol_overrides_existing_names(tmp_path: Path) -> None:
+    # GatewayH11Protocol replaces two methods of Hypercorn's (pinned: hypercorn==X in
+    # pyproject); they must still be the ones its protocol calls
+    config = GatewayConfig(lambda: make_settings(tmp_path).edge)
+    assert config.alpn_protocols == ["http/1.1"]
+    assert issubclass(GatewayH11Protocol, HTTP1Protocol) and hypercorn.protocol.H11Protocol is GatewayH11Protocol
+    assert "_create_stream" in H11Protocol._handle_events.__code__.co_names
+    assert "_send_h11_event" in H11Protocol.stream_send.__code__.co_names

@@ -1,0 +1,161 @@
+"""Hypercorn as both services run it: HTTP/1.1 only on every listener, and a failure in one
+connection's handling ends that connection, never the process.
+
+- HTTP/2 is not served (issue 23: an `Upgrade: h2c` with a bad `HTTP2-Settings`, or an
+  HTTP/2 CONNECT without `:path`, raised in Hypercorn's HTTP/2 path and took the process
+  down). TLS offers only `http/1.1` by ALPN (`http1_only`); a client that offers only `h2`
+  gets no ALPN answer and is spoken to in HTTP/1.1. `HTTP1Protocol` answers the HTTP/2
+  prior-knowledge preface (and any HTTP version but 1.x) with 505 and closes, and ignores
+  an `Upgrade: h2c` (RFC 9110 §7.8 lets a server ignore Upgrade): the request is answered
+  in HTTP/1.1, as to a client that never asked.
+- A request with both Content-Length and Transfer-Encoding is refused with 400 and its
+  connection closed before the app sees it (RFC 9112 §6.1): two parties can read its body
+  two ways, which is how a request is smuggled behind another.
+- A WebSocket upgrade is refused the same way (neither service has a WebSocket endpoint):
+  under `/api/` HTTP 200 and the contract's 1001 envelope, like any refusal there,
+  elsewhere 400. Hypercorn's WebSocket path is never entered: in it every app-level error
+  handler ran outside a request context (a bare 500, 75 ERROR lines), and a handshake
+  followed by more bytes made it answer twice (an ERROR traceback).
+- `ContainedTCPServer`: an exception that escapes Hypercorn's handling of one connection
+  closes that connection and is logged, once per kind a minute; the listener and the
+  other connections go on.
+
+Hypercorn has no setting or hook for these protocol decisions nor for the task a
+connection runs in: `HTTP1Protocol` replaces `H11Protocol._check_protocol`, and the two
+classes are installed (at import) where Hypercorn looks them up for each connection
+(`hypercorn.protocol.H11Protocol`, `hypercorn.trio.run.TCPServer`). Hypercorn is pinned
+exactly in pyproject.toml; tests/shared/test_http_server.py fails when a name moves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import traceback
+from collections import defaultdict
+from typing import cast
+
+import h11
+import hypercorn.protocol
+import hypercorn.trio.run
+from hypercorn.config import Config
+from hypercorn.events import Closed, Event, RawData
+from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.trio.tcp_server import TCPServer
+
+from shared.contract import API_PREFIX, HEADER_REQUEST_ID, MSG_WEBSOCKET_NOT_SERVED, Code, envelope, request_id_from_header
+from shared.logs import FailureLog
+
+log = logging.getLogger("hypercorn.error")
+
+ALPN_PROTOCOLS = ["http/1.1"]
+HTTP1_VERSIONS = frozenset({b"1.0", b"1.1"})
+MSG_HTTP2_REFUSED = "HTTP/2 is not served here: send HTTP/1.1"
+MSG_AMBIGUOUS_BODY = "a request may carry Content-Length or Transfer-Encoding, not both (RFC 9112 section 6.1)"
+MSG_WEBSOCKET_REFUSED = "WebSocket is not served here: send plain HTTP/1.1 requests"
+_REQUEST_ID = HEADER_REQUEST_ID.lower().encode()
+
+
+def http1_only(config: Config) -> Config:
+    """`config` with TLS offering HTTP/1.1 alone by ALPN (the protocol refuses HTTP/2 on plain TCP)."""
+    config.alpn_protocols = list(ALPN_PROTOCOLS)
+    return config
+
+
+class _Refusal(Exception):
+    """A request answered by the protocol itself, its connection closed after the answer."""
+
+    def __init__(
+        self,
+        status: int,
+        reason: bytes,
+        body: bytes,
+        content_type: bytes = b"text/plain; charset=utf-8",
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
+        super().__init__(status, body)
+        self.status = status
+        self.reason = reason
+        self.body = body
+        self.content_type = content_type
+        self.headers = headers
+
+
+class HTTP1Protocol(H11Protocol):
+    """Hypercorn's HTTP/1.1 protocol that never switches protocols (HTTP/2, WebSocket) and
+    refuses an ambiguous body."""
+
+    async def handle(self, event: Event) -> None:
+        try:
+            await super().handle(event)
+        except _Refusal as refusal:
+            await self._refuse(refusal)
+
+    async def _check_protocol(self, event: h11.Request) -> None:
+        # Replaces Hypercorn's, which answers `Upgrade: h2c` with 101 and the preface with
+        # HTTP/2; an `Upgrade: h2c` is left unread here: the request is served as HTTP/1.1.
+        if event.http_version not in HTTP1_VERSIONS:  # `PRI * HTTP/2.0`, the HTTP/2 preface, among them
+            raise _Refusal(505, b"HTTP Version Not Supported", MSG_HTTP2_REFUSED.encode() + b"\n")
+        headers = dict(event.headers)  # h11 lower-cases the names
+        if b"content-length" in headers and b"transfer-encoding" in headers:
+            raise _Refusal(400, b"Bad Request", MSG_AMBIGUOUS_BODY.encode() + b"\n")
+        if b"websocket" in headers.get(b"upgrade", b"").lower():
+            raise _websocket_refusal(event.target, headers.get(_REQUEST_ID))
+
+    async def _refuse(self, refusal: _Refusal) -> None:
+        headers = [
+            (b"content-type", refusal.content_type),
+            (b"content-length", str(len(refusal.body)).encode()),
+            *refusal.headers,
+            (b"connection", b"close"),
+            *self.config.response_headers("h11"),
+        ]
+        connection = cast(h11.Connection, self.connection)  # never a WebSocket's: those are refused here
+        answer = h11.Response(status_code=refusal.status, reason=refusal.reason, headers=headers)
+        data = connection.send(answer) + (connection.send(h11.Data(data=refusal.body)) or b"")
+        await self.send(RawData(data=data + (connection.send(h11.EndOfMessage()) or b"")))
+        await self.send(Closed())
+
+
+def _websocket_refusal(target: bytes, given_request_id: bytes | None) -> _Refusal:
+    if not target.startswith(API_PREFIX.encode()):
+        document: dict = {"status": "error", "message": MSG_WEBSOCKET_REFUSED}
+        return _Refusal(400, b"Bad Request", _json(document), b"application/json")
+    request_id = request_id_from_header(None if given_request_id is None else given_request_id.decode("latin-1"))
+    document = envelope(Code.INVALID_PARAMETER, request_id, message=MSG_WEBSOCKET_NOT_SERVED)
+    return _Refusal(200, b"OK", _json(document), b"application/json", ((_REQUEST_ID, request_id.encode()),))
+
+
+def _json(document: dict) -> bytes:
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+class ContainedTCPServer(TCPServer):
+    """Hypercorn's handling of one TCP connection; an exception ends only this connection."""
+
+    failures: defaultdict[str, FailureLog] = defaultdict(
+        lambda: FailureLog(log, "连接处理异常，已关闭该连接（服务继续）")
+    )
+
+    async def run(self) -> None:
+        try:
+            await super().run()  # which closes the stream on every way out
+        except* Exception as group:  # a cancellation (the graceful deadline) goes on up
+            kind = failure_kind(group)
+            self.failures[kind].report(kind)
+
+
+def failure_kind(error: BaseException) -> str:
+    """The exception's type and the line that raised it (its first leaf for a group)."""
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return f"{type(error).__module__}.{type(error).__qualname__}: {error}{where}"
+
+
+# Where Hypercorn looks the classes up: `ProtocolWrapper` for each HTTP/1.1 connection,
+# `worker_serve` for each accepted one. The gateway installs its own subclass of
+# `HTTP1Protocol` after this (`edge.web.server`).
+hypercorn.protocol.H11Protocol = HTTP1Protocol  # type: ignore[misc]
+hypercorn.trio.run.TCPServer = ContainedTCPServer  # type: ignore[misc]

@@ -1,0 +1,95 @@
+"""`shared.http_server`: what it overrides in Hypercorn still exists where it is looked up, and a
+connection whose handling raises ends alone, logged once per kind (a real server on loopback)."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import tomllib
+from collections import defaultdict
+from functools import partial
+from importlib.metadata import version
+
+import hypercorn.protocol
+import hypercorn.trio
+import hypercorn.trio.run
+import pytest
+import trio
+from hypercorn.config import Config
+from hypercorn.protocol import ProtocolWrapper
+from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.trio.tcp_server import TCPServer
+
+from cluster.launcher import REPO_ROOT
+from shared.http_server import ContainedTCPServer, HTTP1Protocol, http1_only
+from shared.logs import FailureLog
+from tests.shared.http_attacks import exchange
+
+OK = b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n"
+
+
+def test_hypercorn_is_the_pinned_version_whose_names_are_overridden() -> None:
+    pins = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"hypercorn=={version('hypercorn')}" in pins
+
+
+def test_the_overridden_names_are_where_hypercorn_looks_them_up() -> None:
+    # ProtocolWrapper instantiates `H11Protocol` from its module for each connection,
+    # worker_serve hands each accepted one to `TCPServer` from its own, awaiting it runs `run`
+    assert "H11Protocol" in ProtocolWrapper.__init__.__code__.co_names
+    assert issubclass(hypercorn.protocol.H11Protocol, HTTP1Protocol)
+    assert "TCPServer" in hypercorn.trio.run.worker_serve.__code__.co_names
+    assert hypercorn.trio.run.TCPServer is ContainedTCPServer
+    assert "run" in TCPServer.__await__.__code__.co_names
+    # the HTTP/2 switch HTTP1Protocol replaces, called for each request head
+    assert "_check_protocol" in H11Protocol._handle_events.__code__.co_names
+    assert list(inspect.signature(H11Protocol._check_protocol).parameters) == ["self", "event"]
+    assert HTTP1Protocol._check_protocol is not H11Protocol._check_protocol
+
+
+def test_tls_offers_http_1_1_alone() -> None:
+    assert http1_only(Config()).alpn_protocols == ["http/1.1"]
+
+
+async def app(scope, receive, send) -> None:
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def test_a_connection_that_raises_ends_alone_and_each_kind_is_logged_once(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Hypercorn bugs (issue 23: binascii.Error, UnboundLocalError) left its connection task
+    # and ended serve(): the process exited; stood in for here by two faults of our own
+    failing = {b"/zero": ZeroDivisionError, b"/key": KeyError}
+    original = HTTP1Protocol._check_protocol
+
+    async def faulty(self, event) -> None:
+        if event.target in failing:
+            raise failing[event.target]("injected")
+        await original(self, event)
+
+    monkeypatch.setattr(HTTP1Protocol, "_check_protocol", faulty)
+    monkeypatch.setattr(ContainedTCPServer, "failures", defaultdict(lambda: FailureLog(logging.getLogger("t"), "contained")))
+    config = http1_only(Config())
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    stop = trio.Event()
+    url = (await nursery.start(partial(hypercorn.trio.serve, app, config, shutdown_trigger=stop.wait)))[0]
+    port = int(url.rsplit(":", 1)[1])
+    answers = []
+    for target in ("/zero", "/zero", "/key", "/zero"):
+        answers.append(await exchange(port, f"GET {target} HTTP/1.1\r\nHost: t\r\n\r\n".encode()))
+        answers.append(await exchange(port, OK))
+    stop.set()
+    assert [(a.status, a.closed) for a in answers[::2]] == [(None, True)] * 4  # each dropped alone
+    assert [a.status for a in answers[1::2]] == [200] * 4  # and the server went on
+    logged = [r.getMessage() for r in caplog.records if r.name == "t"]
+    assert len(logged) == 2, logged  # once per kind: the repeats within the minute are counted
+    assert "ZeroDivisionError: injected" in logged[0] and "KeyError" in logged[1]
+    assert all("shared/http_server.py" not in line and "test_http_server.py" in line for line in logged)
