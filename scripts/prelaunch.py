@@ -15,6 +15,9 @@ Point URL at ONE gateway (not a load balancer): the log check reads that gateway
    is in the request log's `duration_ms`).
 4. request log  — `/admin/stats` `since_start.requests` grew by at least what this script
    sent, and `replays` by at least the replays it got.
+5. audit        — every answer named its execution (`X-Execution-ID`); `/admin/audit` has
+   one finished row for each, and every completed row has every column filled
+   (`cost_usd`, `duration_ms`, `retry_count`, `gpu_ms`, `worker` — none for a replay — …).
 
 Not run, because they are not safe or not observable on a live system (run them as the
 end-to-end tests in tests/edge/e2e/test_e2e_prelaunch.py): the retry storm (it needs
@@ -48,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: s
 from drill_monitor import UsageError, _token  # noqa: E402  (same token options as the alert drill)
 
 from shared.contract import (  # noqa: E402
+    HEADER_EXECUTION_ID,
     HEADER_IDEMPOTENCY_KEY,
     HEADER_IDEMPOTENCY_REPLAYED,
     HEADER_TOKEN,
@@ -56,6 +60,10 @@ from shared.contract import (  # noqa: E402
 )
 
 STATS_CATCH_UP_SECONDS = 3.0  # /admin/stats trails the request log by one flush (0.5 s)
+AUDIT_CATCH_UP_SECONDS = 5.0  # a row is written within 1 s of its last change
+FINISHED = ("completed", "failed")
+# NULL by design: without a key, without edge.rate_limit.key_header; `worker` only for a replay
+MAY_BE_EMPTY = {"idempotency_key", "user_id"}
 MEASURE = "/api/v1/hair/measure"
 MARK = "/api/v1/hair/mark"
 CONCURRENT_DUPLICATES = 4
@@ -92,10 +100,12 @@ class Prelaunch:
         self.token = token
         self.sent = 0
         self.replays = 0
+        self.executions: list[str | None] = []  # X-Execution-ID of every answer
 
     def post(self, path: str, **kwargs: Any) -> tuple[httpx.Response, dict[str, Any]]:
         self.sent += 1
         response = self.client.post(path, **kwargs)
+        self.executions.append(response.headers.get(HEADER_EXECUTION_ID))
         if response.status_code != 200:
             raise CheckFailed(f"POST {path} answered HTTP {response.status_code}: {response.text[:200]}")
         body = response.json()
@@ -161,6 +171,38 @@ class Prelaunch:
         return f"sent {self.sent} ({self.replays} replays), counted {requests} ({replays}) incl. others' traffic"
 
 
+    def audit(self) -> str:
+        unnamed = sum(execution is None for execution in self.executions)
+        if unnamed:
+            raise CheckFailed(f"{unnamed} of {len(self.executions)} answers had no {HEADER_EXECUTION_ID}")
+        deadline = time.monotonic() + AUDIT_CATCH_UP_SECONDS
+        while True:  # rows are written in batches, and a finished state follows within a second
+            rows = {execution: self.audit_rows(execution) for execution in self.executions if execution}
+            unfinished = [name for name, found in rows.items() if len(found) != 1 or found[0]["status"] not in FINISHED]
+            if not unfinished or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if unfinished:
+            raise CheckFailed(f"{len(unfinished)} of {len(rows)} executions have no finished row, e.g. {unfinished[0]}")
+        completed = [found[0] for found in rows.values() if found[0]["status"] == "completed"]
+        empty = sorted(
+            f"{row['execution_id']}.{column}"
+            for row in completed
+            for column, value in row.items()
+            if value is None and column not in MAY_BE_EMPTY and not (column == "worker" and row["replayed"])
+        )
+        if empty:
+            raise CheckFailed(f"completed rows with empty columns: {', '.join(empty[:5])}")
+        return f"{len(rows)} rows for {self.sent} requests, {len(completed)} completed with every column filled"
+
+    def audit_rows(self, execution_id: str) -> list[dict[str, Any]]:
+        response = self.client.get("/admin/audit", params={"execution_id": execution_id}, headers={HEADER_TOKEN: self.token})
+        if response.status_code != 200:
+            raise CheckFailed(f"GET /admin/audit answered HTTP {response.status_code}: {response.text[:200]}")
+        rows: list[dict[str, Any]] = response.json()["rows"]
+        return rows
+
+
 def _base64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
@@ -186,6 +228,7 @@ def run_checks(client: httpx.Client, token: str) -> list[Row]:
         _check("oversize", checks.oversize),
     ]
     rows.append(_check("request log", lambda: checks.request_log(before)))
+    rows.append(_check("audit", checks.audit))
     return rows + [Row(name, "NOT RUN", why) for name, why in NOT_RUN]
 
 
