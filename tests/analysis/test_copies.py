@@ -1,0 +1,73 @@
+"""Robustness copies (issue 27): each labelled photo with its hair recoloured light (blonde,
+white) through the hair network's own mask, and with its top cropped just above the hair
+(`copies`). A copy changes nothing about where the hairline is, so it must not turn a true
+`ok`/`uncertain` into a claim of baldness or of a hat, and any number it states must hold
+by the rule of the labelled photos (an `ok` within max(3 mm, the label's tolerance), an
+`uncertain` band covering its miss). A cheap subset runs by default, the rest with -m slow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis.calibration import calibrate
+from analysis.hairline import trace_hairline
+from analysis.hairnet import HairNetSegmenter
+from analysis.landmarks import FaceMeshDetector
+
+from .copies import cropped_above_hair, recoloured
+from .images import load_photo
+from .test_real_photos import OK_WITHIN_MM, _labels
+
+COPIES = ("blonde", "white", "top cropped")
+DEFAULT_RUN = {"obama.jpg", "biden2.jpg", "deepface_img1.jpg", "openface_adams.jpg", "willis_white.png"}
+# measured, not wished away (docs/analysis_science.md § Robustness copies): recolouring
+# exactly the network's mask paints a new, sharp colour edge at the mask's own edge, which
+# the image-crossing view then confirms; where the network's edge sat off the label (fine
+# dark hairs below it left dark) the copy is confidently that far off
+KNOWN_NUMBER_MISSES = {("deepface_img4.jpg", "blonde"), ("deepface_img7.jpg", "white"),
+                       ("deepface_img22.jpg", "white"), ("deepface_img33.jpg", "blonde"),
+                       ("deepface_img33.jpg", "white"), ("openface_carell.jpg", "blonde")}
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for entry in _labels():
+        for copy in COPIES:
+            marks = [] if entry["file"] in DEFAULT_RUN else [pytest.mark.slow]
+            if (entry["file"], copy) in KNOWN_NUMBER_MISSES:
+                marks.append(pytest.mark.xfail(strict=True, reason="a confident number off the label"))
+            cases.append(pytest.param(entry, copy, id=f"{entry['file']}-{copy}", marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize("label, copy", _cases())
+def test_a_copy_makes_no_false_claim(label: dict[str, Any], copy: str, photos_dir: Path,
+                                     detector: FaceMeshDetector, hairnet: HairNetSegmenter) -> None:
+    rgb = load_photo(photos_dir, label["file"])
+    face = detector.detect(rgb)
+    segmentation = hairnet.segment(rgb, face)
+    original = trace_hairline(rgb, face, segmentation, calibrate(face))
+    rows_cut = 0
+    if copy == "top cropped":
+        edited, rows_cut = cropped_above_hair(rgb, segmentation.hair)
+    else:
+        edited = recoloured(rgb, segmentation.hair, copy)
+    edited_face = detector.detect(edited)
+    calibration = calibrate(edited_face)
+    hairline = trace_hairline(edited, edited_face, hairnet.segment(edited, edited_face), calibration)
+    if original.status in ("ok", "uncertain"):
+        assert hairline.status in ("ok", "uncertain"), (original.status, hairline.status, hairline.notes)
+    if label["kind"] == "no_hairline":
+        assert hairline.status == "no_hairline", hairline.notes  # an empty mask recolours nothing
+    if label["kind"] != "hairline" or hairline.trichion is None:
+        return
+    error_mm = abs(hairline.trichion[1] + rows_cut - label["trichion_row"]) * calibration.mm_per_px
+    allowed = max(OK_WITHIN_MM, label["tolerance_px"] * calibration.mm_per_px)
+    if hairline.status == "uncertain":
+        assert hairline.uncertainty_mm is not None
+        allowed = max(label["tolerance_px"] * calibration.mm_per_px, hairline.uncertainty_mm)
+    assert error_mm <= allowed, f"{hairline.status}, {error_mm:.1f} mm off (allowed {allowed:.1f})"
