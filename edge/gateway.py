@@ -32,6 +32,7 @@ from edge.observe.request_log import RequestLog
 from edge.annotations.rewrite import ImageStore
 from edge.local.special_points import SpecialPoints
 from edge.observe.stats import RequestStats
+from edge.web.api_routes import API_PATHS
 from shared.secrets_file import SecretsSource
 from shared.settings import Settings
 
@@ -97,7 +98,7 @@ def build_gateway(
         ca_file=edge.pool.ca_file,
     )
     file_threads = trio.CapacityLimiter(FILE_THREADS)
-    metrics = GatewayMetrics(version("hairgate"))
+    metrics = GatewayMetrics(version("hairgate"), known_paths=API_PATHS)
     metrics.watch_pool(lambda: pool_gauges(pool, _queue_length(dispatcher), dispatcher.counters))
     audit = build_audit(settings, lambda: admission.client_keys, metrics)  # client keys: as a reload left them
     api = ApiService(
@@ -113,7 +114,7 @@ def build_gateway(
         audit=audit,
         host_leases=build_host_leases(redis),
     )
-    stats = RequestStats()
+    stats = RequestStats(known_paths=API_PATHS)
     metrics.classify = stats.classify = api.is_slow  # read per record: a reload of slow_paths applies at once
     request_log = RequestLog(
         edge.request_log, edge.request_log_max_bytes, observers=(stats.record, metrics.observe_request)

@@ -6,7 +6,7 @@ counter/histogram updates; the pool's gauges (up, busy, generation-ready, disk l
 the dispatcher's counters (early refusals, departures) are read only when Prometheus
 scrapes, from the source given to `watch_pool`. Queue waits are split by class (`classify`
 says whether a path is one of `slow_paths`). Workers are labelled by index, never by URL; paths are
-bounded like `/admin/stats` (beyond `max_paths`, "other").
+labelled like `/admin/stats` (`endpoint_label`: the known endpoints, "other" for the rest).
 
 `metrics_app(metrics)` is the ASGI app for the second listener: `GET /metrics` in the
 text format, 404 elsewhere; it answers the lifespan protocol so Hypercorn can serve it.
@@ -14,7 +14,7 @@ text format, 404 elsewhere; it answers the lifespan protocol so Hypercorn can se
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ from edge.pool.dispatch import DispatchCounters
 from edge.pool.pool import Pool
 from edge.pool.scheduling import QUEUE_CLASSES, all_fast, queue_class
 from edge.observe.request_log import RequestRecord
-from edge.observe.stats import MAX_PATHS, NO_CODE, OTHER_PATHS
+from edge.observe.stats import DEFAULT_KNOWN_PATHS, NO_CODE, endpoint_label
 
 # The idempotency outcomes gateway.md names; an unstored run is none of them.
 IDEMPOTENCY_RESULTS = ("stored", "replayed", "waited", "mismatch")
@@ -103,10 +103,9 @@ class _PoolCollector:
 
 
 class GatewayMetrics:
-    def __init__(self, version: str, max_paths: int = MAX_PATHS) -> None:
+    def __init__(self, version: str, known_paths: Collection[str] = DEFAULT_KNOWN_PATHS) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._max_paths = max_paths
-        self._paths: set[str] = set()
+        self._known_paths = frozenset(known_paths)
         self._by_path_code: dict[tuple[str, int | None], tuple[Any, Any]] = {}
         self._requests = Counter("hairgate_requests", "Answered /api/ requests", ["path", "code"], registry=self.registry)
         self._duration = Histogram(
@@ -159,15 +158,13 @@ class GatewayMetrics:
         self.registry.register(_PoolCollector(source))
 
     def _children(self, path: str, code: int | None) -> tuple[Any, Any]:
-        # labels() costs a few µs per call; the (path, code) pairs are few, so keep them.
-        children = self._by_path_code.get((path, code))
+        # labels() costs a few µs per call; the (label, code) pairs are few, so keep them.
+        label = endpoint_label(path, self._known_paths)
+        children = self._by_path_code.get((label, code))
         if children is None:
-            label = path if path in self._paths or len(self._paths) < self._max_paths else OTHER_PATHS
-            self._paths.add(label)
             code_label = NO_CODE if code is None else str(code)
             children = (self._requests.labels(path=label, code=code_label), self._duration.labels(path=label))
-            if label != OTHER_PATHS:  # the unbounded tail is not cached
-                self._by_path_code[(path, code)] = children
+            self._by_path_code[(label, code)] = children
         return children
 
 

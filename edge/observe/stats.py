@@ -9,9 +9,10 @@ nearest rank: `shared.percentiles`), so one slow request among ten is the p99, n
 to a sketch's rank rounding down; beyond that they come from a DDSketch (1 % relative
 accuracy, at most `_SKETCH_BINS` bins), clamped to the exact maximum, which is reported
 too: `max` is never below `p99`. Memory is bounded whatever the traffic: a fixed number
-of samples then a fixed-size sketch, at most `max_paths` paths told apart (the rest count
-under "other", so random `/api/…` paths cannot grow it), and workers are the configured
-indexes. `by_worker.failed` counts every failed forward, also one retried elsewhere.
+of samples then a fixed-size sketch, paths told apart only when they are the gateway's
+endpoints (`endpoint_label`: anything else counts as "other", so junk `/api/…` paths can
+neither grow it nor push a real endpoint out, and no raw NUL or undecodable byte becomes a
+key), and workers are the configured indexes. `by_worker.failed` counts every failed forward, also one retried elsewhere.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import time
 from array import array
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -28,17 +29,24 @@ from ddsketch import LogCollapsingLowestDenseDDSketch
 
 from edge.observe.request_log import RequestRecord
 from edge.pool.scheduling import QUEUE_CLASSES, all_fast, queue_class
-from shared.contract import Code
+from shared.contract import GPU_ENDPOINT_PATHS, Code
 from shared.percentiles import percentiles
 
-MAX_PATHS = 32
 OTHER_PATHS = "other"
+# The gateway passes every `/api/` route it serves (`edge.web.api_routes.API_PATHS`).
+DEFAULT_KNOWN_PATHS = frozenset(GPU_ENDPOINT_PATHS)
 NO_CODE = "none"  # a response that carried no envelope code
 EXACT_SAMPLES = 2048  # per path and window: beyond this, the sketch answers
 _RELATIVE_ACCURACY = 0.01
 _SKETCH_BINS = 2048
 _SLOT_SECONDS = 60
 _SLOTS = 60  # one hour of one-minute slots
+
+
+def endpoint_label(path: str, known_paths: Collection[str]) -> str:
+    """The path as a stats key and metric label: itself for a known endpoint, "other" for
+    anything else (whatever arrived first)."""
+    return path if path in known_paths else OTHER_PATHS
 
 
 def _sketch() -> LogCollapsingLowestDenseDDSketch:
@@ -181,9 +189,9 @@ def _worker_failed(entry: RequestRecord) -> bool:
 class RequestStats:
     """Since-start and last-hour aggregates; `now` is wall-clock seconds (time.time())."""
 
-    def __init__(self, started_at: float | None = None, max_paths: int = MAX_PATHS) -> None:
+    def __init__(self, started_at: float | None = None, known_paths: Collection[str] = DEFAULT_KNOWN_PATHS) -> None:
         self.started_at = time.time() if started_at is None else started_at
-        self._max_paths = max_paths
+        self._known_paths = frozenset(known_paths)
         self._since_start = _Window()
         self._slots: list[tuple[int, _Window] | None] = [None] * _SLOTS  # (minute number, its window)
         # Is this path slow (edge.dispatch.slow_paths)? The gateway sets it to the live setting.
@@ -191,14 +199,10 @@ class RequestStats:
 
     def record(self, entry: RequestRecord, now: float | None = None) -> None:
         minute = int((time.time() if now is None else now) // _SLOT_SECONDS)
-        path = self._path_name(entry.path)
+        path = endpoint_label(entry.path, self._known_paths)
         request_class = queue_class(entry.path, self.classify)
         self._since_start.add(entry, path, request_class)
         self._slot(minute).add(entry, path, request_class)
-
-    def _path_name(self, path: str) -> str:
-        known = self._since_start.by_path
-        return path if path in known or len(known) < self._max_paths else OTHER_PATHS
 
     def _slot(self, minute: int) -> _Window:
         index = minute % _SLOTS

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 SPECIAL_POINTS_PATH = "/api/v1/face/special-points"  # endpoint 99
 FEATURES_PATH = "/api/v1/face/features"  # endpoint 4
+API_PATHS = (*GPU_ENDPOINT_PATHS, SPECIAL_POINTS_PATH, FEATURES_PATH)  # every business route: the metric labels
 _RETRY_AFTER = HEADER_RETRY_AFTER.lower().encode()
 
 Handle = Callable[["Gateway", Exchange], Awaitable[ApiResponse]]

@@ -10,6 +10,7 @@ import pytest
 
 from edge.observe.request_log import RequestRecord
 from edge.observe.stats import EXACT_SAMPLES, OTHER_PATHS, RequestStats
+from edge.web.api_routes import API_PATHS as KNOWN
 
 START = 1_796_112_000.0  # 2026-12-01T08:00:00Z
 MEASURE = "/api/v1/hair/measure"
@@ -95,7 +96,7 @@ def test_last_hour_forgets_what_is_older_than_an_hour() -> None:
 
 
 def test_memory_is_bounded_whatever_the_traffic() -> None:
-    stats = RequestStats(started_at=START, max_paths=4)
+    stats = RequestStats(started_at=START, known_paths=KNOWN)
     chance = random.Random(3)
 
     def traffic(count: int) -> None:
@@ -108,7 +109,19 @@ def test_memory_is_bounded_whatever_the_traffic() -> None:
     traffic(12_000)
     assert len(pickle.dumps(stats)) < size_before * 1.3
     by_path = stats.snapshot(START + 7200)["since_start"]["by_path"]
-    assert len(by_path) == 4 + 1 and OTHER_PATHS in by_path, "four paths told apart, the rest as one"
+    assert list(by_path) == [OTHER_PATHS], "no junk path is told apart"
+
+
+def test_the_known_endpoints_keep_their_keys_whatever_arrives_first() -> None:
+    # 35 junk /api/ paths first took the 32 places: the real endpoints were "other" until a restart
+    stats = RequestStats(started_at=START, known_paths=KNOWN)
+    for number in range(35):
+        stats.record(entry(path=f"/api/v1/junk/{number}"), START)
+    stats.record(entry(path="/api/\x00\ufffd"), START)  # a NUL, undecodable bytes
+    for path in KNOWN:
+        stats.record(entry(path=path), START)
+    by_path = stats.snapshot(START + 1)["since_start"]["by_path"]
+    assert {path: counts["count"] for path, counts in by_path.items()} == {**dict.fromkeys(KNOWN, 1), OTHER_PATHS: 36}
 
 
 def test_one_slow_request_among_ten_is_the_p99_and_max_is_never_below_it() -> None:
