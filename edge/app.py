@@ -15,6 +15,7 @@ from edge.web.admin import admin_blueprint
 from edge.web.api_routes import api_blueprint
 from quart_trio import QuartTrio
 
+from edge.web.openapi import openapi_blueprint
 from edge.web.http import AUDIT, BODY_IDLE_TIMEOUT, REQUEST_LOG, GatewayConnection, GatewayRequest
 from edge.web.pages import pages_blueprint
 from edge.web.refusals import register_refusals
@@ -35,6 +36,7 @@ def create_app(gateway: Gateway) -> QuartTrio:
     app.url_map.merge_slashes = False  # "/static/annotations//etc/passwd" is a 404, not a redirect
     register_refusals(app, gateway)
     app.register_blueprint(api_blueprint(gateway))
+    app.register_blueprint(openapi_blueprint(app, gateway))  # documents the /api/ routes: after them
     app.register_blueprint(pages_blueprint(gateway))
     app.register_blueprint(admin_blueprint(gateway))
     return app

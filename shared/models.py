@@ -11,8 +11,8 @@ Two spellings of one request map onto the same model (contract.md § Requests):
   (`pydantic_core`'s parser: ~0.2 ms for 2 MB, json.loads ~1.7 ms).
 - multipart/form-data text (`form_values`): an empty field counts as absent; `plans` and
   `styles` are repeated fields, one field of JSON text or comma-separated text;
-  `hairline_points` is JSON text; `drop_mm` a number's text; `gender` in any case, spaces
-  around it ignored. A field given twice that takes
+  `hairline_points` is JSON text; `drop_mm` a number's text (`null` for either is absent, as
+  in JSON); `gender` in any case, spaces around it ignored. A field given twice that takes
   one value is refused, never cut to its first.
 
 A refusal is `ContractError(1001)` with the Chinese message that names the field (`refusal`
@@ -22,12 +22,13 @@ fields' presence, then each field in its order). Fields an endpoint does not kno
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, Strict, ValidationError, model_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from shared.contract import Code, ContractError
@@ -262,8 +263,9 @@ def form_values(model: type[Fields], form: Any) -> dict[str, Any]:
         given = [value for value in _all_of(form, name) if not (isinstance(value, str) and not value.strip())]
         if not given:
             continue
-        decode = _FORM_TEXT.get(name, _one)
-        values[name] = decode(name, given)
+        value = _FORM_TEXT.get(name, _one)(name, given)
+        if value is not None:  # `null` text of a nullable field (how a JSON null is spelt in a form)
+            values[name] = value
     return values
 
 
@@ -307,8 +309,11 @@ def _number_text(name: str, given: list[Any]) -> Any:
     value = _one(name, given)
     if not isinstance(value, str):
         return value
+    text = value.strip()
+    if text == "null":
+        return None
     try:
-        return float(value.strip())  # "1e400" and 400 digits are inf: out of range
+        return float(text)  # "1e400" and 400 digits are inf: out of range
     except ValueError:
         return value  # refused as what it is, text
 
@@ -407,3 +412,197 @@ _FIELD_MESSAGES: Mapping[str, Callable[[tuple[int | str, ...], str, Any], str]] 
     "hairline_points": _points_message,
     "drop_mm": lambda rest, kind, given: _number_message("drop_mm", kind, given),
 }
+
+
+# -- answers ------------------------------------------------------------------------------
+# What the gateway answers (image keys as the `_url` it rewrote them to, contract.md § Images
+# in responses). Numbers are JSON numbers; a key that may be null says so.
+
+Url = Annotated[str, Field(description="an absolute URL of a PNG served by the gateway (/static/annotations/…)")]
+Generator = Annotated[
+    Literal["comfyui", "preview"] | None,
+    Field(description="who drew grown_image_url: comfyui, the built-in preview, or null with grown_image_url null"),
+]
+Pixel = Annotated[tuple[float, float], Field(description="[x, y] in pixels of the upright photo")]
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class ImageSize(_Answer):
+    width: int
+    height: int
+
+
+class Pose(_Answer):
+    yaw: float
+    pitch: float
+    roll: float
+
+
+class Face(_Answer):
+    bbox: Annotated[list[float], Field(min_length=4, max_length=4, description="[x, y, width, height]")]
+    pose: Pose
+
+
+class Calibration(_Answer):
+    method: Literal["iris"]
+    iris_diameter_px: float
+    mm_per_px: float
+
+
+class Hairline(_Answer):
+    status: Literal["ok", "uncertain", "no_hairline", "occluded"]
+    points: list[Pixel] | None
+    trichion: Pixel | None
+    shape: Literal["straight", "rounded", "m_shape", "widows_peak", "receding"] | None
+    uncertainty_mm: float | None
+
+
+class TempleRecession(_Answer):
+    left: float | None
+    right: float | None
+
+
+class Measurements(_Answer):
+    forehead_height_mm: float | None
+    upper_third_mm: float | None
+    middle_third_mm: float | None
+    lower_third_mm: float | None
+    thirds_ratio: Annotated[list[float], Field(min_length=3, max_length=3)] | None
+    hairline_width_mm: float | None
+    temple_recession_mm: TempleRecession | None
+
+
+class Assessment(_Answer):
+    forehead: Literal["normal", "high", "low"] | None
+    notes: list[str]
+
+
+class MeasureData(_Answer):
+    """Endpoint 1: the hairline, the forehead and the facial thirds, measured."""
+
+    image: ImageSize
+    face: Face
+    calibration: Calibration
+    hairline: Hairline
+    measurements: Measurements
+    assessment: Assessment
+    segmenter: Literal["bisenet", "hairnet", "fallback"]
+    annotated_image_url: Url
+
+
+class GrowResult(_Answer):
+    plan: Plan
+    hairline_drop_mm: float | None
+    image_url: Url
+    grown_image_url: Url | None
+    generator: Generator
+
+
+class GrowData(_Answer):
+    """Endpoint 2: one result per requested plan, in the order asked."""
+
+    results: list[GrowResult]
+
+
+class MarkData(_Answer):
+    """Endpoint 3: the hairline marked, and the photo grown down to it."""
+
+    marked_image_url: Url
+    grown_image_url: Url | None
+    generator: Generator
+
+
+class HairlineImage(_Answer):
+    style: Style
+    image_url: Url
+
+
+class HairlineData(_Answer):
+    """Endpoint 5: one design per requested style."""
+
+    hairline_images: list[HairlineImage]
+
+
+class MaskData(_Answer):
+    """Endpoint 6: the hair mask (255 hair, 0 else; the photo's size)."""
+
+    mask_image_url: Url
+    hair_area_ratio: Annotated[float, Field(ge=0, le=1)]
+
+
+class SpecialPoints(_Answer):
+    trichion: Pixel
+    glabella: Pixel
+    nasion: Pixel
+    subnasale: Pixel
+    menton: Pixel
+    left_temple: Pixel
+    right_temple: Pixel
+    left_iris_center: Pixel
+    right_iris_center: Pixel
+
+
+class SpecialPointsData(_Answer):
+    """Endpoint 99: named key points of the face mesh (trichion: the mesh's top, not the hairline)."""
+
+    image: ImageSize
+    points: SpecialPoints
+
+
+# endpoint -> its `data` on code 0 (endpoint 4's is the gateway's own: edge.local.features)
+DATA: dict[str, type[BaseModel]] = {
+    "measure": MeasureData,
+    "grow": GrowData,
+    "mark": MarkData,
+    "hairline": HairlineData,
+    "mask": MaskData,
+    "special-points": SpecialPointsData,
+}
+
+RequestId = Annotated[str, Field(description="the client's X-Request-ID when it is 1–64 of A-Z a-z 0-9 . _ -, else the gateway's")]
+
+
+class Refusal(_Answer):
+    """Any other code: `data` is null and `message` says why, in Chinese (contract.md § Envelope)."""
+
+    code: Annotated[
+        Literal[tuple(int(code) for code in Code if code is not Code.OK)],  # type: ignore[valid-type]
+        Field(description="1001 parameter, 1002 format, 1003 too large, 1004 resolution, 1005 no face, "
+                          "1006 several faces, 1007 system (retry later), 1008 not frontal"),
+    ]
+    message: str
+    request_id: RequestId
+    data: None
+
+
+@functools.cache
+def answer_model(data: type[BaseModel]) -> type[BaseModel]:
+    """The envelope of an endpoint whose `data` is `data`: success (code 0) or a refusal."""
+    success = type(
+        f"{data.__name__.removesuffix('Data')}Success",
+        (_Answer,),
+        {
+            "__annotations__": {"code": Literal[0], "message": str, "request_id": RequestId, "data": data},
+            "__module__": __name__,
+            "__doc__": "code 0: `data` is the endpoint's answer.",
+        },
+    )
+    return type(  # the class's name is the document's name for it
+        f"{data.__name__.removesuffix('Data')}Answer",
+        (RootModel[Annotated[success | Refusal, Field(discriminator=None)]],),  # type: ignore[valid-type]
+        {"__module__": __name__, "__doc__": "The envelope: HTTP 200 whatever the code; read `code`."},
+    )
+
+
+def envelope_errors(endpoint: str, answer: Any, data: type[BaseModel] | None = None) -> str | None:
+    """None when `answer` (a parsed JSON envelope) is what `endpoint` may answer, else why
+    not: the end-to-end tests check every real answer with it."""
+    model = answer_model(data or DATA[endpoint])
+    try:
+        model.model_validate(answer)
+    except ValidationError as error:
+        return str(error)
+    return None

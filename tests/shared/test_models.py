@@ -105,6 +105,8 @@ def test_form_text_spellings_map_onto_the_same_values() -> None:
         "plans": ["aggressive"], "gender": "female"}
     assert models.validate_form("mark", {"drop_mm": "7.5", "hairline_points": ""}) == {
         "hairline_points": None, "drop_mm": 7.5}  # an empty form field is absent
+    assert models.validate_form("mark", {"drop_mm": "null", "hairline_points": "[[1,2],[3,4],[5,6]]"})["drop_mm"] is None, (
+        "null text is a JSON null, absent (Schemathesis' spelling of a nullable field in a form)")
     assert _json("grow", {"image_base64": IMAGE, "plans": ["aggressive"]}) == {"plans": ["aggressive"], "gender": "unknown"}
 
 

@@ -1,0 +1,109 @@
+"""`GET /openapi.json` and `GET /docs` on the gateway: a valid OpenAPI 3.1 document generated
+from shared.models, built once, with its page's files served by the gateway (no CDN)."""
+
+from __future__ import annotations
+
+import re
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openapi_spec_validator import validate
+
+from edge.app import create_app
+from edge.gateway import build_gateway
+from edge.web import openapi
+from shared import models
+from shared.contract import GPU_ENDPOINT_PATHS, Code
+from tests.edge.conftest import make_settings
+
+BUSINESS_PATHS = {*GPU_ENDPOINT_PATHS, "/api/v1/face/special-points", "/api/v1/face/features"}
+
+
+async def _document(client: httpx.AsyncClient) -> dict[str, Any]:
+    response = await client.get("/openapi.json")
+    assert response.status_code == 200 and response.headers["content-type"] == "application/json"
+    return response.json()
+
+
+async def test_the_document_is_valid_openapi_3_1_of_every_business_endpoint_only(client: httpx.AsyncClient) -> None:
+    document = await _document(client)
+    validate(document)
+    assert document["openapi"].startswith("3.1") and document["info"]["version"] == version("hairgate")
+    assert set(document["paths"]) == BUSINESS_PATHS  # no status page, /admin, /metrics, /static, nor itself
+    for path, item in document["paths"].items():
+        assert set(item) == {"post"}, path
+        operation = item["post"]
+        content = operation["requestBody"]["content"]
+        assert set(content) == {"multipart/form-data", "application/json"}, path
+        form = document["components"]["schemas"][content["multipart/form-data"]["schema"]["$ref"].rsplit("/", 1)[1]]
+        body = document["components"]["schemas"][content["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]]
+        assert form["properties"]["image"]["format"] == "binary" and "image" in form["required"]
+        assert "image_base64" in body["required"]
+        assert {p["name"] for p in operation["parameters"] if p["in"] == "header"} == {"x-request-id", "idempotency-key"}
+        answer = operation["responses"]["200"]
+        assert {"X-Request-ID", "Retry-After", "Idempotency-Replayed", "X-Execution-ID"} <= set(answer["headers"])
+        assert answer["content"]["application/json"]["examples"], f"{path}: a real example answer"
+
+
+async def test_the_fields_in_the_document_are_the_models(client: httpx.AsyncClient) -> None:
+    schemas = (await _document(client))["components"]["schemas"]
+    mark = schemas["MarkJson"]
+    assert mark["properties"]["drop_mm"]["anyOf"][0] | {"maximum": models.MAX_DROP_MM, "minimum": 0} == mark[
+        "properties"]["drop_mm"]["anyOf"][0]
+    points = mark["properties"]["hairline_points"]["anyOf"][0]
+    assert (points["minItems"], points["maxItems"]) == (models.MIN_HAIRLINE_POINTS, models.MAX_HAIRLINE_POINTS)
+    assert len(mark["oneOf"]) == 2  # exactly one of hairline_points and drop_mm
+    assert schemas["GrowJson"]["properties"]["plans"]["items"]["enum"] == list(models.PLANS)
+    assert schemas["HairlineForm"]["properties"]["styles"]["items"]["enum"] == list(models.STYLES)
+    assert schemas["MeasureJson"]["properties"]["gender"]["enum"] == list(models.GENDERS)
+    codes = schemas["Refusal"]["properties"]["code"]["enum"]
+    assert [0, *codes] == [int(code) for code in Code]
+
+
+def test_every_example_is_an_answer_its_model_accepts() -> None:
+    answers = {"Features": openapi._features_data(), **{model.__name__.removesuffix("Data"): model
+                                                       for model in models.DATA.values()}}
+    assert set(openapi._EXAMPLES) == set(answers)
+    for name, examples in openapi._EXAMPLES.items():
+        for example in examples.values():
+            models.answer_model(answers[name]).model_validate(example)
+
+
+async def test_the_rate_limit_key_header_is_documented_when_configured(tmp_path: Path) -> None:
+    gateway = build_gateway(make_settings(tmp_path, rate_limit={"enabled": True, "key_header": "X-Api-Key"}))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(gateway)), base_url="http://g.test") as client:
+        operation = (await _document(client))["paths"]["/api/v1/hair/measure"]["post"]
+    assert "x-api-key" in {parameter["name"] for parameter in operation["parameters"]}
+
+
+async def test_the_document_is_built_once_not_per_request(
+    gateway: Any, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    builds = []
+    original = openapi.Document.build
+    monkeypatch.setattr(openapi.Document, "build", lambda self, settings: builds.append(1) or original(self, settings))
+    app = create_app(gateway)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g.test") as fresh:
+        first, second = (await fresh.get("/openapi.json")).content, (await fresh.get("/openapi.json")).content
+    assert first == second and len(builds) == 1  # at start
+    gateway.settings = gateway.settings.model_copy()  # what a reload does: a new settings object
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g.test") as fresh:
+        await fresh.get("/openapi.json")
+        await fresh.get("/openapi.json")
+    assert len(builds) == 2
+
+
+async def test_the_docs_page_loads_only_files_the_gateway_serves(client: httpx.AsyncClient) -> None:
+    page = await client.get("/docs")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "http://" not in page.text and "https://" not in page.text, "no CDN"
+    linked = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert any(link.endswith("swagger-ui-bundle.js") for link in linked)
+    for link in linked:
+        asset = await client.get(link)
+        assert asset.status_code == 200 and len(asset.content) > 100, link
+    assert (await client.get("/docs/assets/..%2Fsettings.py")).status_code == 404
+    assert (await client.get("/docs/assets/index.html")).status_code == 404  # only the files it names
