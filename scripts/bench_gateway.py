@@ -4,7 +4,7 @@
     scripts/bench_gateway.py [--serial-requests 2000] [--load-requests 800] [--clients 16]
                              [--workers 4] [--service-ms 50]
                              [--ceiling-workers 8] [--ceiling-service-ms 5] [--ceiling-clients 32]
-                             [--ceiling-requests 4000] [--compare-with DIR] [--no-haproxy]
+                             [--ceiling-requests 4000] [--compare-with DIR] [--no-haproxy] [--audit-off]
 
 It starts its own processes — fake workers (`tests.fakes.fake_worker`), the real gateway
 (`hairgate edge`), HAProxy when it is installed (`haproxy` on PATH: the same pool behind
@@ -187,19 +187,22 @@ async def pool_load(
     return results
 
 
-def gateway_settings(directory: Path, fakes: list[FakeWorkerProcess], port: int) -> Path:
+def gateway_settings(directory: Path, fakes: list[FakeWorkerProcess], port: int, audit: bool = True) -> Path:
     edge = {
         "health_check": {"interval_seconds": 2},
         "dispatch": {"queue_wait_seconds": 30, "max_queue_wait_seconds": 30},
         "rate_limit": {"enabled": False},  # a benchmark client is one IP sending thousands
+        "audit": {"enabled": audit},
     }
     return write_gateway_settings(directory, port, [f.url for f in fakes], edge=edge)
 
 
-def start_gateway(name: str, directory: Path, token: str, fakes: list[FakeWorkerProcess], checkout: Path | None) -> Target:
+def start_gateway(
+    name: str, directory: Path, token: str, fakes: list[FakeWorkerProcess], checkout: Path | None, audit: bool = True
+) -> Target:
     directory.mkdir(parents=True)
     port = free_port()
-    config = gateway_settings(directory, fakes, port)
+    config = gateway_settings(directory, fakes, port, audit)
     secrets_file = write_secrets(directory / "secrets.toml", token)
     if checkout is None:
         process = start_edge(config, secrets_file, port, directory / "gateway.log")
@@ -269,6 +272,8 @@ async def proxies_for(
     proxies = [start_gateway("gateway", directory / phase / "gateway", token, fakes, None)]
     if args.compare_with is not None:
         proxies.append(start_gateway("gateway-old", directory / phase / "old", token, fakes, args.compare_with))
+    if args.audit_off:  # the same gateway without its audit trail (edge.audit.enabled = false)
+        proxies.append(start_gateway("gateway-audit-off", directory / phase / "audit-off", token, fakes, None, audit=False))
     if not args.no_haproxy and (haproxy := start_haproxy(directory / phase / "haproxy", token, fakes)) is not None:
         proxies.append(haproxy)
     started.extend(proxies)
@@ -345,6 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ceiling-requests", type=int, default=4000)
     parser.add_argument("--compare-with", type=Path, help="another checkout whose gateway is measured too")
     parser.add_argument("--no-haproxy", action="store_true")
+    parser.add_argument("--audit-off", action="store_true", help="also measure a gateway with edge.audit.enabled = false")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as directory:
         return trio.run(run_benchmarks, args, Path(directory))

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""The audit trail's numbers (audit.md): its cost on the request's path, and what the stores sustain.
+
+    scripts/bench_audit.py [--hooks 100000] [--seconds 60] [--rate 1000]
+                           [--outage-seconds 30] [--outage-rate 20] [--only hooks,sqlite,postgres,outage]
+
+(a) hooks: one request's five hook calls (received, queued, forwarding around a no-op
+    forward, finished) in-process, µs per request, recording on and off (no store);
+(b) sustained: a fake request source of `--rate` executions/s (each received, then
+    finished 20 ms later) for `--seconds` into SQLite and into PostgreSQL, the writer task
+    running as in the gateway: rows/s written and `pending` sampled every second (flat =
+    the writer keeps up);
+(c) outage: `--outage-rate` executions/s into PostgreSQL, the server stopped for
+    `--outage-seconds` and started again: each execution's hook time (p50/p99) before,
+    during and after, and the rows lost (must be 0).
+
+PostgreSQL is a throw-away cluster (tests/postgres.py: /usr/lib/postgresql/15/bin, as the
+`postgres` user when run as root), on a Unix socket with fsync off in the cluster settings:
+numbers are for the gateway's side, not a production server's disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root
+
+from edge.admission.rate_limit import ClientKeys  # noqa: E402
+from edge.audit.ids import ExecutionIds  # noqa: E402
+from edge.audit.store import AuditStore, PostgresAuditStore, SqliteAuditStore  # noqa: E402
+from edge.audit.trail import AuditTrail  # noqa: E402
+from edge.observe.request_log import RequestRecord  # noqa: E402
+from shared.percentiles import percentile  # noqa: E402
+from shared.settings import RateLimitSettings  # noqa: E402
+from tests.postgres import PostgresCluster, postgres_available  # noqa: E402
+
+PATH = "/api/v1/hair/measure"
+SCOPE = {
+    "headers": [(b"host", b"gw"), (b"content-type", b"application/json"), (b"idempotency-key", b"k-123"),
+                (b"x-forwarded-for", b"198.51.100.7"), (b"user-agent", b"bench")],
+    "client": ("127.0.0.1", 5000),
+}  # fmt: skip
+RECORD = RequestRecord(
+    ts="", request_id="r", method="POST", path=PATH, client_ip="127.0.0.1", worker=0, attempts=1,
+    queue_ms=0.2, duration_ms=12.0, http_status=200, code=0, bytes_in=100, bytes_out=200,
+)  # fmt: skip
+FINISH_AFTER_SECONDS = 0.02
+WRITER_BATCH = 500  # executions pending between two writes at 1,000/s
+
+
+def trail_on(store: AuditStore | None) -> AuditTrail:
+    keys = ClientKeys(RateLimitSettings())
+    return AuditTrail(ExecutionIds(0), store, lambda: keys, max_pending=1_000_000)
+
+
+async def _no_forward() -> None:
+    return None
+
+
+async def one_request(trail: AuditTrail) -> None:
+    execution_id = trail.received("r", PATH, SCOPE)
+    trail.queued(execution_id)
+    await trail.forwarding(execution_id, 0, _no_forward())
+    trail.finished(execution_id, RECORD)
+
+
+async def hooks(count: int, directory: Path) -> dict[str, float]:
+    """µs per request of the hooks, recording (a store that is never flushed) and not."""
+    results = {}
+    for name, store in (("recording", SqliteAuditStore(directory / "hooks.sqlite3")), ("off", None)):
+        trail = trail_on(store)
+        best = float("inf")
+        for _ in range(3):  # the best of three: the machine is shared
+            elapsed = 0.0
+            for _ in range(count // WRITER_BATCH):
+                started = time.perf_counter()
+                for _ in range(WRITER_BATCH):
+                    await one_request(trail)
+                elapsed += time.perf_counter() - started
+                trail._pending.clear()  # what the writer takes every 0.5 s (not timed: off the path)
+            best = min(best, elapsed / (count // WRITER_BATCH * WRITER_BATCH))
+        results[name] = best * 1e6
+    return results
+
+
+async def source(trail: AuditTrail, rate: float, seconds: float, hook_seconds: list[tuple[float, float]]) -> list[str]:
+    """`rate` executions a second, in ticks of 10 ms; each finishes 20 ms after it arrived."""
+    sent: list[str] = []
+    tick = 0.01
+    per_tick = rate * tick
+    owed = 0.0
+    in_flight: list[tuple[float, str]] = []
+    start = trio.current_time()
+    next_tick = start
+    while trio.current_time() - start < seconds:
+        owed += per_tick
+        now = trio.current_time()
+        while owed >= 1:
+            owed -= 1
+            began = time.perf_counter()
+            execution_id = trail.received("r", PATH, SCOPE)
+            trail.queued(execution_id)
+            hook_seconds.append((now - start, time.perf_counter() - began))
+            in_flight.append((now, execution_id))
+            sent.append(execution_id)
+        while in_flight and now - in_flight[0][0] >= FINISH_AFTER_SECONDS:
+            _, execution_id = in_flight.pop(0)
+            trail.finished(execution_id, RECORD)
+        next_tick += tick
+        await trio.sleep_until(next_tick)
+    for _, execution_id in in_flight:
+        trail.finished(execution_id, RECORD)
+    return sent
+
+
+async def sustained(store: AuditStore, rate: float, seconds: float) -> dict[str, float]:
+    trail = trail_on(store)
+    pending: list[int] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trail.run)
+
+        async def sample() -> None:
+            while True:
+                await trio.sleep(1)
+                pending.append(trail.pending)
+
+        nursery.start_soon(sample)
+        started = time.perf_counter()
+        sent = await source(trail, rate, seconds, [])
+        elapsed = time.perf_counter() - started
+        written_during = trail.writes["written"]
+        nursery.cancel_scope.cancel()
+    second_half = pending[len(pending) // 2 :] or [0]
+    return {
+        "executions/s": len(sent) / elapsed,
+        "row writes/s": written_during / elapsed,
+        "pending max": max(pending or [0]),
+        "pending mean (2nd half)": statistics.fmean(second_half),
+        "failed": trail.writes["failed"],
+        "dropped": trail.writes["dropped"],
+    }
+
+
+async def outage(cluster: PostgresCluster, rate: float, seconds: float) -> dict[str, object]:
+    dsn = cluster.create_database("bench_outage")
+    trail = trail_on(PostgresAuditStore(dsn))
+    hook_seconds: list[tuple[float, float]] = []
+    marks: dict[str, float] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trail.run)
+
+        async def stop_then_start() -> None:
+            await trio.sleep(5)
+            marks["stopped"] = time.perf_counter()
+            await trio.to_thread.run_sync(cluster.stop)
+            await trio.sleep(seconds)
+            await trio.to_thread.run_sync(cluster.start)
+            marks["started"] = time.perf_counter()
+
+        nursery.start_soon(stop_then_start)
+        began = time.perf_counter()
+        sent = await source(trail, rate, seconds + 15, hook_seconds)
+        with trio.fail_after(60):
+            while trail.pending:
+                await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
+    rows = set(row[0] for row in PostgresAuditStore(dsn).query("SELECT execution_id FROM audit_log", ()))
+    stopped, started = marks["stopped"] - began, marks["started"] - began
+    phases = {
+        "before": [s for t, s in hook_seconds if t < stopped],
+        "during": [s for t, s in hook_seconds if stopped <= t < started],
+        "after": [s for t, s in hook_seconds if t >= started],
+    }
+    return {
+        "executions": len(sent),
+        "rows lost": len(set(sent) - rows),
+        "failed batch writes (rows)": trail.writes["failed"],
+        **{f"hook µs {name} p50/p99": (percentile(v, 0.5) * 1e6, percentile(v, 0.99) * 1e6) for name, v in phases.items()},
+    }
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    only = set(args.only.split(","))
+    directory = Path(tempfile.mkdtemp(prefix="bench-audit-"))
+    cluster: PostgresCluster | None = None
+    try:
+        if "hooks" in only:
+            result = await hooks(args.hooks, directory)
+            print(f"(a) hooks per request: recording {result['recording']:.2f} µs, off {result['off']:.2f} µs", flush=True)
+        if "sqlite" in only:
+            result = await sustained(SqliteAuditStore(directory / "sustained.sqlite3"), args.rate, args.seconds)
+            print(f"(b) SQLite, {args.seconds:g} s: {_line(result)}", flush=True)
+        if only & {"postgres", "outage"}:
+            if not postgres_available():
+                print("PostgreSQL 15 not installed: (b) PostgreSQL and (c) skipped", file=sys.stderr)
+                return 1
+            cluster = PostgresCluster(Path(tempfile.mkdtemp(prefix="bench-pg-")))
+            cluster.start()
+        if "postgres" in only and cluster is not None:
+            result = await sustained(PostgresAuditStore(cluster.create_database("bench_sustained")), args.rate, args.seconds)
+            print(f"(b) PostgreSQL, {args.seconds:g} s: {_line(result)}", flush=True)
+        if "outage" in only and cluster is not None:
+            result = await outage(cluster, args.outage_rate, args.outage_seconds)
+            print(f"(c) PostgreSQL stopped {args.outage_seconds:g} s at {args.outage_rate:g}/s: {_line(result)}", flush=True)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+            shutil.rmtree(cluster.directory, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+def _line(result: dict[str, object]) -> str:
+    def show(value: object) -> str:
+        if isinstance(value, tuple):
+            return "/".join(f"{v:.1f}" for v in value)
+        return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+    return ", ".join(f"{name} {show(value)}" for name, value in result.items())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hooks", type=int, default=100_000)
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--rate", type=float, default=1000)
+    parser.add_argument("--outage-seconds", type=float, default=30)
+    parser.add_argument("--outage-rate", type=float, default=20)
+    parser.add_argument("--only", default="hooks,sqlite,postgres,outage")
+    return trio.run(main_async, parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
