@@ -150,7 +150,8 @@ def retry_policy(settings: Settings) -> RetryPolicy:
 
 
 def image_store(settings: Settings, file_threads: trio.CapacityLimiter) -> ImageStore:
-    return ImageStore(settings.edge.static_dir, settings.edge.public_base_url, file_threads)
+    edge = settings.edge
+    return ImageStore(edge.static_dir, edge.public_base_url, file_threads, edge.static_cleanup.max_total_mb)
 
 
 def _queue_length(dispatcher: Dispatcher) -> int:

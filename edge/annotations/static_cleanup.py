@@ -1,7 +1,10 @@
-"""The annotation clean-up: a background task that keeps `<static_dir>/annotations/` bounded.
+"""The annotation clean-up: keeps `<static_dir>/annotations/` bounded, at write time and by a sweep.
 
-Every `interval_seconds` it deletes the PNGs older than `max_age_hours` and then, oldest
-first, as many more as it takes to bring the rest under `max_total_mb`. What to delete is
+`WriteCap` holds `max_total_mb` when an answer's files are written: the oldest files go
+first until they fit. A background task (`StaticCleanup`) sweeps every `interval_seconds`:
+it deletes the PNGs older than `max_age_hours` and then, oldest first, as many more as it
+takes to bring the rest under `max_total_mb` (also what other gateways sharing the folder
+wrote). What to delete is
 decided by a pure function (`files_to_delete`) over (name, size, mtime) entries; listing
 and unlinking run in a file thread. A temp file (`.<name>.tmp`, see `edge.annotations.rewrite`) is
 left alone while it may still be being written; one older than `TEMP_FILE_MAX_AGE_SECONDS`
@@ -11,22 +14,28 @@ logged once per distinct error, never raised: the gateway keeps serving.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
-from edge.annotations.rewrite import ANNOTATIONS
 from shared.settings import StaticCleanupSettings
 
 log = logging.getLogger("edge.static_cleanup")
 
+ANNOTATIONS = "annotations"  # the folder under static_dir, and the URL path under /static
 # A PNG is written in milliseconds; a temp file this old belongs to no running write.
 TEMP_FILE_MAX_AGE_SECONDS = 3600.0
+# One answer's images may take at most this share of max_total_mb: writing it never
+# deletes more than this much of other clients' annotations (a larger one is refused).
+ANSWER_SHARE = 0.25
 _MB = 1024 * 1024
 
 
@@ -117,6 +126,55 @@ def sweep(directory: Path, now: float, settings: StaticCleanupSettings) -> Sweep
         deleted += 1
         freed += entry.size
     return SweepResult(deleted, freed, total - freed, first_error)
+
+
+class WriteCap:
+    """`max_total_mb` at write time, for one `ImageStore`; blocking, called in file threads.
+
+    It learns the folder by one scan (at the first write) and then counts what it writes,
+    oldest first. Files deleted meanwhile by the sweep still count until they come up as
+    the oldest (their unlink finds nothing), so the count is never below what is there:
+    this gateway's writes never take the folder past the cap. Other gateways' writes to a
+    shared folder are seen by the next sweep (or the next store, after a reload)."""
+
+    def __init__(self, directory: Path, max_total_mb: float) -> None:
+        self._directory = directory
+        self._cap_bytes = int(max_total_mb * _MB)
+        self._lock = threading.Lock()  # file threads write answers side by side
+        self._files: deque[tuple[str, int]] | None = None  # (name, size), oldest first
+        self._total = 0  # what the files count for, plus writes under way
+
+    @property
+    def per_answer_bytes(self) -> int:
+        return int(self._cap_bytes * ANSWER_SHARE)
+
+    def reserve(self, incoming_bytes: int) -> None:
+        """Delete the oldest PNGs until `incoming_bytes` more fit under the cap, and count them."""
+        with self._lock:
+            if self._files is None:
+                entries = sorted(
+                    (entry for entry in scan(self._directory) if entry.name.endswith(".png")),
+                    key=lambda entry: (entry.mtime, entry.name),
+                )
+                self._files = deque((entry.name, entry.size) for entry in entries)
+                self._total = sum(entry.size for entry in entries)
+            while self._files and self._total + incoming_bytes > self._cap_bytes:
+                name, size = self._files.popleft()
+                with contextlib.suppress(OSError):  # the sweep reports what it cannot delete
+                    (self._directory / name).unlink(missing_ok=True)
+                self._total -= size
+            self._total += incoming_bytes
+
+    def wrote(self, files: list[tuple[str, int]]) -> None:
+        """The reserved write succeeded: these (name, size) are the newest files."""
+        with self._lock:
+            assert self._files is not None, "reserve() comes first"
+            self._files.extend(files)
+
+    def release(self, reserved_bytes: int) -> None:
+        """The reserved write failed and its files were removed."""
+        with self._lock:
+            self._total -= reserved_bytes
 
 
 class StaticCleanup:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import trio
 
-from edge.annotations.rewrite import ANNOTATIONS
+from edge.annotations.static_cleanup import ANNOTATIONS
 
 # what `edge.annotations.rewrite` names a file: a lower-case UUID4
 _ANNOTATION_NAME = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\.png")
