@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from edge.pool.forward import RequestNotSent, WorkerBusy, WorkerFailure, WorkerRefusal
+from edge.pool.forward import WorkerBusy, WorkerFailure, WorkerRefusal
 from edge.pool.pool import Pool, PoolEvent, ProbeResult, Thresholds, Transition
 from edge.pool.scheduling import (
     SchedulingPolicy,
@@ -74,8 +74,8 @@ class Unavailable(DispatchError):
 
 
 # A forward that ended in one of these had its exchange finished: nothing is left running
-# because of it (a timeout ejects the worker instead); RequestNotSent: none began.
-_EXCHANGE_ENDED = (WorkerFailure, WorkerBusy, WorkerRefusal, RequestNotSent)
+# because of it (a timeout ejects the worker instead).
+_EXCHANGE_ENDED = (WorkerFailure, WorkerBusy, WorkerRefusal)
 
 
 class WorkerLease:
@@ -267,7 +267,7 @@ class Dispatcher:
         others = [w.waiting for w in self._waiters if w is not waiter]
         now = trio.current_time()
         start = estimated_start(
-            self.pool, others, waiter.waiting, self.policy, self.service_times.low, now, self._queue_wait_seconds
+            self.pool, others, waiter.waiting, self.policy, self.service_times, now, self._queue_wait_seconds
         )
         if start is not None and surely_hopeless(start, self._queue_wait_seconds):
             self._waiters.remove(waiter)

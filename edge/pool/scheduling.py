@@ -15,14 +15,14 @@ functions answer (gateway.md § Scheduling), so that they are tables in the test
   fewer than `reserved_fast_workers` slots free of slow requests, so a burst of
   generations holding every slot (most of them only waiting for a worker) never makes a
   measurement wait at the slot while the reserved host is idle.
-- `estimated_start`: seconds until a newcomer could start, replaying the waiters of its
-  class ahead of it against the running jobs with each path's low service time (the 10th
-  percentile of its last 100 answers, not the median: one fast answer after slow ones
-  pulls it down at once); None when some time is unknown (then the request simply
-  waits). It is meant as a lower bound: what it cannot time (a worker busy for another
-  gateway, one draining) counts as free now, and a waiter ahead that would time out
-  before its turn even so is left out of the replay. `surely_hopeless` then asks for a
-  margin above the queue wait before an early refusal is given.
+- `estimated_start`: seconds before which a newcomer cannot start, a lower bound as far as
+  service times stay between each path's low and high time (the 10th and 90th
+  percentiles of its last 100 answers, never the median; the host's own 1007s are not
+  timed): a waiter ahead counts only while its own wait lasts, unless it is sure to be
+  served even at the high times; the lanes free at the low times. None when some time is
+  unknown (then the request simply waits); a worker busy for another gateway, or
+  draining, counts as free now. `surely_hopeless` then asks for a margin above the queue
+  wait before an early refusal is given.
 """
 
 from __future__ import annotations
@@ -32,14 +32,16 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 from edge.pool.pool import Pool, WorkerState
-from shared.percentiles import percentile
+from shared.percentiles import percentiles
 
 # gateway.md § Scheduling: a low percentile of a path's last 100 answers, none before 5.
 SERVICE_TIME_SAMPLES = 100
 SERVICE_TIME_MIN_SAMPLES = 5
 SERVICE_TIME_LOW_FRACTION = 0.10  # nearest rank: with 5 to 10 answers, the fastest of them
+SERVICE_TIME_HIGH_FRACTION = 0.90  # … the slowest of them
 # An early refusal needs the estimate past the queue wait by this much (seconds, and a
 # fraction of the wait): a bound from recent history is no promise about the next answers.
 REFUSAL_MARGIN_SECONDS = 1.0
@@ -144,7 +146,13 @@ def next_slot(slots: SlotUse, waiters: Sequence[Waiting], policy: SchedulingPoli
     return None
 
 
-ServiceTime = Callable[[str], "float | None"]
+class ServiceTimeBounds(Protocol):
+    """A path's recent service times as two bounds: `low` (few answers were faster) and
+    `high` (few were slower); None while unknown."""
+
+    def low(self, path: str) -> float | None: ...
+
+    def high(self, path: str) -> float | None: ...
 
 
 def surely_hopeless(estimated_seconds: float, queue_wait_seconds: float) -> bool:
@@ -158,44 +166,81 @@ def estimated_start(
     queue: Sequence[Waiting],
     newcomer: Waiting,
     policy: SchedulingPolicy,
-    service_time: ServiceTime,
+    times: ServiceTimeBounds,
     now: float,
     queue_wait_seconds: float = math.inf,
 ) -> float | None:
-    """Seconds from `now` until `newcomer` (not in `queue`) could start; None: unknown.
-    A waiter ahead whose turn, by the replay, comes after its own queue wait ran out
-    (`queue_wait_seconds` from its arrival) will have left by then: it takes no lane."""
-    if service_time(newcomer.path) is None:
-        return None
-    lanes = _lanes(pool, newcomer, policy, service_time, now)
-    if not lanes:
+    """Seconds from `now` before which `newcomer` (not in `queue`) cannot start; None: unknown.
+
+    A lower bound, as far as service times stay within their bounds. Of the waiters of its
+    class ahead of it, one is *sure* to be served before it when, even with every job at
+    its `high` time and every waiter ahead of it served, it starts within its own queue
+    wait (`queue_wait_seconds` from its arrival); any other may time out before its turn
+    and is counted only until its wait ends. The newcomer can start once the lanes of its
+    class, with every job at its `low` time, freed often enough for every sure waiter and
+    every other one still waiting, and once more for it.
+    """
+    if times.low(newcomer.path) is None:
         return None
     key = priority(newcomer, policy)
-    ahead = [w for w in queue if w.slow == newcomer.slow and priority(w, policy) <= key]
+    ahead = sorted((w for w in queue if w.slow == newcomer.slow and priority(w, policy) <= key),
+                   key=lambda w: priority(w, policy))  # fmt: skip
+    lows = [times.low(w.path) for w in ahead]
+    highs = [times.high(w.path) for w in ahead]
+    earliest = _lanes(pool, newcomer, policy, now, times.low, past_end=0.0)
+    latest = _lanes(pool, newcomer, policy, now, times.high, past_end=math.inf)
+    if earliest is None or latest is None or not earliest or None in lows or None in highs:
+        return None
+    sure, deadlines = 0, []
+    heapq.heapify(latest)
+    for waiting, high in zip(ahead, highs, strict=True):
+        deadline = waiting.arrived_at + queue_wait_seconds - now
+        if latest[0] <= deadline:
+            sure += 1
+        else:
+            deadlines.append(deadline)
+        heapq.heapreplace(latest, latest[0] + cast(float, high))
+    shortest = min(cast("list[float]", lows), default=math.inf)
+    return _first_start(earliest, shortest, sure, sorted(deadlines))
+
+
+def _first_start(lanes: list[float], shortest: float, sure: int, deadlines: list[float]) -> float:
+    """The first moment the lanes (jobs of `shortest` seconds back to back) have freed once
+    for each of `sure` waiters, each other waiter whose deadline is not past, and the newcomer."""
     heapq.heapify(lanes)
-    for waiting in sorted(ahead, key=lambda w: priority(w, policy)):
-        seconds = service_time(waiting.path)
-        if seconds is None:
-            return None
-        if lanes[0] > waiting.arrived_at + queue_wait_seconds - now:
-            continue  # it times out before a lane frees, even by the lower bound
-        heapq.heapreplace(lanes, lanes[0] + seconds)
-    return lanes[0]
+    freed, waiting, gone = 0, sure + len(deadlines), 0
+    while True:
+        if gone < len(deadlines) and deadlines[gone] < lanes[0]:
+            at = deadlines[gone]  # that waiter left: one fewer to serve first
+            gone, waiting = gone + 1, waiting - 1
+        else:
+            at = lanes[0]
+            freed += 1
+            heapq.heapreplace(lanes, at + shortest)
+        if freed >= waiting + 1:
+            return at
 
 
 def _lanes(
-    pool: Pool, newcomer: Waiting, policy: SchedulingPolicy, service_time: ServiceTime, now: float
+    pool: Pool,
+    newcomer: Waiting,
+    policy: SchedulingPolicy,
+    now: float,
+    seconds_for: Callable[[str], float | None],
+    past_end: float,
 ) -> list[float] | None:
-    """When each worker the newcomer's class may use is next free (seconds from now)."""
+    """When each worker the newcomer's class may use is next free (seconds from now), by
+    `seconds_for` a running job's path; a job past that time ends in `past_end` seconds."""
     slow_running: list[float] = []
     others: list[float] = []
     for worker in pool.eligible(newcomer.exclude, slow=newcomer.slow):
         free_in = 0.0
         if worker.leased:
-            seconds = service_time(worker.leased_path)
+            seconds = seconds_for(worker.leased_path)
             if seconds is None:
                 return None
-            free_in = max(0.0, seconds - (now - worker.leased_at))
+            left = seconds - (now - worker.leased_at)
+            free_in = left if left > 0 else past_end
         (slow_running if worker.running_slow else others).append(free_in)
     if not newcomer.slow:
         return slow_running + others
@@ -214,7 +259,7 @@ class ServiceTimes:
 
     def __init__(self) -> None:
         self._by_path: dict[str, deque[float]] = {}
-        self._lows: dict[str, float | None] = {}  # until the next record: an estimate asks for each waiter
+        self._bounds: dict[str, tuple[float, float] | None] = {}  # until the next record: asked for each waiter
 
     def record(self, path: str, seconds: float) -> None:
         samples = self._by_path.get(path)
@@ -223,15 +268,27 @@ class ServiceTimes:
                 return
             samples = self._by_path[path] = deque(maxlen=SERVICE_TIME_SAMPLES)
         samples.append(seconds)
-        self._lows.pop(path, None)
+        self._bounds.pop(path, None)
 
     def low(self, path: str) -> float | None:
         """The path's low service time (`SERVICE_TIME_LOW_FRACTION`), None before 5 answers."""
-        if path in self._lows:
-            return self._lows[path]
+        bounds = self._bounds_of(path)
+        return None if bounds is None else bounds[0]
+
+    def high(self, path: str) -> float | None:
+        """The path's high service time (`SERVICE_TIME_HIGH_FRACTION`), None before 5 answers."""
+        bounds = self._bounds_of(path)
+        return None if bounds is None else bounds[1]
+
+    def _bounds_of(self, path: str) -> tuple[float, float] | None:
+        if path in self._bounds:
+            return self._bounds[path]
         samples = self._by_path.get(path)
-        enough = samples is not None and len(samples) >= SERVICE_TIME_MIN_SAMPLES
-        low = percentile(samples, SERVICE_TIME_LOW_FRACTION) if samples is not None and enough else None
-        if samples is not None:  # an unknown path stays uncached: the cache is bounded as the paths are
-            self._lows[path] = low
-        return low
+        if samples is None:  # an unknown path stays uncached: the cache is bounded as the paths are
+            return None
+        bounds = None
+        if len(samples) >= SERVICE_TIME_MIN_SAMPLES:
+            low, high = percentiles(samples, SERVICE_TIME_LOW_FRACTION, SERVICE_TIME_HIGH_FRACTION)
+            bounds = (low, high)
+        self._bounds[path] = bounds
+        return bounds

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import trio
 import trio.testing
@@ -21,11 +23,15 @@ def make_dispatcher(
     max_inflight: int = 64,
     queue_wait: float = 30,
     max_queue_wait: float = 590,
+    early_refusal: bool = True,
 ) -> Dispatcher:
     pool = Pool(URLS[:workers])
     for index in range(workers if online is None else online):
         pool.record_probe(index, ProbeResult(0.0, ok=True), now=0.0)
-    return Dispatcher(pool, max_inflight=max_inflight, queue_wait_seconds=queue_wait, max_queue_wait_seconds=max_queue_wait)
+    return Dispatcher(
+        pool, max_inflight=max_inflight, queue_wait_seconds=queue_wait, max_queue_wait_seconds=max_queue_wait,
+        early_refusal=early_refusal,
+    )  # fmt: skip
 
 
 async def hold_worker(dispatcher: Dispatcher, release: trio.Event, got: list[int], *, task_status=trio.TASK_STATUS_IGNORED):
@@ -474,3 +480,45 @@ async def test_a_measurement_never_waits_at_the_slot_behind_a_burst_of_generatio
         nursery.start_soon(client, "m", False, 0.05)
     assert served["m"] == 0, "the measurement took the free slot and the reserved host at once"
     assert len(served) == 11, "every generation ran too"
+
+
+def test_every_early_refusal_would_have_timed_out() -> None:
+    # the same seeded arrivals with early refusal on and off (bursts of 8-10 s generations over
+    # 0.1-0.3 s measurements, 3 hosts, 10 s queue wait): the median-based estimate refused
+    # requests that were then served
+    rng = random.Random(7)
+    arrivals: list[tuple[float, bool, float]] = []
+    at = 0.0
+    while at < 120:
+        at += rng.expovariate(2.0)
+        arrivals.append((at, False, rng.uniform(0.1, 0.3)))
+        if rng.random() < 0.08:
+            arrivals += [(at + rng.uniform(0, 2), True, rng.uniform(8, 10)) for _ in range(rng.randint(3, 10))]
+    arrivals.sort()
+
+    async def replay(early_refusal: bool) -> list[str]:
+        dispatcher = make_dispatcher(3, queue_wait=10, early_refusal=early_refusal)
+        outcomes = [""] * len(arrivals)
+
+        async def request(number: int, slow: bool, seconds: float) -> None:
+            try:
+                async with dispatcher.slot(slow=slow), dispatcher.worker(path=GROW if slow else MEASURE, slow=slow) as lease:
+                    with lease.forwarding(60):
+                        await trio.sleep(seconds)
+                outcomes[number] = "served"
+            except EarlyRefusal:
+                outcomes[number] = "refused"
+            except Busy:
+                outcomes[number] = "timed out"
+
+        async with trio.open_nursery() as nursery:
+            for number, (arrival, slow, seconds) in enumerate(arrivals):
+                await trio.sleep_until(arrival)
+                nursery.start_soon(request, number, slow, seconds)
+        return outcomes
+
+    on = trio.run(replay, True, clock=trio.testing.MockClock(autojump_threshold=0))
+    off = trio.run(replay, False, clock=trio.testing.MockClock(autojump_threshold=0))
+    refused = [number for number, outcome in enumerate(on) if outcome == "refused"]
+    assert len(refused) >= 5, "the replay must exercise early refusals"
+    assert [off[number] for number in refused] == ["timed out"] * len(refused)

