@@ -146,6 +146,7 @@ class AuditTrail:
         execution = self._live.get(execution_id)
         if execution is None:
             return await forward
+        execution.worker = execution.gpu_ms = None  # an earlier forward's host did not give the answer
         self._move(execution, EXECUTING)
         started = time.perf_counter()
         answer = await forward
