@@ -118,8 +118,10 @@ async def test_a_client_leaving_mid_forward_frees_its_host_and_stores_nothing(cl
     stats = await fake.stats()
     assert [job["request_id"] for job in stats["jobs"]] == ["leaves", "next", "again"]
     assert stats["overlaps"] == 0 and stats["busy_refused"] == 0
-    assert stats["jobs"][0]["request_timeout_ms"] == "20000", "the slow timeout of the harness, in ms"
-    assert stats["jobs"][1]["request_timeout_ms"] == "10000"
+    # the harness's slow and fast timeouts in ms, less what connecting took (the remaining
+    # time is sent; a few ms at most on loopback, 1 s of slack for a loaded machine)
+    sent = [int(job["request_timeout_ms"]) for job in stats["jobs"][:2]]
+    assert 19_000 < sent[0] <= 20_000 and 9_000 < sent[1] <= 10_000, sent
 
     async def counted() -> bool:
         by_stage = [await counter(metrics_url, "hairgate_departures", stage=stage) for stage in ("queued", "forward")]
