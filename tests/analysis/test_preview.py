@@ -18,6 +18,7 @@ from analysis.hairline import trace_hairline
 from analysis.head_samples import brow_curve, to_lab
 from analysis.landmarks import FaceMeshDetector
 from analysis.preview import EDGE_NOISE_MM, FRONT_MM, grow_preview, grown_edge
+from analysis.preview_texture import band_texture
 from analysis.segmentation import FallbackSegmenter
 from analysis.types import PLANS, Calibration, Face, HairSegmentation, Hairline
 
@@ -239,3 +240,23 @@ def test_the_grown_band_keeps_the_hairs_texture(
         ratios.append(down_over_across(grown, core) / down_over_across(photo.rgb, _hair_lent(photo)))
     assert len(ratios) >= 5
     assert np.median(ratios) >= 0.78 and min(ratios) >= 0.55, sorted(np.round(ratios, 2))
+
+
+def test_the_band_texture_measure_tells_the_grown_hair_from_the_bare_forehead(
+    analysed: dict[str, Analysed], photo_labels: list[dict[str, Any]]
+) -> None:
+    """`preview_texture.band_texture` (issue 27, docs/generation.md): on a drop of 5 mm or
+    more, the preview's band carries more high-frequency energy than the forehead skin it
+    replaced, measured against the same hair above, over the photos (a single forehead with
+    baby hairs, lacamoire's, can be as textured as a thin band of grown hair)."""
+    grown_ratios, bare_ratios = [], []
+    for name, photo, plan, grown in _grown_plans(analysed, photo_labels):
+        if plan.drop_mm is None or plan.drop_mm < 5.0:
+            continue
+        preview = band_texture(photo.rgb, grown, photo.face, photo.hairline, plan, photo.calibration)
+        bare = band_texture(photo.rgb, photo.rgb, photo.face, photo.hairline, plan, photo.calibration)
+        assert preview is not None and bare is not None, name
+        grown_ratios.append(preview.high_frequency_ratio)
+        bare_ratios.append(bare.high_frequency_ratio)
+    assert len(grown_ratios) >= 4
+    assert np.median(grown_ratios) > np.median(bare_ratios) + 0.1
