@@ -8,8 +8,9 @@ cancelled scope (`TaskStatus.started`). So after its first response no connectio
 watcher: at SIGTERM an idle connection stayed open, and a request sent on it waited for the
 whole grace period before the host went away under it (issue 7, defect 14).
 
-Shielding the app's `send` lets the watcher start. Hypercorn already shields its socket
-writes, so no wait that could be cancelled before is uncancellable now.
+Shielding the app's `send` lets the watcher start. The socket writes under it are shielded
+already and bounded (`shared.http_server.SEND_LIMIT_SECONDS`): a reader that stopped cannot
+hold this send longer than that.
 """
 
 from __future__ import annotations

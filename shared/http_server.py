@@ -18,7 +18,12 @@ connection's handling ends that connection, never the process.
   followed by more bytes made it answer twice (an ERROR traceback).
 - `ContainedTCPServer`: an exception that escapes Hypercorn's handling of one connection
   closes that connection and is logged, once per kind a minute; the listener and the
-  other connections go on.
+  other connections go on. Its socket writes are bounded: Hypercorn shields each one
+  (an app's cancellation must not cut an answer in half) with no deadline, so a client
+  that stopped reading held its handler, and a graceful stop, forever (a deadline on a
+  shield around it bounds nothing). A write still unfinished after `SEND_LIMIT_SECONDS`
+  closes the connection. What the socket took is counted (`ConnectionWrites`, the app
+  reads it through `connection_writes()`): a client that left mid-answer is told apart.
 
 Hypercorn has no setting or hook for these protocol decisions nor for the task a
 connection runs in: `HTTP1Protocol` replaces `H11Protocol._check_protocol`, and the two
@@ -33,7 +38,11 @@ import json
 import logging
 import traceback
 from collections import defaultdict
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import cast
+
+import trio
 
 import h11
 import hypercorn.protocol
@@ -49,6 +58,8 @@ from shared.logs import FailureLog
 log = logging.getLogger("hypercorn.error")
 
 ALPN_PROTOCOLS = ["http/1.1"]
+SEND_LIMIT_SECONDS = 300.0  # one write: a whole 15 MB answer to a 0.5 Mbit/s reader takes 240 s
+SEND_PIECE_BYTES = 64 * 1024  # what the socket took is counted in pieces this size
 HTTP1_VERSIONS = frozenset({b"1.0", b"1.1"})
 MSG_HTTP2_REFUSED = "HTTP/2 is not served here: send HTTP/1.1"
 MSG_AMBIGUOUS_BODY = "a request may carry Content-Length or Transfer-Encoding, not both (RFC 9112 section 6.1)"
@@ -130,19 +141,64 @@ def _json(document: dict) -> bytes:
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
+@dataclass
+class ConnectionWrites:
+    """What one connection's socket took: bytes, and whether a write failed (the client
+    left, or stopped reading for `SEND_LIMIT_SECONDS`): nothing more reaches it then."""
+
+    sent_bytes: int = 0
+    failed: bool = False
+
+
+_WRITES: ContextVar[ConnectionWrites] = ContextVar("connection_writes")
+
+
+def connection_writes() -> ConnectionWrites | None:
+    """The writes of the connection the calling task serves (None outside a served connection)."""
+    return _WRITES.get(None)
+
+
 class ContainedTCPServer(TCPServer):
-    """Hypercorn's handling of one TCP connection; an exception ends only this connection."""
+    """Hypercorn's handling of one TCP connection; an exception ends only this connection,
+    a write ends within `SEND_LIMIT_SECONDS`."""
 
     failures: defaultdict[str, FailureLog] = defaultdict(
         lambda: FailureLog(log, "连接处理异常，已关闭该连接（服务继续）")
     )
+    writes: ConnectionWrites
 
     async def run(self) -> None:
+        self.writes = ConnectionWrites()
+        _WRITES.set(self.writes)  # the app's tasks start from this one: they see it
         try:
             await super().run()  # which closes the stream on every way out
         except* Exception as group:  # a cancellation (the graceful deadline) goes on up
             kind = failure_kind(group)
             self.failures[kind].report(kind)
+
+    async def protocol_send(self, event: Event) -> None:
+        if not isinstance(event, RawData):
+            await super().protocol_send(event)
+            return
+        async with self.send_lock:
+            # shielded like Hypercorn's, bounded by its own deadline
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + SEND_LIMIT_SECONDS) as bounded:
+                try:
+                    await self._send_counted(event.data)
+                    return
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+            self.writes.failed = True
+            if bounded.cancelled_caught:  # the client stopped reading: its reader is ended too
+                await trio.aclose_forcefully(self.stream)  # no TLS goodbye to a client that reads none
+        await self.protocol.handle(Closed())
+
+    async def _send_counted(self, data: bytes) -> None:
+        with memoryview(data) as view:
+            for start in range(0, len(view), SEND_PIECE_BYTES):
+                piece = view[start : start + SEND_PIECE_BYTES]
+                await self.stream.send_all(piece)
+                self.writes.sent_bytes += len(piece)
 
 
 def failure_kind(error: BaseException) -> str:

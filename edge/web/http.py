@@ -7,9 +7,9 @@ Quart provides for it (`app.request_class`, `app.asgi_http_class`; `edge.app` fi
   is quietly waiting for a 20 s answer);
 - `GatewayConnection`: the request-log line of every `/api/` request, taken after its
   answer was written — or with status 499 when its client left first (quart-trio then
-  cancels the handler: that is how a departed client frees its place in the queue) —
-  and an answer held in memory sent as one ASGI message (the log itself is
-  `app.extensions[REQUEST_LOG]`).
+  cancels the handler: that is how a departed client frees its place in the queue), or
+  left or stopped reading during it (with the bytes its socket took) — and an answer
+  held in memory sent as one ASGI message (the log itself is `app.extensions[REQUEST_LOG]`).
 
 The `/api/` handlers work on an `Exchange` (request id, headers, body) and answer an
 `ApiResponse`; admission and idempotency (`edge.admission`) see only those two.
@@ -44,11 +44,11 @@ from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
 from edge.observe.request_log import RequestRecord
 from shared.contract import API_PREFIX, HEADER_REQUEST_ID, request_id_from_header
+from shared.http_server import connection_writes
 
 log = logging.getLogger("edge.http")
 
 CLIENT_CLOSED = 499  # request-log status of a client that left before its answer (nginx's)
-LAST_WRITE_LIMIT_SECONDS = 300.0  # the whole answer to a slow reader (15 MB at 0.5 Mbit/s: 240 s)
 REQUEST_LOG = "hairgate.request_log"  # app.extensions key: takes each `/api/` request's log line
 AUDIT = "hairgate.audit"  # app.extensions key: the audit trail's hooks (`edge.audit.AuditTrail`)
 BODY_IDLE_TIMEOUT = "HAIRGATE_BODY_IDLE_TIMEOUT"  # app.config key: longest gap between two body chunks
@@ -268,13 +268,26 @@ class GatewayConnection(TrioASGIHTTPConnection):
 
 
 class _Sent:
-    """What went out on an ASGI connection: the status and the body's size."""
+    """What went out on an ASGI connection: the status, the body's size, and whether all of
+    it reached the socket (`complete`) or how much did (`sent_bytes`)."""
 
     def __init__(self, send: ASGISendCallable) -> None:
         self._send = send
         self.status: int | None = None
         self.body_bytes = 0
         self.complete = False
+        self._writes = connection_writes()  # None when served without Hypercorn (the tests' ASGI client)
+        self._written_before = self._writes.sent_bytes if self._writes else 0
+
+    @property
+    def sent_bytes(self) -> int:
+        """The body's bytes sent: all of them once complete, else what the socket took for
+        this answer (its head included, so at most the body's size)."""
+        if self.complete:
+            return self.body_bytes
+        if self._writes is None:
+            return 0
+        return min(self.body_bytes, self._writes.sent_bytes - self._written_before)
 
     async def send(self, message: ASGISendEvent) -> None:
         if message["type"] == "http.response.start":
@@ -284,12 +297,12 @@ class _Sent:
             if not message.get("more_body", False):
                 # Hypercorn ends the exchange inside this call (and closes the connection
                 # when it must): the client's disconnect it causes would otherwise cancel
-                # that half-way (quart-trio's receiver cancels the sender).
-                # The shield has its own deadline: a client that stops reading must not hold
-                # the write (and a shutdown waiting for it) forever.
-                with trio.CancelScope(shield=True, deadline=trio.current_time() + LAST_WRITE_LIMIT_SECONDS) as write:
+                # that half-way (quart-trio's receiver cancels the sender). The socket's
+                # write below is bounded (`shared.http_server`): a client that stops
+                # reading holds this no longer than that.
+                with trio.CancelScope(shield=True):
                     await self._send(message)
-                self.complete = not write.cancelled_caught
+                self.complete = self._writes is None or not self._writes.failed
                 return
         await self._send(message)
 
@@ -311,7 +324,7 @@ def _record(request: GatewayRequest, sent: _Sent, started: float) -> RequestReco
         http_status=CLIENT_CLOSED if left or sent.status is None else sent.status,
         code=outcome.code,
         bytes_in=len(exchange.body) if exchange else 0,
-        bytes_out=0 if left else sent.body_bytes,
+        bytes_out=sent.sent_bytes,
         idempotent_replay=outcome.idempotent_replay,
         rate_limited=outcome.rate_limited,
         early_refusal=outcome.early_refusal,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import struct
 from functools import partial
 from pathlib import Path
 
@@ -16,12 +18,11 @@ import trio.testing
 from hypercorn.config import Config
 from hypercorn.events import RawData
 from hypercorn.protocol.h11 import H11Protocol
-from hypercorn.trio.tcp_server import TCPServer
 
 from edge.main import serve
 from edge.web.server import GatewayConfig, GatewayH11Protocol
 from shared.contract import Code, envelope
-from shared.http_server import HTTP1Protocol
+from shared.http_server import ContainedTCPServer, HTTP1Protocol
 from tests.edge.conftest import PHOTO, PHOTO_BODY, make_settings
 
 GATEWAY_PORT = 18150
@@ -38,6 +39,7 @@ class InProcessWorker:
         self.job_may_finish.set()
         self.jobs = 0
         self.url = ""
+        self.blob_bytes = 0  # a job's answer carries this many bytes more
 
     async def app(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -55,7 +57,8 @@ class InProcessWorker:
             self.job_started.set()
             await self.job_may_finish.wait()
             request_id = dict(scope["headers"])[b"x-request-id"].decode()  # the gateway checks it comes back
-            payload = json.dumps(envelope(Code.OK, request_id, {"done": True})).encode()
+            data = {"done": True, "blob": "b" * self.blob_bytes} if self.blob_bytes else {"done": True}
+            payload = json.dumps(envelope(Code.OK, request_id, data)).encode()
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": payload})
 
@@ -313,14 +316,14 @@ async def test_an_answer_is_one_write_and_its_end_no_empty_one(
     # Hypercorn writes head, body and an empty end apart; the gateway's protocol joins them
     # (a system call and two scheduler passes fewer per answer; the cost is in the benchmark)
     writes: list[bytes] = []
-    original = TCPServer.protocol_send
+    original = ContainedTCPServer.protocol_send  # the class Hypercorn serves each connection with
 
     async def recording(self, event) -> None:
         if isinstance(event, RawData):
             writes.append(event.data)
         await original(self, event)
 
-    monkeypatch.setattr(TCPServer, "protocol_send", recording)
+    monkeypatch.setattr(ContainedTCPServer, "protocol_send", recording)
     worker.health_open.set()
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
@@ -341,3 +344,60 @@ def test_the_gateway_listener_offers_http_1_1_alone_and_its_protocol_overrides_e
     assert issubclass(GatewayH11Protocol, HTTP1Protocol) and hypercorn.protocol.H11Protocol is GatewayH11Protocol
     assert "_create_stream" in H11Protocol._handle_events.__code__.co_names
     assert "_send_h11_event" in H11Protocol.stream_send.__code__.co_names
+
+
+BIG_ANSWER_BYTES = 24 * 1024 * 1024  # more than loopback's socket buffers hold
+
+
+async def test_a_client_that_stops_reading_is_cut_off_and_logged_with_what_it_was_sent(
+    tmp_path: Path, worker: InProcessWorker, monkeypatch
+) -> None:
+    # Hypercorn shields each socket write with no deadline, and the deadline the gateway put
+    # on a shield around it bounded nothing: a reader that stopped held its handler, and a
+    # graceful stop, forever; and a client that left mid-answer was logged 200, all bytes
+    monkeypatch.setattr("shared.http_server.SEND_LIMIT_SECONDS", 1.0)
+    worker.health_open.set()
+    worker.blob_bytes = BIG_ANSWER_BYTES
+    stop = trio.Event()
+    head = f"POST {MEASURE} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: {len(PHOTO_BODY)}\r\n\r\n"
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve, settings_for(tmp_path, worker), stop.wait)
+            stalled = await trio.open_tcp_stream("127.0.0.1", GATEWAY_PORT)
+            await stalled.send_all(head.encode() + PHOTO_BODY)
+            first = await stalled.receive_some(65536)  # the answer started; then nothing is read
+            logged = await request_log_lines(tmp_path, 1)  # written once the gateway gave up on it
+            await receive_until_closed(stalled)  # and closed the connection
+            stop.set()  # and a graceful stop is not held by it
+    assert first.startswith(b"HTTP/1.1 200")
+    ((status, sent),) = [(entry["http_status"], entry["bytes_out"]) for entry in logged]
+    assert status == 499 and 0 < sent < BIG_ANSWER_BYTES, (status, sent)
+
+
+async def test_a_client_that_leaves_mid_answer_is_logged_499_with_the_bytes_sent(
+    tmp_path: Path, worker: InProcessWorker
+) -> None:
+    worker.health_open.set()
+    worker.blob_bytes = BIG_ANSWER_BYTES
+    stop = trio.Event()
+    head = f"POST {MEASURE} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: {len(PHOTO_BODY)}\r\n\r\n"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve, settings_for(tmp_path, worker), stop.wait)
+        leaver = await trio.open_tcp_stream("127.0.0.1", GATEWAY_PORT)
+        await leaver.send_all(head.encode() + PHOTO_BODY)
+        assert (await leaver.receive_some(65536)).startswith(b"HTTP/1.1 200")
+        leaver.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await leaver.aclose()  # a reset, as a phone that lost its network mid-download
+        logged = await request_log_lines(tmp_path, 1)
+        stop.set()
+    ((status, sent),) = [(entry["http_status"], entry["bytes_out"]) for entry in logged]
+    assert status == 499 and 0 < sent < BIG_ANSWER_BYTES, (status, sent)
+
+
+async def request_log_lines(directory: Path, count: int) -> list[dict]:
+    """The request log once it holds `count` lines (it is written in batches: polled)."""
+    path = directory / "request_log.jsonl"
+    with trio.fail_after(15):
+        while len(lines := path.read_text().splitlines() if path.exists() else []) < count:
+            await trio.sleep(0.05)
+    return [json.loads(line) for line in lines]

@@ -41,6 +41,9 @@ def test_the_overridden_names_are_where_hypercorn_looks_them_up() -> None:
     assert "TCPServer" in hypercorn.trio.run.worker_serve.__code__.co_names
     assert hypercorn.trio.run.TCPServer is ContainedTCPServer
     assert "run" in TCPServer.__await__.__code__.co_names
+    # ContainedTCPServer.protocol_send replaces the writes Hypercorn hands the protocol
+    assert "protocol_send" in TCPServer.run.__code__.co_names
+    assert {"send_lock", "stream"} <= set(TCPServer.__init__.__code__.co_names)
     # the HTTP/2 switch HTTP1Protocol replaces, called for each request head
     assert "_check_protocol" in H11Protocol._handle_events.__code__.co_names
     assert list(inspect.signature(H11Protocol._check_protocol).parameters) == ["self", "event"]
