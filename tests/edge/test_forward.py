@@ -586,6 +586,21 @@ async def test_behind_the_gateway_a_stale_answer_ejects_its_host_and_is_retried_
     assert not gateway.dispatcher.pool.workers[0].online
 
 
+async def test_behind_the_gateway_an_answer_nested_500_deep_ejects_its_host(tmp_path, nursery) -> None:
+    # it was a RecursionError in the rewrite: a 1007 with a 3,000-line traceback, the host kept
+    deep, good = RawHost(Misbehaviour.NESTED_DEEP), RawHost()
+    urls = [await deep.start(nursery), await good.start(nursery)]
+    gateway, client = await gateway_over(tmp_path, urls, primary=urls[:1])
+    try:
+        answer = (await post_as(client, "client-0")).json()
+    finally:
+        await gateway.upstream.aclose()
+    assert (answer["code"], answer["data"]) == (Code.OK, {"answered": "client-0"})
+    assert (deep.requests, good.requests) == (["client-0"], ["client-0"])
+    assert sample(gateway, "hairgate_worker_ejections_total", worker="0", reason="unusable_body") == 1
+    assert sample(gateway, "hairgate_retries_total", reason="unusable_body") == 1
+
+
 async def test_behind_the_gateway_unsolicited_answers_reach_nobody(tmp_path, nursery) -> None:
     host = RawHost(Misbehaviour.SECOND_RESPONSE_SAME_WRITE)
     gateway, client = await gateway_over(tmp_path, [await host.start(nursery)], primary=[])

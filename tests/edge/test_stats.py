@@ -169,3 +169,21 @@ def test_a_failed_forward_retried_elsewhere_counts_as_a_failure_of_its_worker() 
     stats.record(RequestRecord(**{**vars(exhausted), "attempts": 2, "failed_workers": (0, 1)}), START + 1)
     by_worker = stats.snapshot(START + 1)["since_start"]["by_worker"]
     assert by_worker == {"0": {"served": 0, "failed": 2}, "1": {"served": 1, "failed": 1}}
+
+
+async def test_behind_the_gateway_junk_paths_first_leave_the_endpoints_their_keys(client, gateway) -> None:
+    # the attack: 35 junk /api/ paths, then the real endpoints counted as "other" in
+    # /admin/stats and hairgate_requests_total until a restart (build_gateway passes the routes)
+    for number in range(35):
+        await client.post(f"/api/v1/junk/{number}", content=b"{}")
+    await client.post("/api/%00%ff", content=b"{}")  # a NUL and an undecodable byte
+    await client.get(MEASURE)  # a known endpoint, whatever its answer (here 1001: wrong method)
+    await gateway.request_log.flush()
+    by_path = gateway.stats.snapshot()["since_start"]["by_path"]
+    assert {path: counts["count"] for path, counts in by_path.items()} == {OTHER_PATHS: 36, MEASURE: 1}
+    labels = {
+        dict(sample.labels)["path"]
+        for family in gateway.metrics.registry.collect() if family.name == "hairgate_requests"
+        for sample in family.samples
+    }
+    assert labels == {OTHER_PATHS, MEASURE}

@@ -29,6 +29,7 @@ class Misbehaviour(Enum):
     SHORT_CONTENT_LENGTH = "Content-Length 3 bytes short of the body sent"
     LENGTH_AND_CHUNKED = "Content-Length and Transfer-Encoding: chunked"
     STALE_FIRST = "a stale answer, then the real one"
+    NESTED_DEEP = "its own answer, nested 500 levels deep with an image key at the bottom"
 
 
 def response(body: bytes, *, declared_length: int | None = None, status: bytes = b"200 OK") -> bytes:
@@ -108,6 +109,10 @@ class RawHost:
             chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
             head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n" % len(body)
             await stream.send_all(head + chunked)
+        elif misbehaviour is Misbehaviour.NESTED_DEEP:
+            data = b'{"a":' * 500 + b'{"mask_image_base64":null}' + b"}" * 500
+            deep = b'{"code":0,"message":"ok","request_id":%s,"data":%s}' % (json.dumps(request_id).encode(), data)
+            await stream.send_all(response(deep))
         elif misbehaviour is Misbehaviour.STALE_FIRST:
             self.stale_sent += 1
             await stream.send_all(stale + response(body))
