@@ -18,17 +18,22 @@ class ExecutionIds:
     def __init__(self, gateway_id: int, clock_ns: Callable[[], int] = time.time_ns) -> None:
         if not 0 <= gateway_id <= 999:
             raise ValueError("gateway_id must be 0-999")
-        self._prefix = f"_{gateway_id:03d}_"
+        self._gateway = f"{gateway_id:03d}"
         self._clock_ns = clock_ns
         self._last_ms = 0
+        self._head = ""  # "exec_<ms>_<gateway>_" of the current millisecond: formatted once per ms
         self._sequence = 0
 
     def next(self) -> str:
         now_ms = self._clock_ns() // 1_000_000
         if now_ms > self._last_ms:
-            self._last_ms, self._sequence = now_ms, 0
+            self._start(now_ms)
         else:
             self._sequence = (self._sequence + 1) % SEQUENCE_LIMIT
             if self._sequence == 0:  # 100,000 in one ms (or a clock stepped back): borrow the next ms
-                self._last_ms += 1
-        return f"exec_{self._last_ms:013d}{self._prefix}{self._sequence:05d}"
+                self._start(self._last_ms + 1)
+        return f"{self._head}{self._sequence:05d}"
+
+    def _start(self, ms: int) -> None:
+        self._last_ms, self._sequence = ms, 0
+        self._head = f"exec_{ms:013d}_{self._gateway}_"

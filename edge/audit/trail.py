@@ -118,7 +118,8 @@ class AuditTrail:
             elif name == key_name:
                 api_key = value.decode("latin-1")
         client = scope.get("client")
-        client_ip = keys.client_ip(client[0] if client else "", forwarded.decode("latin-1") if forwarded else None)
+        peer = client[0] if client else ""
+        client_ip = peer if forwarded is None else keys.client_ip(peer, forwarded.decode("latin-1"))
         now = time.time()
         execution = Execution(
             execution_id, request_id, path,

@@ -122,6 +122,17 @@ async def test_refusals_and_retries_have_ids_and_rows(tmp_path: Path) -> None:
     assert sorted(rows[i]["retry_count"] for i in ids[2:]) == [0, 1], "one forward beyond the first, once"
 
 
+async def test_a_host_whose_answer_was_not_used_is_not_the_rows_worker(tmp_path: Path) -> None:
+    upstream = FakeUpstream()
+    upstream.behaviour.update({WORKERS[0]: "bad_image", WORKERS[1]: "http500"})
+    gateway, client = await build(tmp_path, upstream)
+    answer = await client.post(MEASURE, json=PHOTO)
+    assert answer.json()["code"] == Code.SYSTEM_ERROR and len(upstream.forwards) == 2
+    await gateway.audit.flush()
+    (row,) = rows_of(gateway).values()
+    assert (row["status"], row["worker"], row["gpu_ms"], row["retry_count"]) == ("failed", None, 0, 1)
+
+
 async def test_a_replay_is_an_execution_of_its_own_with_hashed_key_and_user(tmp_path: Path) -> None:
     upstream = FakeUpstream()
     gateway, client = await build(

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -140,3 +141,15 @@ async def test_a_dsn_that_cannot_connect_at_start_is_served_and_retried(cluster:
 
     await wait_until(written, 10, "the row written once the database exists")
     assert "审计日志写入失败" in gateway.log_path.read_text(encoding="utf-8")
+
+
+async def test_sigterm_writes_what_is_pending(cluster: Cluster) -> None:
+    cluster.start_fakes(1)
+    gateway = cluster.start_gateway()
+    async with cluster.client() as client:
+        answers = [await measure(client) for _ in range(30)]
+    gateway.terminate()  # at once: the last rows are still in memory, their batch not yet due
+    assert await trio.to_thread.run_sync(gateway.wait_exit, 15) == 0
+    with sqlite3.connect(cluster.directory / "audit.sqlite3") as connection:
+        rows = dict(connection.execute("SELECT execution_id, status FROM audit_log").fetchall())
+    assert {rows.get(answer.headers[HEADER_EXECUTION_ID]) for answer in answers} == {"completed"}
