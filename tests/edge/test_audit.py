@@ -100,6 +100,8 @@ async def test_a_forwarded_request_leaves_one_complete_row(tmp_path: Path) -> No
     assert all(row[k] is not None for k in ("queue_ms", "gpu_ms", "duration_ms", "cost_usd", "created_at", "updated_at"))
     assert row["cost_usd"] == pytest.approx(row["gpu_ms"] * 2.0 / 1000)
     assert row["duration_ms"] >= row["gpu_ms"]
+    scraped = generate_latest(gateway.metrics.registry).decode()  # what /metrics serves
+    assert 'hairgate_audit_writes_total{result="written"} 1.0' in scraped and "hairgate_audit_pending 0.0" in scraped
 
 
 async def test_refusals_and_retries_have_ids_and_rows(tmp_path: Path) -> None:
