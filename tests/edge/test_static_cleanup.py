@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 from pathlib import Path
@@ -10,7 +11,16 @@ import pytest
 import trio
 import trio.testing
 
-from edge.annotations.static_cleanup import TEMP_FILE_MAX_AGE_SECONDS, FileEntry, StaticCleanup, files_to_delete
+from edge.annotations.rewrite import ImageStore
+from edge.annotations.static_cleanup import (
+    TEMP_FILE_MAX_AGE_SECONDS,
+    FileEntry,
+    StaticCleanup,
+    WriteCap,
+    files_to_delete,
+    sweep,
+)
+from tests.edge.test_rewrite import big_png
 from shared.settings import StaticCleanupSettings
 
 NOW = 1_800_000_000.0
@@ -135,3 +145,50 @@ async def test_run_sweeps_at_start_then_every_interval_with_current_settings(
         third = await receive.receive()
         assert third - started == 660
         nursery.cancel_scope.cancel()
+
+
+# --- the cap at write time (WriteCap) ------------------------------------------------------
+
+
+def planted(folder: Path, sizes: list[int], first_mtime: float) -> list[str]:
+    """Files of these sizes, oldest first, a minute apart."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = []
+    for number, size in enumerate(sizes):
+        name = f"{number:08d}-0000-4000-8000-000000000000.png"
+        (folder / name).write_bytes(b"p" * size)
+        os.utime(folder / name, (first_mtime + 60 * number,) * 2)
+        names.append(name)
+    return names
+
+
+def test_files_the_sweep_deleted_are_given_up_before_any_live_one(tmp_path: Path) -> None:
+    # the write cap counts from one scan: what the sweep deleted since must not make it
+    # delete live files to make room (its count is never below what is there)
+    folder = tmp_path / "annotations"
+    names = planted(folder, [100 * 1024] * 10, NOW - 100 * HOUR)  # 1000 KiB, the five oldest will expire
+    for name in names[5:]:
+        os.utime(folder / name, (NOW - HOUR,) * 2)
+    cap = WriteCap(folder, max_total_mb=1)
+    cap.reserve(0)  # the first write scans
+    sweep(folder, NOW, StaticCleanupSettings(max_age_hours=72, max_total_mb=1))
+    assert sorted(os.listdir(folder)) == names[5:]
+    cap.reserve(500 * 1024)  # fits beside the five left, by the count after giving up the swept
+    assert sorted(os.listdir(folder)) == names[5:], "no live file deleted"
+    cap.reserve(100 * 1024)
+    assert sorted(os.listdir(folder)) == names[6:], "then the oldest live one"
+
+
+async def test_answers_written_side_by_side_stay_under_the_cap(tmp_path: Path) -> None:
+    store = ImageStore(tmp_path / "static", "http://gateway.test", trio.CapacityLimiter(4), max_total_mb=1)
+    planted(store.directory, [50 * 1024] * 20, NOW - HOUR)  # 1000 KiB already
+    body = {"image_base64": base64.b64encode(big_png(100 * 1024)).decode()}
+
+    async def one_answer() -> None:
+        await store.write(dict(body), await store.decode(body))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(12):
+            nursery.start_soon(one_answer)
+    sizes = [path.stat().st_size for path in store.directory.iterdir()]
+    assert sum(sizes) <= MB and len(sizes) == 10 and sizes.count(len(big_png(100 * 1024))) == 10, "the newest ten answers fit, nothing older"
