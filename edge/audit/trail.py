@@ -45,7 +45,7 @@ T = TypeVar("T")
 
 FLUSH_INTERVAL_SECONDS = 0.5
 RETRY_SECONDS = 1.0  # after a refused batch: the store is down, do not spin
-BATCH_ROWS = 2000  # a catch-up after an outage goes in hops of this many
+BATCH_ROWS = 500  # a catch-up after an outage goes in hops of this many, the event loop free between them
 SHUTDOWN_FLUSH_SECONDS = 10.0
 RETENTION_INTERVAL_SECONDS = 3600.0
 RETENTION_BATCH_ROWS = 1000

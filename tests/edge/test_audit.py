@@ -211,6 +211,21 @@ def _registry(trail: AuditTrail) -> Any:
     return registry
 
 
+async def test_the_schema_is_created_once_and_kept_with_its_rows_at_the_next_start(tmp_path: Path) -> None:
+    first = trail_on(SqliteAuditStore(tmp_path / "a.sqlite3"))
+    arrive(first, 3)
+    await first.flush()
+    assert first.store is not None
+    first.store.close()
+    again = trail_on(SqliteAuditStore(tmp_path / "a.sqlite3"))  # a restart: opened and "migrated" again
+    arrive(again, 2)
+    await again.flush()
+    assert len(queries_rows(again)) == 5
+    assert again.store is not None and again.store.query("SELECT version FROM audit_schema", ()) == [(1,)]
+    indexes = {row[0] for row in again.store.query("SELECT name FROM sqlite_master WHERE type = 'index'", ())}
+    assert {"audit_log_idempotency_key", "audit_log_user_id", "audit_log_created_at"} <= indexes
+
+
 async def test_shutdown_flushes_what_is_pending(tmp_path: Path) -> None:
     trail = trail_on(SqliteAuditStore(tmp_path / "a.sqlite3"))
     async with trio.open_nursery() as nursery:
