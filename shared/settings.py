@@ -118,6 +118,9 @@ class SharedStateSettings(_Section):
         return value
 
 
+IP_BUCKET_FACTOR = 10  # gateway.md § Rate limiting: the IP bucket's default beside key_header
+
+
 class RateLimitSettings(_Section):
     enabled: bool = True
     # Generous: many phones behind one carrier NAT share an IP. In production set
@@ -125,7 +128,21 @@ class RateLimitSettings(_Section):
     requests_per_minute: float = Field(120, gt=0)
     burst: int = Field(30, ge=1)
     key_header: str = ""
+    # With key_header: the client IP's own bucket, wider (one office or backend, many keys);
+    # 0: 10x the key's numbers. Without key_header the IP bucket has the numbers above.
+    ip_requests_per_minute: float = Field(0, ge=0)
+    ip_burst: int = Field(0, ge=0)
     trusted_proxies: tuple[str, ...] = ("127.0.0.1", "::1")
+
+    @property
+    def ip_limits(self) -> tuple[float, int]:
+        """The client IP bucket's (requests per minute, burst)."""
+        if not self.key_header:
+            return self.requests_per_minute, self.burst
+        return (
+            self.ip_requests_per_minute or IP_BUCKET_FACTOR * self.requests_per_minute,
+            self.ip_burst or IP_BUCKET_FACTOR * self.burst,
+        )
 
     @field_validator("trusted_proxies")
     @classmethod

@@ -9,8 +9,11 @@ replay of a stored idempotent answer, which is free.
 The client is its IP (`X-Forwarded-For` is believed only from `trusted_proxies`: the
 right-most address that is not one of them) and, when `key_header` is set and sent, also
 the header's value: such a request takes a token from both buckets, so a client inventing
-a new key per request is still held to its IP's limit. Header values (API keys) are
-hashed before they name a bucket, so they never sit in memory dumps or in Redis.
+a new key per request is still held to its IP's limit. With `key_header` the IP's bucket
+is the wider one (`ip_requests_per_minute`, `ip_burst`; 10x the key's by default): one
+office or backend behind one address serves many keys (`BucketsByKind`). Header values
+(API keys) are hashed before they name a bucket, so they never sit in memory dumps or in
+Redis.
 
 Buckets live in this process (bounded: buckets that refilled are dropped, and the least
 recently used beyond `max_clients`), or in Redis when `edge.shared_state.redis_url` is set
@@ -40,6 +43,7 @@ from shared.settings import RateLimitSettings
 log = logging.getLogger("edge.rate_limit")
 
 MAX_CLIENTS = 100_000
+IP_PREFIX, KEY_PREFIX = "ip:", "key:"  # the two kinds of bucket a client key names
 # Float refills may land a hair under a whole token at the advertised Retry-After.
 _EPSILON = 1e-9
 
@@ -73,7 +77,7 @@ class ClientKeys:
         self, peer: str, forwarded_for: str | None = None, key_header_value: str | None = None
     ) -> tuple[str, ...]:
         """The buckets a request takes a token from: its IP's, then its API key's (if any)."""
-        by_ip = "ip:" + self.client_ip(peer, forwarded_for)
+        by_ip = IP_PREFIX + self.client_ip(peer, forwarded_for)
         if self.key_header and key_header_value:
             return by_ip, header_key(key_header_value)
         return (by_ip,)
@@ -101,7 +105,7 @@ class ClientKeys:
 
 def header_key(value: str) -> str:
     """The name of a `key_header` value's bucket (and idempotency key space): a hash, never the value."""
-    return "key:" + hashlib.blake2b(value.encode(), digest_size=16).hexdigest()
+    return KEY_PREFIX + hashlib.blake2b(value.encode(), digest_size=16).hexdigest()
 
 
 def scoped_key(key: str, key_header: str, key_header_value: str | None) -> str:
@@ -235,10 +239,34 @@ class RedisRateLimiter:
         return ALLOWED if allowed else Decision(False, retry_after(float(tokens), self._rate))
 
 
+class BucketsByKind:
+    """With `key_header`: client IPs' buckets ("ip:…") at their own, wider numbers, API keys'
+    ("key:…") at the key's."""
+
+    def __init__(self, by_ip: RateLimiter, by_key: RateLimiter) -> None:
+        self._by_ip, self._by_key = by_ip, by_key
+
+    def _of(self, client_key: str) -> RateLimiter:
+        return self._by_ip if client_key.startswith(IP_PREFIX) else self._by_key
+
+    async def check(self, client_key: str) -> Decision:
+        return await self._of(client_key).check(client_key)
+
+    async def refund(self, client_key: str) -> None:
+        await self._of(client_key).refund(client_key)
+
+
 def build_rate_limiter(settings: RateLimitSettings, redis: coredis.Redis[bytes] | None) -> RateLimiter | None:
     """The configured limiter; None when `enabled` is false."""
     if not settings.enabled:
         return None
-    if redis is not None:
-        return RedisRateLimiter(redis, settings.requests_per_minute, settings.burst)
-    return MemoryRateLimiter(settings.requests_per_minute, settings.burst)
+
+    def buckets(requests_per_minute: float, burst: int) -> RateLimiter:
+        if redis is not None:
+            return RedisRateLimiter(redis, requests_per_minute, burst)
+        return MemoryRateLimiter(requests_per_minute, burst)
+
+    by_ip = buckets(*settings.ip_limits)
+    if not settings.key_header:
+        return by_ip
+    return BucketsByKind(by_ip, buckets(settings.requests_per_minute, settings.burst))

@@ -301,6 +301,12 @@ class Pool:
     def any_online(self) -> bool:
         return any(w.online for w in self.workers)
 
+    def seconds_until_one_may_return(self, now: float, probe_interval_seconds: float) -> float:
+        """With nothing online: the soonest a worker can be back, at the first probe after
+        its cooldown (an ejected one stays out for `cooldown_seconds`, whatever the probes say)."""
+        waits = [max(probe_interval_seconds, w.cooldown_until - now) for w in self.active]
+        return min(waits, default=probe_interval_seconds)
+
     def statistics(self) -> PoolStatistics:
         active = self.active
         return PoolStatistics(

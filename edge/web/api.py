@@ -124,8 +124,10 @@ class ApiService:
         """An envelope made by the gateway; a 1007 carries Retry-After."""
         retry_after = None
         if code is Code.SYSTEM_ERROR:
-            nothing_online = not self._dispatcher.pool.any_online()
-            retry_after = math.ceil(self._probe_interval_seconds) if nothing_online else BUSY_RETRY_AFTER_SECONDS
+            pool = self._dispatcher.pool
+            retry_after = BUSY_RETRY_AFTER_SECONDS
+            if not pool.any_online():  # after ejections: not before their cooldown ends
+                retry_after = math.ceil(pool.seconds_until_one_may_return(trio.current_time(), self._probe_interval_seconds))
         return ApiAnswer(encode(envelope(code, request_id, None, message)), int(code), retry_after, gateway_made=True)
 
     async def handle(self, request: ForwardRequest) -> ApiAnswer:

@@ -60,6 +60,15 @@ Scope = Mapping[str, Any]  # an ASGI HTTP scope
 # --- the body and the request ------------------------------------------------------------
 
 
+class BodyTimeout(RequestTimeout):
+    """The body did not arrive in time: `seconds` is the bound that fired (the whole body's,
+    or the longest gap between two chunks)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+
 class GatewayBody(TrioBody):
     """Quart's body buffer, which also knows when the client sent its last byte and when
     its last chunk came (for the idle bound), and whose limit a view can lower."""
@@ -96,7 +105,7 @@ class GatewayBody(TrioBody):
         self._arrived()
 
     async def read(self, whole_seconds: float | None, idle_seconds: float | None) -> bytes:
-        """The whole body; RequestTimeout past either bound, RequestEntityTooLarge over the limit."""
+        """The whole body; BodyTimeout past either bound, RequestEntityTooLarge over the limit."""
         deadline = trio.current_time() + (whole_seconds if whole_seconds is not None else float("inf"))
         idle = idle_seconds if idle_seconds is not None else float("inf")
         while self._must_raise is None and not self._complete.is_set():
@@ -104,7 +113,8 @@ class GatewayBody(TrioBody):
             with trio.move_on_at(min(deadline, self.last_arrival + idle)):
                 await arrival.wait()
             if not arrival.is_set():
-                raise RequestTimeout()
+                whole = trio.current_time() >= deadline
+                raise BodyTimeout(cast(float, whole_seconds) if whole else idle)
         if self._must_raise is not None:
             raise self._must_raise
         return bytes(self._data)
@@ -379,4 +389,3 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
 def _client_ip(scope: Scope) -> str:
     client = scope.get("client")
     return client[0] if client else ""
-

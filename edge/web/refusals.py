@@ -29,6 +29,7 @@ from edge.web import monitor
 from edge.web.api_routes import api_answer, api_response
 from edge.web.http import (
     BODY_IDLE_TIMEOUT,
+    BodyTimeout,
     JSON,
     ApiResponse,
     GatewayRequest,
@@ -99,7 +100,7 @@ def register_refusals(app: Quart, gateway: Gateway) -> None:
     @app.errorhandler(RequestTimeout)
     async def body_too_slow(error: RequestTimeout) -> QuartResponse:
         request = current_gateway_request()
-        seconds = app.config[BODY_IDLE_TIMEOUT]
+        seconds = error.seconds if isinstance(error, BodyTimeout) else app.config[BODY_IDLE_TIMEOUT]
         if _is_api(request):
             return _refused(request, Code.INVALID_PARAMETER, MSG_BODY_TOO_SLOW.format(seconds=seconds), close=True)
         return json_page(408, monitor.error_answer(f"request body not received within {seconds:g}s"), close=True)

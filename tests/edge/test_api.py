@@ -162,7 +162,9 @@ async def test_retries_exhausted_answer_unavailable(client, upstream, gateway) -
     upstream.behaviour = dict.fromkeys(WORKERS, "http500")
     response = await client.post(MEASURE, json=PHOTO, headers={"X-Request-ID": "doomed"})
     assert response.json() == {"code": 1007, "message": MSG_BACKEND_UNAVAILABLE, "request_id": "doomed", "data": None}
-    assert response.headers["Retry-After"] == "8"  # nothing online any more: one probe interval
+    # nothing online any more, and both ejected: not back before their cooldown (60 s), though
+    # the probe interval is 8 s (that was the Retry-After, and retries found nothing for 60 s)
+    assert response.headers["Retry-After"] == "60"
     assert len(upstream.forwards) == 2
 
 

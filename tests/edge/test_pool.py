@@ -281,3 +281,13 @@ def test_a_busy_answer_holds_the_worker_until_a_later_probe_says_free(probe, now
     assert pool.workers[0].idle is idle
     assert pool.workers[0].awaiting_probe is not idle, "the prober follows it until it is free"
     assert pool.workers[0].online, "busy elsewhere is not a failure"
+
+
+def test_with_nothing_online_a_worker_may_return_after_its_cooldown_or_the_next_probe() -> None:
+    pool = online_pool(A, B, thresholds=Thresholds(2, 1, cooldown_seconds=60))
+    pool.eject(0, 10.0, "HTTP 500")
+    pool.eject(1, 30.0, "HTTP 500")
+    assert pool.seconds_until_one_may_return(40.0, probe_interval_seconds=8) == 30, "worker 0: cooldown until 70"
+    assert pool.seconds_until_one_may_return(69.0, probe_interval_seconds=8) == 8, "the next probe at the soonest"
+    unprobed = Pool([A])  # never online, never ejected: the next probe may bring it
+    assert unprobed.seconds_until_one_may_return(0.0, probe_interval_seconds=8) == 8

@@ -103,6 +103,34 @@ def test_build_follows_the_settings() -> None:
     assert isinstance(build_rate_limiter(RateLimitSettings(), None), MemoryRateLimiter)
 
 
+async def admitted(limiter, keys: tuple[str, ...]) -> bool:
+    """What the router does: every bucket in turn, a refused one refunds the others."""
+    paid = []
+    for key in keys:
+        if not (await limiter.check(key)).allowed:
+            for taken in paid:
+                await limiter.refund(taken)
+            return False
+        paid.append(key)
+    return True
+
+
+@pytest.mark.parametrize(("ip_limits", "office", "rotating"), [({}, 20, 20), ({"ip_burst": 5}, 5, 5)])
+async def test_with_a_key_header_the_ip_bucket_is_the_wider_one(ip_limits: dict, office: int, rotating: int) -> None:
+    # the IP bucket used the key's numbers: one office behind one address got one key's rate
+    settings = RateLimitSettings(key_header="X-Api-Key", requests_per_minute=1, burst=2, **ip_limits)
+    assert settings.ip_limits == (10, ip_limits.get("ip_burst", 20))
+    limiter, keys = build_rate_limiter(settings, None), ClientKeys(settings)
+    assert limiter is not None
+    staff = [f"sk-staff-{n}" for n in range(10)]
+    served = [await admitted(limiter, keys.keys("203.0.113.9", None, key)) for key in staff for _ in range(2)]
+    assert sum(served) == office, "ten keys, two requests each, from one office address"
+    made_up = [await admitted(limiter, keys.keys("198.51.100.1", None, f"fake-{n}")) for n in range(50)]
+    assert sum(made_up) == rotating, "a new key per request still meets the IP's limit"
+    own_key = [await admitted(limiter, keys.keys("192.0.2.1", None, "sk-one")) for _ in range(5)]
+    assert sum(own_key) == 2, "and each key its own"
+
+
 # --- Redis ----------------------------------------------------------------------------------
 
 

@@ -140,7 +140,9 @@ async def test_a_body_that_trickles_is_refused_after_the_whole_timeout(autojump_
             response = await connection.as_response()
             nursery.cancel_scope.cancel()
     assert 30 <= trio.current_time() < 35
-    assert json.loads(await response.get_data())["code"] == Code.INVALID_PARAMETER
+    body = json.loads(await response.get_data())
+    # the message named the idle bound (5 s) when the whole-body bound (30 s) had fired
+    assert (body["code"], body["message"]) == (Code.INVALID_PARAMETER, MSG_BODY_TOO_SLOW.format(seconds=30))
     assert upstream.forwards == []
 
 

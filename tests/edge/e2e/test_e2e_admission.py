@@ -236,8 +236,10 @@ API_KEY = "X-Api-Key"
 
 async def test_with_api_keys_each_client_has_its_own_keys_and_its_ip_is_limited_too(cluster: Cluster) -> None:
     (fake,) = cluster.start_fakes(1)
-    # burst 6 per API key AND per IP, then a token a minute: nothing refills during the test
-    rate_limit = {"enabled": True, "requests_per_minute": 1, "burst": 6, "key_header": API_KEY}
+    # burst 6 per API key AND per IP (its own bucket, set to the key's numbers here: its
+    # default is 10x), then a token a minute: nothing refills during the test
+    rate_limit = {"enabled": True, "requests_per_minute": 1, "burst": 6, "key_header": API_KEY,
+                  "ip_requests_per_minute": 1, "ip_burst": 6}  # fmt: skip
     cluster.start_gateway(edge={"rate_limit": rate_limit})
     alice = {API_KEY: "sk-alice-0000000000", "X-Forwarded-For": "198.51.100.20"}
     mallory = {API_KEY: "sk-mallory-00000000", "X-Forwarded-For": "198.51.100.21"}
