@@ -1,0 +1,82 @@
+"""The served /openapi.json, checked from outside: Schemathesis against a real dev cluster.
+
+A real GPU host (the real analysis, on this machine's CPU) behind the real gateway, as
+`hairgate dev` starts them; Schemathesis (its CLI, as a client developer would run it) reads
+the document from the gateway and sends every operation positive and negative cases in its
+coverage and fuzzing phases, with all of its checks — server errors, status codes, content
+types, response schemas and headers, missing headers — except the two that assume refusals
+are HTTP 4xx, replaced by the envelope's checks in `schemathesis_hooks` (contract.md § The
+contract as a document). Any finding fails the test. Bounded (30 examples per operation, a
+fixed seed) to stay under 3 minutes on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image
+from skimage import data
+
+from cluster.launcher import REPO_ROOT, Process
+from tests.gpu_host.processes import cluster_files, start, wait_for
+
+EXAMPLES_PER_OPERATION = 30
+SEED = 20261202
+RUN_TIMEOUT_SECONDS = 170
+
+
+@pytest.fixture(scope="module")
+def gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    directory = tmp_path_factory.mktemp("openapi-cluster")
+    files = cluster_files(directory, hosts=1)
+    processes: list[Process] = []
+    try:
+        host = start(files.hosts[0], directory)
+        processes.append(host)
+        gateway = start(files.gateway, directory)
+        processes.append(gateway)
+        wait_for(host, files.token, lambda response: response.status_code == 200, "the GPU host's models loaded")
+        with httpx.Client(timeout=5) as client:
+            gateway.poll_until(lambda: client.get(f"{files.gateway_url}/monitor").status_code == 200,
+                               "the gateway sees the host online", 60)
+        yield files.gateway_url
+    finally:
+        for process in reversed(processes):
+            process.stop()
+
+
+def test_schemathesis_finds_nothing_in_the_served_document(gateway_url: str, tmp_path: Path) -> None:
+    photo = tmp_path / "face.jpg"
+    face = Image.fromarray(data.astronaut())  # a real frontal face, 512x512: ~1 s an endpoint on a CPU
+    buffer = io.BytesIO()
+    face.save(buffer, "JPEG", quality=85)
+    photo.write_bytes(buffer.getvalue())
+    faceless = tmp_path / "wall.jpg"
+    Image.new("RGB", face.size, (128, 120, 110)).save(faceless, "JPEG", quality=85)  # the same size: points inside both
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "SCHEMATHESIS_HOOKS": "tests.edge.e2e.schemathesis_hooks",
+        "HAIRGATE_OPENAPI_PHOTO": str(photo),
+        "HAIRGATE_OPENAPI_PHOTO_SIZE": f"{face.width}x{face.height}",
+        "HAIRGATE_OPENAPI_FACELESS": str(faceless),
+    }
+    command = [
+        str(Path(sys.executable).with_name("schemathesis")), "run", f"{gateway_url}/openapi.json",
+        "--checks", "all", "--exclude-checks", "negative_data_rejection,unsupported_method",
+        "--max-examples", str(EXAMPLES_PER_OPERATION), "--seed", str(SEED), "--workers", "1",
+        "--request-timeout", "60", "--no-color",
+    ]
+    run = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True,
+                         timeout=RUN_TIMEOUT_SECONDS)
+    report = run.stdout + run.stderr
+    assert run.returncode == 0, report[-20000:]
+    assert "Selected: 7/7" in report and "Tested: 7" in report, report[-3000:]  # every operation
+    assert "No issues found" in report or "passed" in report, report[-3000:]
