@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # `--tree DIR` (internal): measure the code of DIR (an extracted older revision) instead
 TREE = Path(sys.argv[sys.argv.index("--tree") + 1]) if "--tree" in sys.argv else Path(__file__).resolve().parents[1]
@@ -57,7 +58,7 @@ def as_json(image: bytes, **fields: object) -> tuple[bytes, str]:
     return json.dumps({"image_base64": base64.b64encode(image).decode(), **fields}).encode(), "application/json"
 
 
-def timings(call: Callable[[], None], runs: int) -> list[float]:
+def timings(call: Callable[[], object], runs: int) -> list[float]:
     samples = []
     for _ in range(runs):
         started = time.perf_counter()
@@ -101,7 +102,7 @@ async def client_side(requests: int) -> dict[str, list[float]]:
 
     big = b"\x89PNG\r\n\x1a\n" + os.urandom(int(1.9 * 1024 * 1024 * 3 / 4) - 300)
     mark = "/api/v1/hair/mark"
-    bodies = {
+    bodies: dict[str, dict[str, Any]] = {
         "client: JSON bad field, 1.9 MB": dict(content=as_json(big, drop_mm=1000)[0],
                                                headers={"Content-Type": "application/json"}),
         "client: multipart bad field, 1.9 MB": dict(files={"image": ("a.png", big[: int(1.85 * 2**20)], "image/png")},
