@@ -78,6 +78,10 @@ LOW_CONTRAST_AGREE_MM = 1.5
 # strip of shine ending at a wrong mask edge makes a crossing there too (biden2's white
 # hair: 8-11 on the photo and every copy; such a strip in a table test: 4)
 MIN_LOW_CONTRAST_CROSSING_DE = 8.0
+# ... whose skin-to-hair ramp is a line, not a gradient over the forehead: light hair
+# painted over a dark head (a robustness copy, deepface_img4 blonde) ramped over 30.6 mm
+# and its middle sat 5.5 mm below the label; biden2's thin white hair ramps over 12.5 mm
+LOW_CONTRAST_MAX_RAMP_MM = 20.0
 # shape thresholds, mm of temple recession (temples above the trichion level)
 RECEDING_MM, M_SHAPE_MM, ROUNDED_MM, PEAK_MM = 20.0, 6.0, -6.0, 3.0
 
@@ -255,7 +259,7 @@ def weigh_edges(
     halves_agree = split_px is not None and split_px * mm_per_px <= MAX_SNAP_MM / 2
     if low_contrast:
         if (not mask_from_colour and abs(offset_px) * mm_per_px <= LOW_CONTRAST_AGREE_MM and halves_agree
-                and whole.contrast >= MIN_LOW_CONTRAST_CROSSING_DE):
+                and whole.contrast >= MIN_LOW_CONTRAST_CROSSING_DE and whole.width_px * mm_per_px <= LOW_CONTRAST_MAX_RAMP_MM):
             return offset_px / 2, max(abs(offset_px) / 2, split_px or 0.0), None
         follow = 1.0 if mask_from_colour else 0.5  # how far towards the crossing
         if whole.sharpness < SHARP_EDGE:
