@@ -122,6 +122,42 @@ def test_the_api_reference_documents_every_endpoint_field_and_value() -> None:
         assert f"`{key}`" in text, key
 
 
+def _field_rows(section: str) -> dict[str, list[str]]:
+    """The rows of an endpoint section's field table: field name -> its cells."""
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            rows[re.findall(r"`([^`]+)`", cells[0])[0]] = cells
+    return rows
+
+
+def test_the_api_reference_field_tables_are_the_models() -> None:
+    """Each endpoint's table lists exactly its model's fields, whether each is required, and
+    every value an enum field takes (shared/models.py, the source of /openapi.json)."""
+    from typing import get_args
+
+    from edge.web.openapi import OPERATIONS
+    from shared import models
+
+    text = _text(API)
+    for operation in OPERATIONS:
+        section = text.split(f"`POST {operation.path}`", 1)[1].split("\n## ", 1)[0]
+        rows = _field_rows(section)
+        model = models.FIELDS[operation.endpoint]
+        assert set(rows) == {"image", *model.model_fields}, operation.path
+        assert rows.pop("image")[1] == "yes"
+        for name, (_, required, values) in rows.items():
+            field = model.model_fields[name]
+            pair = model.exactly_one_of or ()
+            assert required == ("one of the two" if name in pair else "no" if not field.is_required() else "yes"), name
+            literal = field.annotation
+            while get_args(literal) and not all(isinstance(arg, str) for arg in get_args(literal)):
+                literal = next(arg for arg in get_args(literal) if get_args(arg) or isinstance(arg, type))
+            for value in (arg for arg in get_args(literal) if isinstance(arg, str)):
+                assert f"`{value}`" in values, f"{operation.path} {name}: {value}"
+
+
 def test_the_api_reference_states_the_limits_of_the_shipped_settings() -> None:
     text = _text(API)
     shipped = load_settings(REPO / "settings.toml", environ={})
