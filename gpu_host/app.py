@@ -42,7 +42,6 @@ from gpu_host.supervisor import Phase
 from shared.contract import (
     API_PREFIX,
     GPU_ENDPOINT_PATHS,
-    HEALTH_CHECKS_KEY,
     HEALTH_LOADING,
     HEADER_EXECUTION_ID,
     HEADER_REQUEST_ID,
@@ -173,7 +172,7 @@ def _http_error_as_contract(error: HTTPException, failed: Request) -> tuple[Code
 def _health_response(model: ModelProcess, checks: HostChecks) -> Any:
     """200 only when the model is ready and no deep check takes the host out (gpu_host.md § /health)."""
     stats = model.statistics()
-    common = {"inference_timeout_seconds": model.inference_timeout_seconds, HEALTH_CHECKS_KEY: checks.snapshot()}
+    common = {"inference_timeout_seconds": model.inference_timeout_seconds, **checks.health_fields()}
     disk_problem = checks.disk_message()
     if stats.state is Phase.READY and disk_problem is None:
         body = {"status": "ok", "device": stats.device, "segmenter": stats.segmenter, "busy": stats.busy, **common}
@@ -282,6 +281,9 @@ async def _run(endpoint: str, host: _Host, request_id: str, deadline: float) -> 
         raise ContractError(Code.TOO_LARGE, MSG_BODY_TOO_LARGE.format(limit_bytes=request.max_content_length)) from None
     # In a thread: megabytes of base64 take ~10 ms to decode, and /health must keep answering.
     checked = await trio.to_thread.run_sync(read_request, endpoint, body, request.headers.get("Content-Type"), host.limits)
+    # A thread is waited for through a cancellation: a gateway that left during the check
+    # is seen here, before the model's slot is taken for nobody.
+    await trio.lowlevel.checkpoint()
     generates = endpoint in GENERATING_ENDPOINTS
     options = checked.options
     if generates and host.comfyui is not None:

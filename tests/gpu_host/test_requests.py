@@ -6,9 +6,13 @@ themselves are `shared.uploads`' (tests/shared/test_uploads.py); these show the 
 from __future__ import annotations
 
 import base64
+import threading
+from typing import Any
 
 import pytest
+import trio
 
+import gpu_host.app
 from gpu_host.app import create_app
 from gpu_host.auth import TokenGuard
 from shared.contract import Code
@@ -154,3 +158,37 @@ async def test_deeply_nested_json_is_1001_not_an_internal_error(path: str, kwarg
         body = await response.get_json()
     assert (response.status_code, body["code"], body["data"]) == (200, 1001, None)
     assert fragment in body["message"] and "嵌套过深" in body["message"]
+
+
+async def test_a_gateway_that_left_during_the_body_check_starts_no_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the body check runs in a thread, which a cancellation waits for; nothing checked for
+    # the departure between it and the model's slot, so the job started for nobody
+    checking, release = threading.Event(), threading.Event()
+    real_read_request = gpu_host.app.read_request
+
+    def slow_check(*args: Any) -> Any:
+        checking.set()
+        release.wait(10)
+        return real_read_request(*args)
+
+    monkeypatch.setattr(gpu_host.app, "read_request", slow_check)
+    model = fake_model()
+    started_jobs: list[str] = []
+    real_infer = model.infer
+
+    async def counted_infer(request_id: str, *args: Any, **kwargs: Any) -> dict:
+        started_jobs.append(request_id)
+        return await real_infer(request_id, *args, **kwargs)
+
+    monkeypatch.setattr(model, "infer", counted_infer)
+    async with serving(model) as client:
+        await model.wait_ready()
+        with trio.CancelScope() as leaving:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post_image, client, scripted(b"ok"), MEASURE)
+                await trio.to_thread.run_sync(checking.wait)
+                leaving.cancel()  # the gateway closed the connection: quart-trio cancels the handler
+                release.set()
+        after = await post_image(client, scripted(b"ok"), MEASURE)
+    assert (await after.get_json())["code"] == Code.OK
+    assert len(started_jobs) == 1, "only the request that stayed ran"
