@@ -18,6 +18,7 @@ from PIL import Image
 
 from cluster.launcher import REPO_ROOT, Process, Service, free_ports, hairgate_argv
 from cluster.launcher import start as start_process
+from shared.models import envelope_errors
 from tests.gpu_host.processes import (
     STARTUP_DEADLINE_SECONDS,
     astronaut_png,
@@ -52,6 +53,7 @@ def test_hairgate_dev_serves_a_photo_through_gateway_and_two_hosts_then_stops_ev
         with httpx.Client(timeout=120) as client:
             answer = client.post(url, files={"image": ("photo.png", photo.read_bytes(), "image/png")})
             body = answer.json()
+            assert envelope_errors("measure", body) is None, envelope_errors("measure", body)
             annotated = client.get(body["data"]["annotated_image_url"]) if body["code"] == 0 else None
         processes = _descendants(dev.pid)
         secrets_mode = (tmp_path / "var/dev/secrets.toml").stat().st_mode & 0o777
@@ -83,7 +85,9 @@ class Cluster:
 
     def post(self, image: bytes, name: str = "photo.png") -> dict:
         with httpx.Client(base_url=self.gateway.url, timeout=120) as client:
-            return client.post(MEASURE, files={"image": (name, image, "application/octet-stream")}).json()
+            body = client.post(MEASURE, files={"image": (name, image, "application/octet-stream")}).json()
+        assert envelope_errors("measure", body) is None, envelope_errors("measure", body)  # the document's answer
+        return body
 
     def stop(self) -> None:
         for service in [self.gateway, *self.hosts]:
@@ -121,6 +125,7 @@ def test_json_body_through_the_gateway_returns_every_image_as_a_url(cluster: Clu
             json={"image_base64": "data:image/png;base64," + base64.b64encode(astronaut_png()).decode(), "styles": ["rounded"]},
         ).json()
         assert body["code"] == 0, body
+        assert envelope_errors("hairline", body) is None, envelope_errors("hairline", body)
         (design,) = body["data"]["hairline_images"]
         assert client.get(design["image_url"]).status_code == 200
 

@@ -16,6 +16,7 @@ import trio
 from skimage import data
 from PIL import Image
 
+from shared.models import envelope_errors
 from tests.edge.e2e.harness import Cluster, measure, wait_until
 from tests.fakes.fake_llm import VALID_FEATURES, FakeLLM, serve_fake_llm
 
@@ -51,11 +52,13 @@ async def test_99_and_4_answer_with_every_gpu_host_down(cluster: Cluster, nurser
         points = (await client.post(SPECIAL_POINTS, json=photo)).json()
         assert points["code"] == 0, points
         assert set(points["data"]["points"]) >= {"trichion", "glabella", "menton"}
+        assert envelope_errors("special-points", points) is None, envelope_errors("special-points", points)
         described = (await client.post(FEATURES, json=photo)).json()
         assert described["code"] == 0, described
         assert described["data"] == {**VALID_FEATURES, "model": "vision-test"}
         no_face = (await client.post(SPECIAL_POINTS, json={"image_base64": base64.b64encode(_grey_jpeg()).decode()})).json()
         assert no_face["code"] == 1005
+        assert envelope_errors("special-points", no_face) is None
     assert (await fake.stats())["jobs"] == [], "no GPU host saw any of it"
     assert API_KEY not in gateway.log_text()
 
