@@ -42,11 +42,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import cast
 
-import trio
-
 import h11
 import hypercorn.protocol
 import hypercorn.trio.run
+import trio
 from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData
 from hypercorn.protocol.h11 import H11Protocol
@@ -173,8 +172,9 @@ class ContainedTCPServer(TCPServer):
         try:
             await super().run()  # which closes the stream on every way out
         except* Exception as group:  # a cancellation (the graceful deadline) goes on up
-            kind = failure_kind(group)
-            self.failures[kind].report(kind)
+            error = _first_leaf(group)
+            kind = failure_kind(error)
+            self.failures[kind].report(f"{kind} | {ascii(str(error))[:200]}")  # the client may write the message
 
     async def protocol_send(self, event: Event) -> None:
         if not isinstance(event, RawData):
@@ -202,12 +202,16 @@ class ContainedTCPServer(TCPServer):
 
 
 def failure_kind(error: BaseException) -> str:
-    """The exception's type and the line that raised it (its first leaf for a group)."""
-    while isinstance(error, BaseExceptionGroup):
-        error = error.exceptions[0]
+    """The exception's type and the line that raised it: what is logged once a minute."""
     frames = traceback.extract_tb(error.__traceback__)
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    return f"{type(error).__module__}.{type(error).__qualname__}: {error}{where}"
+    return f"{type(error).__module__}.{type(error).__qualname__}{where}"
+
+
+def _first_leaf(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
 
 
 # Where Hypercorn looks the classes up: `ProtocolWrapper` for each HTTP/1.1 connection,

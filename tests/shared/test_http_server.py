@@ -4,6 +4,7 @@ connection whose handling raises ends alone, logged once per kind (a real server
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 import tomllib
 from collections import defaultdict
@@ -71,10 +72,11 @@ async def test_a_connection_that_raises_ends_alone_and_each_kind_is_logged_once(
     # and ended serve(): the process exited; stood in for here by two faults of our own
     failing = {b"/zero": ZeroDivisionError, b"/key": KeyError}
     original = HTTP1Protocol._check_protocol
+    raised = itertools.count()
 
     async def faulty(self, event) -> None:
         if event.target in failing:
-            raise failing[event.target]("injected")
+            raise failing[event.target](f"injected {next(raised)}")  # a kind is its type and line, not its words
         await original(self, event)
 
     monkeypatch.setattr(HTTP1Protocol, "_check_protocol", faulty)
@@ -94,5 +96,5 @@ async def test_a_connection_that_raises_ends_alone_and_each_kind_is_logged_once(
     assert [a.status for a in answers[1::2]] == [200] * 4  # and the server went on
     logged = [r.getMessage() for r in caplog.records if r.name == "t"]
     assert len(logged) == 2, logged  # once per kind: the repeats within the minute are counted
-    assert "ZeroDivisionError: injected" in logged[0] and "KeyError" in logged[1]
+    assert "ZeroDivisionError at " in logged[0] and "'injected 0'" in logged[0] and "KeyError at " in logged[1]
     assert all("shared/http_server.py" not in line and "test_http_server.py" in line for line in logged)
