@@ -108,15 +108,25 @@ def test_make_test_type_checks_first_and_says_why_tests_skipped() -> None:
     assert project["tool"]["mypy"]["packages"]  # `mypy` alone checks the configured packages
 
 
-def test_make_install_can_take_torch_from_another_index() -> None:
+def test_make_install_installs_the_lock_hash_checked_with_the_torch_build_asked_for(tmp_path: Path) -> None:
     if shutil.which("make") is None:
         pytest.skip("make is not installed here")
     cpu_index = "https://download.pytorch.org/whl/cpu"
+    fresh = f"VENV={tmp_path / 'venv'}"  # no venv yet: no CPU build to keep
     commands = {}
-    for name, variables in (("default", []), ("cpu", [f"TORCH_INDEX={cpu_index}"])):
+    for name, variables in (("default", [fresh]), ("cpu", [fresh, f"TORCH_INDEX={cpu_index}"]), ("asked", [fresh, "TORCH=cpu"])):
         result = subprocess.run(["make", "-n", "-B", "install", *variables], cwd=REPO,
                                 capture_output=True, text=True, timeout=30)
         assert result.returncode == 0, result.stderr
-        commands[name] = next(line for line in result.stdout.splitlines() if "-e '.[gpu,test]'" in line)
+        lines = result.stdout.splitlines()
+        hash_checked = [line for line in lines if "--require-hashes" in line]
+        # the locked installer first: it installs the rest
+        assert hash_checked[0].endswith("--require-hashes -r requirements/installer.txt"), lines
+        commands[name] = hash_checked[1]
+        # the project alone, last: its dependencies came from the lock
+        assert lines[-2].endswith("-m pip install -q --no-deps --no-build-isolation -e ."), lines
     assert "index-url" not in commands["default"]
+    assert commands["default"].endswith("-r requirements/lock.txt -r requirements/torch-cuda.txt")
     assert f"--extra-index-url {cpu_index}" in commands["cpu"]
+    assert commands["cpu"].endswith("-r requirements/lock.txt -r requirements/torch-cpu.txt")
+    assert "index-url" not in commands["asked"] and commands["asked"].endswith("-r requirements/torch-cpu.txt")
