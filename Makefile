@@ -35,7 +35,7 @@ COMPILE = CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_TOOLS)/bin/pip-compile --qui
 # The gpu extra's torch requirement (torch==…), the one place its version is written
 TORCH_REQUIREMENT = $(shell python3 -c 'import tomllib; print(*(r for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["gpu"] if r.startswith("torch")))')
 
-.PHONY: install run test typecheck test-all lock
+.PHONY: install run test typecheck test-all lint lock
 
 # Hash-checked: a file whose hash the lock does not name is refused. The locked pip first (it
 # installs the rest); the project itself last, editable, without dependencies (the lock brought
@@ -67,6 +67,10 @@ lock: $(LOCK_TOOLS)/bin/pip-compile  ## rewrite requirements/ from pyproject.tom
 run: install  ## the whole system on this machine: GPU hosts + the gateway (make run PORT=18080 …)
 	$(VENV)/bin/hairgate dev --config $(CONFIG) --workers $(WORKERS) --port $(PORT) \
 		--metrics-port $(METRICS_PORT) --first-worker-port $(WORKER_PORT)
+
+lint: install  ## ruff: the checks configured in pyproject.toml, and the format (not yet in `make test`)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 typecheck: install  ## mypy over every package, with the configuration in pyproject.toml
 	$(VENV)/bin/mypy

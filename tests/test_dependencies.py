@@ -130,3 +130,17 @@ def test_make_install_installs_the_lock_hash_checked_with_the_torch_build_asked_
     assert f"--extra-index-url {cpu_index}" in commands["cpu"]
     assert commands["cpu"].endswith("-r requirements/lock.txt -r requirements/torch-cpu.txt")
     assert "index-url" not in commands["asked"] and commands["asked"].endswith("-r requirements/torch-cpu.txt")
+
+
+def test_make_lint_runs_ruff_with_the_houses_rules() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    lint = project["tool"]["ruff"]["lint"]
+    assert {"E", "F", "W", "I", "B", "UP", "SIM"} <= set(lint["select"])
+    # Chinese text's full-width punctuation is not an ambiguous character
+    assert {"RUF001", "RUF002", "RUF003"} <= set(lint["ignore"]) or "RUF" not in lint["select"]
+    assert "ruff" in {canonicalize_name(Requirement(text).name) for text in project["project"]["optional-dependencies"]["test"]}
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed here")
+    result = subprocess.run(["make", "-n", "-o", ".venv/.installed", "lint"], cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert [line.split("/")[-1] for line in result.stdout.splitlines()] == ["ruff check .", "ruff format --check ."]
