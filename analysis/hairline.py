@@ -19,14 +19,17 @@ import numpy as np
 from .calibration import calibrate
 from .hair_evidence import NOTE_BALD, NOTE_HAT, HairEvidence, assess_hair
 from .hairline_checks import judge
-from .hairline_trace import MIDLINE_HALF_WINDOW, Trace, trace_edges
+from .hairline_trace import MIDLINE_HALF_WINDOW, Trace, bridge_parting, trace_edges
 from .head_crop import HeadCrop
 from .headwear import CAP_CROWN_GAP, NOTE_DARK_BAND, crown_gap, headwear_band
-from .head_samples import to_lab
+from .head_samples import face_height_px, to_lab
 from .types import Calibration, Face, HairSegmentation, Hairline
 
 MIN_MIDLINE_COVERAGE = 0.5  # share of midline columns that must show an edge
 
+# a parting's skin wedge: rising at least this many face heights (~2.5 mm) above the line
+# its two sides make (`hairline_trace.bridge_parting`)
+PARTING_RISE = 0.02
 NOTE_NOT_FOUND = "前额中部未见头发边缘，无法定位发际线"
 
 
@@ -75,7 +78,7 @@ def _traced(rgb: np.ndarray, face: Face, segmentation: HairSegmentation) -> _Tra
     if evidence.verdict != "hair":
         return Hairline(status=evidence.verdict, notes=evidence.notes)
     hair = crop.mask_in_work(segmentation.hair)
-    trace = trace_edges(hair, person, work_face)
+    trace, _ = bridge_parting(trace_edges(hair, person, work_face), PARTING_RISE * face_height_px(work_face))
     window = trace.near(0.0, MIDLINE_HALF_WINDOW)
     found = window[~np.isnan(window)]
     if len(found) < MIN_MIDLINE_COVERAGE * max(1, len(window)):

@@ -18,6 +18,10 @@ from .types import Face, LandmarkId
 
 MIN_RUN_PX = 3  # working px: a hair region starts with >= 3 hair pixels in a row
 MIDLINE_HALF_WINDOW = 0.10  # face widths either side of the midline: the trichion's window
+# face widths from the midline of the hairline a parting's wedge is judged against (inside:
+# where a wedge sits; outside the outer bound the temples curve away)
+PARTING_FLANKS = (0.05, 0.25)
+MIN_FLANK_COLUMNS = 5
 
 
 @dataclass(frozen=True)
@@ -77,3 +81,45 @@ def _subpixel_edge(coverage: np.ndarray, lowest: int, brow_row: int) -> float:
         return float(lowest)
     drop = coverage[lowest] - coverage[below]
     return float(lowest + (coverage[lowest] - 0.5) / drop) if drop > 0 else float(lowest)
+
+
+@dataclass(frozen=True)
+class Parting:
+    """A parting's skin wedge over the midline: the columns it spans and how far it rises."""
+
+    columns: np.ndarray  # bool over the trace's columns
+    rise_px: float  # median height of the wedge above the bridge, working px
+
+
+def bridge_parting(trace: Trace, min_rise_px: float) -> tuple[Trace, Parting | None]:
+    """The trace with a parting's skin wedge bridged (analysis.md § Statuses and claims: at a
+    parting the trichion is where the hair of the two sides meets the forehead skin at the
+    midline; the wedge above it is scalp). The hairline either side of the midline
+    (PARTING_FLANKS) is fitted with a parabola, which a rounded or straight line follows
+    and a narrow notch over the midline does not; columns around the midline whose edge
+    lies more than half of `min_rise_px` above that fit, in one run through the midline
+    and rising `min_rise_px` or more at its middle, are the wedge: their edge becomes the
+    fit's. No wedge: the trace as it came."""
+    found = ~np.isnan(trace.v)
+    inner, outer = (bound * trace.face_width for bound in PARTING_FLANKS)
+    flanks = found & (np.abs(trace.u) > inner) & (np.abs(trace.u) <= outer)
+    if (flanks & (trace.u < 0)).sum() < MIN_FLANK_COLUMNS or (flanks & (trace.u > 0)).sum() < MIN_FLANK_COLUMNS:
+        return trace, None
+    fit = np.polyval(np.polyfit(trace.u[flanks], trace.v[flanks], 2), trace.u)
+    above = found & (trace.v - fit > min_rise_px / 2)
+    middle = int(np.argmin(np.abs(trace.u)))
+    if not above[middle]:
+        return trace, None
+    ends = np.nonzero(~above)[0]
+    first = int(ends[ends < middle].max()) + 1 if (ends < middle).any() else 0
+    last = int(ends[ends > middle].min()) if (ends > middle).any() else len(above)
+    wedge = np.zeros_like(above)
+    wedge[first:last] = True
+    centre = wedge & (np.abs(trace.u) <= inner)
+    rise = float(np.median((trace.v - fit)[centre])) if centre.any() else 0.0
+    if rise < min_rise_px or np.abs(trace.u[wedge]).max() > outer:
+        return trace, None
+    v = np.where(wedge, fit, trace.v)
+    points = trace.frame.to_image(np.stack([trace.u, np.nan_to_num(v)], axis=1))
+    points[~found] = np.nan
+    return Trace(trace.frame, trace.u, v, points, trace.brow_rows, trace.face_width), Parting(wedge, rise)

@@ -16,7 +16,7 @@ from analysis.designs import FaceFrame
 from analysis.hairline_checks import (
     NOTE_FRINGE, NOTE_NO_IMAGE_EDGE, NOTE_SMALL_FACE, NOTE_SNAP, NOTE_SOFT, midline_spread_px, weigh_edges,
 )
-from analysis.hairline_trace import Trace
+from analysis.hairline_trace import MIDLINE_HALF_WINDOW, Trace, bridge_parting
 from analysis.hairnet import HairNetSegmenter
 from analysis.head_crop import HeadCrop
 from analysis.landmarks import FaceMeshDetector
@@ -320,3 +320,26 @@ def test_the_photos_calibration_holds_on_a_resized_copy(astronaut: np.ndarray, d
     photos = trace_hairline(half, face, segmentation, calibrate(photo_face))
     assert (photos.status, photos.notes, photos.trichion) == (own.status, own.notes, own.trichion)
     assert photos.uncertainty_mm == pytest.approx(own.uncertainty_mm, abs=0.15)
+
+
+def test_a_partings_skin_wedge_is_bridged_and_nothing_else(face: Face) -> None:
+    """Issue 27: at a parting the trichion is where the hair of both sides meets the forehead,
+    not the wedge's apex. A rounded line, a widow's peak and a tilted line keep their trace;
+    a notch over the midline is bridged by the line its two sides make."""
+    width = 200.0
+    u = np.linspace(-0.3 * width, 0.3 * width, 121)
+    frame = FaceFrame.from_face(face)
+    rounded = 100.0 - 0.004 * u**2
+    notch = np.clip(8.0 - 0.8 * np.abs(u), 0.0, None)  # 8 px high, 20 px wide at its base
+
+    def trace(v: np.ndarray) -> Trace:
+        return Trace(frame, u, v, frame.to_image(np.stack([u, v], axis=1)), np.full_like(u, 150.0), width)
+
+    for name, v in {"rounded": rounded, "widow's peak": rounded - notch, "tilted": 100.0 + 0.2 * u}.items():
+        same, parting = bridge_parting(trace(v), 3.0)
+        assert parting is None and same.v is not None and np.array_equal(same.v, v), name
+    bridged, parting = bridge_parting(trace(rounded + notch), 3.0)
+    assert parting is not None and 3.0 <= parting.rise_px <= 8.0  # its median height over the midline
+    assert np.abs(bridged.v - rounded).max() < 1.5  # the bridge lies on the line of the two sides
+    assert np.median(bridged.near(0.0, MIDLINE_HALF_WINDOW)) == pytest.approx(100.0, abs=1.0)
+    np.testing.assert_allclose(frame.to_frame(bridged.points)[:, 1], bridged.v, atol=1e-6)  # drawn where measured
