@@ -11,7 +11,8 @@ after a change, in one run.
 (2) Client-side, through a real gateway (`hairgate edge` in front of one fake worker) over
     loopback: `--client-requests` requests one at a time, from sending to the answer — a bad
     field (`drop_mm: 1000` on mark, 1001) in a 1.9 MB body as JSON and as multipart, and in a
-    small JSON body.
+    small JSON body; `GET /openapi.json` where the revision serves it, and `GET /health` (what
+    any answer costs on this machine, the floor under the others).
 Each section runs twice: on this checkout, and on `--before REV` (default: the commit before
 the request models) extracted with `git archive` and run by this same script from that tree.
 p50 / p99 / max in ms, side by side. Compare numbers of one run only: the machine is shared.
@@ -127,6 +128,16 @@ async def client_side(requests: int) -> dict[str, list[float]]:
                         samples.append((time.perf_counter() - started) * 1000)
                         assert answer.json()["code"] == 1001, answer.text
                     results[name] = sorted(samples)
+                # the document (issue 24: < 5 ms) where the revision serves it; /health: the floor
+                for path in ("/openapi.json", "/health"):
+                    if (await client.get(path)).status_code != 200:
+                        continue
+                    samples = []
+                    for _ in range(requests):
+                        started = time.perf_counter()
+                        (await client.get(path)).raise_for_status()
+                        samples.append((time.perf_counter() - started) * 1000)
+                    results[f"client: GET {path}"] = sorted(samples)
             return results
         finally:
             cluster.stop()
