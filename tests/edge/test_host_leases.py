@@ -68,3 +68,19 @@ async def test_redis_down_lets_the_forward_go_ahead(caplog: pytest.LogCaptureFix
                     forwarded += 1
     assert forwarded == 3
     assert sum("主机租约" in r.message for r in caplog.records) == 1, "logged once a minute, not per request"
+
+
+async def test_a_lease_this_gateway_failed_to_give_back_is_taken_over_not_mistaken(redis_server: RedisServer) -> None:
+    # a release that did not get through (Redis slow) left the host leased to this gateway
+    # for the whole attempt timeout: its own next forward there was refused as busy elsewhere
+    async with redis_client(redis_server.url) as redis_a, redis_client(redis_server.url) as redis_b:
+        assert redis_a is not None and redis_b is not None
+        gateway_a, gateway_b = RedisHostLeases(redis_a), RedisHostLeases(redis_b)
+        async with gateway_a.hold(HOST, 10):
+            stale = await redis_a.get(RedisHostLeases.PREFIX + HOST)
+        await redis_a.set(RedisHostLeases.PREFIX + HOST, stale or b"", px=10_000)  # as if never released
+        async with gateway_a.hold(HOST, 10):
+            with pytest.raises(HostLeased):
+                async with gateway_b.hold(HOST, 10):
+                    pass
+        assert await redis_a.exists([RedisHostLeases.PREFIX + HOST]) == 0
