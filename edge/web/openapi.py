@@ -30,7 +30,7 @@ from quart import Blueprint, Quart
 from quart import Response as QuartResponse
 from quart_schema import document_headers, document_request, document_response, operation_id, tag
 from quart_schema.extension import QuartSchema
-from quart_schema.openapi import Info, OpenAPIProvider, Server, Tag
+from quart_schema.openapi import QUART_SCHEMA_OPERATION_ID_ATTRIBUTE, Info, OpenAPIProvider, Server, Tag
 from quart_schema.validation import DataSource
 from werkzeug.routing.rules import Rule
 
@@ -194,7 +194,7 @@ class ContractDocument(OpenAPIProvider):
         return response, components
 
     def operation_id(self, method: str, path: str, func: Any) -> str | None:
-        return getattr(func, "_quart_schema_operation_id", None)
+        return getattr(func, QUART_SCHEMA_OPERATION_ID_ATTRIBUTE, None)  # what `operation_id(...)` set
 
 
 def _info() -> Info:
