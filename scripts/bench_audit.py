@@ -37,14 +37,14 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root
 
-from edge.admission.rate_limit import ClientKeys  # noqa: E402
-from edge.audit.ids import ExecutionIds  # noqa: E402
-from edge.audit.store import AuditStore, PostgresAuditStore, SqliteAuditStore  # noqa: E402
-from edge.audit.trail import AuditTrail  # noqa: E402
-from edge.observe.request_log import RequestRecord  # noqa: E402
-from shared.percentiles import percentile  # noqa: E402
-from shared.settings import RateLimitSettings  # noqa: E402
-from tests.postgres import PostgresCluster, postgres_available  # noqa: E402
+from edge.admission.rate_limit import ClientKeys
+from edge.audit.ids import ExecutionIds
+from edge.audit.store import AuditStore, PostgresAuditStore, SqliteAuditStore
+from edge.audit.trail import AuditTrail
+from edge.observe.request_log import RequestRecord
+from shared.percentiles import percentile
+from shared.settings import RateLimitSettings
+from tests.postgres import PostgresCluster, postgres_available
 
 PATH = "/api/v1/hair/measure"
 SCOPE = {
@@ -187,7 +187,8 @@ async def outage(cluster: PostgresCluster, rate: float, seconds: float) -> dict[
         "executions": len(sent),
         "rows lost": len(set(sent) - rows),
         "failed batch writes (rows)": trail.writes["failed"],
-        **{f"hook µs {name} p50/p99": (percentile(v, 0.5) * 1e6, percentile(v, 0.99) * 1e6) for name, v in phases.items()},
+        **{f"hook µs {name} p50/p99": (percentile(v, 0.5) * 1e6, percentile(v, 0.99) * 1e6)
+           for name, v in phases.items()},
     }
 
 
@@ -261,7 +262,8 @@ async def gateway_outage(cluster: PostgresCluster, rate: float, seconds: float, 
         "requests": len(samples),
         "failed": sum(not ok for _, _, ok, _ in samples),
         "rows lost": len(ids - written),
-        **{f"client ms {name} p50/p99": (percentile(v, 0.5) * 1e3, percentile(v, 0.99) * 1e3) for name, v in phases.items()},
+        **{f"client ms {name} p50/p99": (percentile(v, 0.5) * 1e3, percentile(v, 0.99) * 1e3)
+           for name, v in phases.items()},
     }
 
 
@@ -272,7 +274,8 @@ async def main_async(args: argparse.Namespace) -> int:
     try:
         if "hooks" in only:
             result = await hooks(args.hooks, directory)
-            print(f"(a) hooks per request: recording {result['recording']:.2f} µs, off {result['off']:.2f} µs", flush=True)
+            print(f"(a) hooks per request: recording {result['recording']:.2f} µs, off {result['off']:.2f} µs",
+                  flush=True)
         if "sqlite" in only:
             result = await sustained(SqliteAuditStore(directory / "sustained.sqlite3"), args.rate, args.seconds)
             print(f"(b) SQLite, {args.seconds:g} s: {_line(result)}", flush=True)
@@ -283,14 +286,17 @@ async def main_async(args: argparse.Namespace) -> int:
             cluster = PostgresCluster(Path(tempfile.mkdtemp(prefix="bench-pg-")))
             cluster.start()
         if "postgres" in only and cluster is not None:
-            result = await sustained(PostgresAuditStore(cluster.create_database("bench_sustained")), args.rate, args.seconds)
+            store = PostgresAuditStore(cluster.create_database("bench_sustained"))
+            result = await sustained(store, args.rate, args.seconds)
             print(f"(b) PostgreSQL, {args.seconds:g} s: {_line(result)}", flush=True)
         if "outage" in only and cluster is not None:
             result = await outage(cluster, args.outage_rate, args.outage_seconds)
-            print(f"(c) PostgreSQL stopped {args.outage_seconds:g} s at {args.outage_rate:g}/s: {_line(result)}", flush=True)
+            print(f"(c) PostgreSQL stopped {args.outage_seconds:g} s at {args.outage_rate:g}/s: {_line(result)}",
+                  flush=True)
         if "gateway" in only and cluster is not None:
             result = await gateway_outage(cluster, args.outage_rate, args.outage_seconds, directory / "gateway")
-            print(f"(d) gateway, PostgreSQL stopped {args.outage_seconds:g} s at {args.outage_rate:g} req/s: {_line(result)}")
+            what = f"PostgreSQL stopped {args.outage_seconds:g} s at {args.outage_rate:g} req/s"
+            print(f"(d) gateway, {what}: {_line(result)}", flush=True)
     finally:
         if cluster is not None:
             cluster.stop()

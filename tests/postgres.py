@@ -5,11 +5,13 @@ the `postgres` user (the temp dir is chown'ed to it) and every server command ru
 `runuser`. Without the binaries a test needing the cluster is skipped — except under
 CI=true, where it fails: CI must never pass by skipping it (`.ci/run` installs PostgreSQL).
 
-    from tests.postgres import postgres, postgres_dsn  # noqa: F401  (fixtures)
+    tests/edge/conftest.py imports the fixtures `postgres` (the session's cluster) and
+    `postgres_dsn` (a fresh database in it) for every test below it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -78,10 +80,8 @@ def postgres() -> Iterator[PostgresCluster]:
     try:
         yield cluster
     finally:
-        try:
+        with contextlib.suppress(RuntimeError):  # a test left it stopped
             cluster.stop()
-        except RuntimeError:
-            pass  # a test left it stopped
         shutil.rmtree(directory, ignore_errors=True)
 
 

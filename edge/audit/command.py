@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-
 SHOW_COLUMNS = (
     "execution_id", "request_id", "endpoint", "status", "code", "worker", "retry_count", "replayed",
     "queue_ms", "gpu_ms", "duration_ms", "cost_usd", "client_ip", "created_at",
@@ -54,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     audit = settings.edge.audit
     store = open_store(audit.path, settings.audit.postgres_dsn)
     if isinstance(store, SqliteAuditStore) and not Path(audit.path).exists():
-        print(f"hairgate audit: no audit file at {audit.path} (edge.audit.path): has a gateway run here?", file=sys.stderr)
+        print(f"hairgate audit: no audit file at {audit.path} (edge.audit.path): has a gateway run here?",
+              file=sys.stderr)
         return 1
     try:
         if args.question == "show":
@@ -91,9 +91,9 @@ def _print_tables(answer: dict[str, list[dict[str, Any]]], columns: Sequence[str
         names = list(columns or rows[0])
         cells = [[_cell(row.get(name)) for name in names] for row in rows]
         widths = [max(len(name), *(len(line[i]) for line in cells)) for i, name in enumerate(names)]
-        print("  ".join(name.ljust(width) for name, width in zip(names, widths)))
+        print("  ".join(name.ljust(width) for name, width in zip(names, widths, strict=True)))
         for line in cells:
-            print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)))
+            print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
 
 
 def _cell(value: Any) -> str:

@@ -9,7 +9,7 @@ costs as floats, booleans as booleans.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -43,7 +43,7 @@ def rows(store: AuditStore, column: str, value: str) -> list[dict[str, Any]]:
 
 def retries(store: AuditStore, since: timedelta, top: int) -> dict[str, list[dict[str, Any]]]:
     """Clients (address, user) and idempotency keys with the most retried or replayed executions."""
-    cutoff = datetime.now(timezone.utc) - since
+    cutoff = datetime.now(UTC) - since
     answer: dict[str, list[dict[str, Any]]] = {}
     for name, group, only in (
         ("clients", "client_ip, user_id", ""),
@@ -58,7 +58,7 @@ def retries(store: AuditStore, since: timedelta, top: int) -> dict[str, list[dic
         names = group.split(", ")
         answer[name] = [
             {
-                **{key: _json(value) for key, value in zip(names, found)},
+                **{key: _json(value) for key, value in zip(names, found[: len(names)], strict=True)},
                 "executions": int(found[-3]), "retries": int(found[-2]), "replays": int(found[-1]),
             }
             for found in store.query(sql, (cutoff, top))
@@ -68,7 +68,7 @@ def retries(store: AuditStore, since: timedelta, top: int) -> dict[str, list[dic
 
 def failures(store: AuditStore, since: timedelta) -> dict[str, list[dict[str, Any]]]:
     """The failure share of finished executions by endpoint, by worker and by code."""
-    cutoff = datetime.now(timezone.utc) - since
+    cutoff = datetime.now(UTC) - since
     answer: dict[str, list[dict[str, Any]]] = {}
     for group in FAILURE_GROUPS:
         sql = (
@@ -76,14 +76,15 @@ def failures(store: AuditStore, since: timedelta) -> dict[str, list[dict[str, An
             f" WHERE created_at >= ? AND status IN ({_FINAL}) GROUP BY {group} ORDER BY 3 DESC, 2 DESC"
         )
         answer[group] = [
-            {group: _json(value), "executions": int(total), "failed": int(failed), "share": round(int(failed) / int(total), 4)}
+            {group: _json(value), "executions": int(total), "failed": int(failed),
+             "share": round(int(failed) / int(total), 4)}
             for value, total, failed in store.query(sql, (cutoff,))
         ]
     return answer
 
 
 def _row(values: tuple[Any, ...]) -> dict[str, Any]:
-    row = {column: _json(value) for column, value in zip(COLUMNS, values)}
+    row = {column: _json(value) for column, value in zip(COLUMNS, values, strict=True)}
     row["replayed"] = bool(row["replayed"])
     return row
 
@@ -94,5 +95,5 @@ def _json(value: Any) -> Any:
     if isinstance(value, Decimal):
         return float(value)
     if isinstance(value, datetime):
-        return value.astimezone(timezone.utc).isoformat(timespec="milliseconds")
+        return value.astimezone(UTC).isoformat(timespec="milliseconds")
     return str(value)  # an INET address

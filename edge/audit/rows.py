@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 RECEIVED, QUEUED, EXECUTING, COMPLETED, FAILED = "received", "queued", "executing", "completed", "failed"
@@ -64,4 +64,4 @@ class Execution:
 
 
 def _utc(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, timezone.utc)
+    return datetime.fromtimestamp(seconds, UTC)

@@ -14,6 +14,7 @@ gateways starting together do not race), never by dropping data.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from collections.abc import Sequence
@@ -125,7 +126,9 @@ class SqliteAuditStore:
         self._connection = connection
         return connection
 
-    def _run(self, sql: str, args: Sequence[Any] = (), *, many: Sequence[Sequence[Any]] | None = None) -> sqlite3.Cursor:
+    def _run(
+        self, sql: str, args: Sequence[Any] = (), *, many: Sequence[Sequence[Any]] | None = None
+    ) -> sqlite3.Cursor:
         with self._lock:
             connection = self._connect()
             try:
@@ -148,18 +151,16 @@ class SqliteAuditStore:
 
     def delete_older(self, cutoff: datetime, limit: int) -> int:
         sql = "DELETE FROM audit_log WHERE id IN (SELECT id FROM audit_log WHERE created_at < ? ORDER BY id LIMIT ?)"
-        return self._run(sql, (cutoff.isoformat(timespec="milliseconds"), limit)).rowcount
+        return self._run(sql, (_sqlite_time(cutoff), limit)).rowcount
 
     def query(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
-        converted = [value.isoformat(timespec="milliseconds") if isinstance(value, datetime) else value for value in args]
+        converted = [_sqlite_time(value) if isinstance(value, datetime) else value for value in args]
         return self._run(sql, converted).fetchall()
 
     def _drop(self) -> None:
         if self._connection is not None:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 self._connection.close()
-            except sqlite3.Error:
-                pass
             self._connection = None
 
     def close(self) -> None:
@@ -174,8 +175,13 @@ _CREATED_AT, _UPDATED_AT = COLUMNS.index("created_at"), COLUMNS.index("updated_a
 def _sqlite_values(row: tuple[Any, ...]) -> tuple[Any, ...]:
     values = list(row)
     for index in (_CREATED_AT, _UPDATED_AT):
-        values[index] = values[index].isoformat(timespec="milliseconds")
+        values[index] = _sqlite_time(values[index])
     return tuple(values)
+
+
+def _sqlite_time(moment: datetime) -> str:
+    """ISO 8601 in UTC to the millisecond: one format, so that text order is time order."""
+    return moment.isoformat(timespec="milliseconds")
 
 
 def _migrate_sqlite(connection: sqlite3.Connection) -> None:

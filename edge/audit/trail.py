@@ -23,7 +23,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import trio
@@ -245,7 +245,7 @@ class AuditTrail:
     async def _retention(self) -> None:
         assert self.store is not None
         while True:
-            cutoff = datetime.now(timezone.utc) - timedelta(days=self._retention_days)
+            cutoff = datetime.now(UTC) - timedelta(days=self._retention_days)
             try:
                 while await trio.to_thread.run_sync(
                     self.store.delete_older, cutoff, RETENTION_BATCH_ROWS, limiter=self._writer

@@ -13,6 +13,7 @@ from edge.app import create_app
 from edge.pool.pool import ProbeResult
 from shared.settings import Settings
 from tests.fakes.fake_worker import PNG_BASE64
+from tests.postgres import postgres, postgres_dsn  # noqa: F401  (fixtures: the audit trail's tests)
 
 TOKEN = "unit-test-token-3f9a"
 # A request body the gateway's own checks accept (an image with PNG magic bytes); what the
@@ -31,6 +32,7 @@ def make_settings(tmp_path: Path, **edge: object) -> Settings:
         "metrics_bind": "",
         "rate_limit": {"enabled": False},
         "idempotency": {"enabled": False},
+        "audit": {"path": str(tmp_path / "audit.sqlite3")},
         "audit": {"path": str(tmp_path / "audit.sqlite3")},
         "cpu": {"start_workers_at_start": False},
         **edge,

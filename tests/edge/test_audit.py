@@ -12,8 +12,8 @@ import re
 import subprocess
 import sys
 import textwrap
+from datetime import UTC, datetime, timedelta
 from functools import partial
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,6 @@ from prometheus_client import generate_latest
 from edge.admission.idempotency import open_idempotency
 from edge.admission.rate_limit import ClientKeys, header_key
 from edge.app import create_app
-from edge.audit import queries
 from edge.audit.ids import ExecutionIds
 from edge.audit.rows import COLUMNS
 from edge.audit.store import SqliteAuditStore
@@ -47,7 +46,7 @@ def rows_of(gateway: Gateway) -> dict[str, dict[str, Any]]:
     assert gateway.audit.reader is not None
     store = gateway.audit.reader
     found = store.query(f"SELECT {', '.join(COLUMNS)} FROM audit_log ORDER BY id", ())
-    return {values[0]: dict(zip(COLUMNS, values)) for values in found}
+    return {values[0]: dict(zip(COLUMNS, values, strict=True)) for values in found}
 
 
 async def build(tmp_path: Path, upstream: FakeUpstream, **edge: Any) -> tuple[Gateway, httpx.AsyncClient]:
@@ -83,7 +82,8 @@ def test_execution_ids_are_spec_shaped_unique_and_sortable() -> None:
 
 async def test_a_forwarded_request_leaves_one_complete_row(tmp_path: Path) -> None:
     upstream = FakeUpstream()
-    gateway, client = await build(tmp_path, upstream, audit={"path": str(tmp_path / "a.sqlite3"), "gpu_second_usd": 2.0})
+    audit = {"path": str(tmp_path / "a.sqlite3"), "gpu_second_usd": 2.0}
+    gateway, client = await build(tmp_path, upstream, audit=audit)
     response = await client.post(MEASURE, json=PHOTO, headers={"X-Request-ID": "r-1"})
     execution_id = response.headers[HEADER_EXECUTION_ID]
     assert EXECUTION_ID.fullmatch(execution_id)
@@ -97,7 +97,8 @@ async def test_a_forwarded_request_leaves_one_complete_row(tmp_path: Path) -> No
         "code": 0, "worker": row["worker"], "retry_count": 0,
     }  # fmt: skip
     assert row["worker"] in (0, 1) and row["replayed"] == 0 and row["idempotency_key"] is None
-    assert all(row[k] is not None for k in ("queue_ms", "gpu_ms", "duration_ms", "cost_usd", "created_at", "updated_at"))
+    filled = ("queue_ms", "gpu_ms", "duration_ms", "cost_usd", "created_at", "updated_at")
+    assert all(row[k] is not None for k in filled)
     assert row["cost_usd"] == pytest.approx(row["gpu_ms"] * 2.0 / 1000)
     assert row["duration_ms"] >= row["gpu_ms"]
     scraped = generate_latest(gateway.metrics.registry).decode()  # what /metrics serves
@@ -200,7 +201,7 @@ async def test_max_pending_drops_the_oldest_and_counts_them(tmp_path: Path) -> N
 def queries_rows(trail: AuditTrail) -> list[dict[str, Any]]:
     assert trail.store is not None
     found = trail.store.query(f"SELECT {', '.join(COLUMNS)} FROM audit_log ORDER BY id DESC", ())
-    return [dict(zip(COLUMNS, values)) for values in found]
+    return [dict(zip(COLUMNS, values, strict=True)) for values in found]
 
 
 def _registry(trail: AuditTrail) -> Any:
@@ -240,7 +241,7 @@ async def test_retention_deletes_old_rows_in_the_background(tmp_path: Path) -> N
     trail = trail_on(store, retention_days=30)
     arrive(trail, 3)
     await trail.flush()
-    old = (datetime.now(timezone.utc) - timedelta(days=31)).isoformat(timespec="milliseconds")
+    old = (datetime.now(UTC) - timedelta(days=31)).isoformat(timespec="milliseconds")
     store.query("UPDATE audit_log SET created_at = ? WHERE request_id != 'r2'", (old,))
     async with trio.open_nursery() as nursery:
         await nursery.start(trail.run)
@@ -252,7 +253,8 @@ async def test_retention_deletes_old_rows_in_the_background(tmp_path: Path) -> N
 
 
 async def test_a_disabled_trail_names_executions_and_records_nothing(tmp_path: Path) -> None:
-    gateway, client = await build(tmp_path, FakeUpstream(), audit={"enabled": False, "path": str(tmp_path / "x.sqlite3")})
+    audit = {"enabled": False, "path": str(tmp_path / "x.sqlite3")}
+    gateway, client = await build(tmp_path, FakeUpstream(), audit=audit)
     response = await client.post(MEASURE, json=PHOTO)
     assert EXECUTION_ID.fullmatch(response.headers[HEADER_EXECUTION_ID])
     assert gateway.audit.pending == 0 and gateway.audit.store is None
@@ -305,7 +307,7 @@ def test_a_full_disk_holds_rows_in_memory_and_writes_them_when_space_is_back(tmp
 def test_the_dsn_is_a_secret_and_a_malformed_one_is_named_not_quoted(tmp_path: Path) -> None:
     config = tmp_path / "settings.toml"
     config.write_text('[audit]\npostgres_dsn = "host=x"\n')
-    with pytest.raises(SettingsError, match="audit.postgres_dsn is a secret"):
+    with pytest.raises(SettingsError, match=r"audit\.postgres_dsn is a secret"):
         load_settings(config)
     config.write_text("")
     bad = "postgresql://user:hunter2@[::1"
@@ -318,7 +320,8 @@ def test_the_dsn_is_a_secret_and_a_malformed_one_is_named_not_quoted(tmp_path: P
 
 
 async def test_admin_audit_needs_the_token_and_finds_rows_by_id_and_key(tmp_path: Path) -> None:
-    gateway, client = await build(tmp_path, FakeUpstream(), idempotency={"enabled": True, "path": str(tmp_path / "i.sqlite3")})
+    idempotency = {"enabled": True, "path": str(tmp_path / "i.sqlite3")}
+    gateway, client = await build(tmp_path, FakeUpstream(), idempotency=idempotency)
     answer = await client.post(MEASURE, json=PHOTO, headers={"Idempotency-Key": "admin-key", "X-Request-ID": "adm"})
     await gateway.audit.flush()
     execution_id = answer.headers[HEADER_EXECUTION_ID]
@@ -345,7 +348,8 @@ async def test_the_cli_answers_on_the_gateway_file(tmp_path: Path) -> None:
         return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
 
     retried = json.loads(cli("--json", "retries", "--since", "1h").stdout)
-    assert retried["clients"] == [{"client_ip": "203.0.113.7", "user_id": None, "executions": 3, "retries": 1, "replays": 0}]
+    client = {"client_ip": "203.0.113.7", "user_id": None, "executions": 3, "retries": 1, "replays": 0}
+    assert retried["clients"] == [client]
     failed = json.loads(cli("--json", "failures", "--since", "1h").stdout)
     assert failed["endpoint"] == [{"endpoint": MEASURE, "executions": 3, "failed": 0, "share": 0.0}]
     shown = cli("show", answers[0].headers[HEADER_EXECUTION_ID])

@@ -29,7 +29,7 @@ from shared.settings import AuditSecrets, RateLimitSettings
 from tests.edge.conftest import PHOTO, WORKERS, bring_online, make_settings
 from tests.edge.test_api import FakeUpstream
 from tests.edge.test_audit import MEASURE, arrive
-from tests.postgres import PostgresCluster, postgres, postgres_dsn  # noqa: F401  (fixtures)
+from tests.postgres import PostgresCluster
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,11 +44,12 @@ def table(dsn: str) -> dict[str, dict[str, Any]]:
     with psycopg.connect(dsn) as connection:
         cursor = connection.execute("SELECT * FROM audit_log ORDER BY id")
         names = [column.name for column in cursor.description or ()]
-        return {row[1]: dict(zip(names, row)) for row in cursor.fetchall()}
+        return {row[1]: dict(zip(names, row, strict=True)) for row in cursor.fetchall()}
 
 
 async def test_a_gateway_writes_its_rows_into_postgresql(tmp_path: Path, postgres_dsn: str) -> None:
-    settings = make_settings(tmp_path, pool={"workers": WORKERS[:2], "primary_workers": []}, audit={"gpu_second_usd": 1.5})
+    pool = {"workers": WORKERS[:2], "primary_workers": []}
+    settings = make_settings(tmp_path, pool=pool, audit={"gpu_second_usd": 1.5})
     settings = settings.model_copy(update={"audit": AuditSecrets(postgres_dsn=postgres_dsn)})
     upstream = FakeUpstream()
     gateway = build_gateway(settings, upstream=upstream)  # type: ignore[arg-type]
@@ -60,7 +61,8 @@ async def test_a_gateway_writes_its_rows_into_postgresql(tmp_path: Path, postgre
     assert await gateway.audit.flush()
     rows = table(postgres_dsn)
     first = rows[answers[0].headers[HEADER_EXECUTION_ID]]
-    assert (first["status"], first["code"], str(first["client_ip"]), first["replayed"]) == ("completed", 0, "203.0.113.7", False)
+    seen = (first["status"], first["code"], str(first["client_ip"]), first["replayed"])
+    assert seen == ("completed", 0, "203.0.113.7", False)
     assert first["worker"] in (0, 1) and first["gpu_ms"] is not None and first["created_at"].tzinfo is not None
     assert float(first["cost_usd"]) == round(first["gpu_ms"] * 1.5 / 1000, 6)
     assert rows[refused.headers[HEADER_EXECUTION_ID]]["status"] == "failed"
@@ -82,7 +84,8 @@ async def test_two_gateways_share_one_table_without_colliding(tmp_path: Path, po
     secrets.write_text(f'[audit]\npostgres_dsn = "{postgres_dsn}"\n')
     config = tmp_path / "settings.toml"
     config.write_text("")
-    command = [sys.executable, "-m", "shared.cli", "audit", "--config", str(config), "--secrets", str(secrets), "--json"]
+    command = [sys.executable, "-m", "shared.cli", "audit", "--config", str(config), "--secrets", str(secrets)]
+    command.append("--json")
     with psycopg.connect(postgres_dsn) as connection:  # finish some of each gateway's executions
         connection.execute(
             "UPDATE audit_log SET status = 'failed', code = 1007, worker = split_part(execution_id, '_', 3)::int"

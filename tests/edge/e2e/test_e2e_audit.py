@@ -25,7 +25,7 @@ from cluster.launcher import REPO_ROOT
 from shared.contract import HEADER_EXECUTION_ID, Code
 from tests.edge.e2e.harness import Cluster, measure, wait_until
 from tests.edge.e2e.test_e2e_prelaunch import _prelaunch
-from tests.postgres import PostgresCluster, postgres, postgres_dsn  # noqa: F401  (fixtures)
+from tests.postgres import PostgresCluster
 
 pytestmark = [pytest.mark.slow]
 
@@ -51,18 +51,20 @@ async def test_a_default_gateway_writes_sqlite_and_the_cli_and_prelaunch_read_it
     assert config.exists()
 
     def cli(*arguments: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "shared.cli", "audit", "--config", str(config), "--secrets", str(cluster.secrets_path)]
+        command = [sys.executable, "-m", "shared.cli", "audit", "--config", str(config)]
+        command += ["--secrets", str(cluster.secrets_path)]
         return subprocess.run([*command, *arguments], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
 
     async def shown() -> bool:
         done = await trio.to_thread.run_sync(cli, "--json", "show", answers[-1].headers[HEADER_EXECUTION_ID])
-        return done.returncode == 0 and json.loads(done.stdout)["rows"][:1] != [] and json.loads(done.stdout)["rows"][0]["status"] == "completed"
+        rows = json.loads(done.stdout)["rows"] if done.returncode == 0 else []
+        return [row["status"] for row in rows] == ["completed"]
 
     await wait_until(shown, 10, "the last request's completed row")
     assert (cluster.directory / "audit.sqlite3").exists()
     retries = await trio.to_thread.run_sync(cli, "retries", "--since", "1h")
     assert retries.returncode == 0, retries.stderr
-    code, results, output = await trio.to_thread.run_sync(_prelaunch, cluster, "--secrets", str(cluster.secrets_path))
+    _, results, output = await trio.to_thread.run_sync(_prelaunch, cluster, "--secrets", str(cluster.secrets_path))
     assert results.get("audit") == "PASS", output
 
 
@@ -123,7 +125,9 @@ async def _append(answers: list[httpx.Response], answer: Any) -> None:
     answers.append(await answer)
 
 
-async def test_a_dsn_that_cannot_connect_at_start_is_served_and_retried(cluster: Cluster, postgres: PostgresCluster) -> None:
+async def test_a_dsn_that_cannot_connect_at_start_is_served_and_retried(
+    cluster: Cluster, postgres: PostgresCluster
+) -> None:
     dsn = postgres.dsn("e2e_not_yet")
     _with_dsn(cluster, dsn)
     cluster.start_fakes(1)
