@@ -33,7 +33,6 @@ def make_settings(tmp_path: Path, **edge: object) -> Settings:
         "rate_limit": {"enabled": False},
         "idempotency": {"enabled": False},
         "audit": {"path": str(tmp_path / "audit.sqlite3")},
-        "audit": {"path": str(tmp_path / "audit.sqlite3")},
         "cpu": {"start_workers_at_start": False},
         **edge,
     }
