@@ -76,10 +76,10 @@ class GatewayConfig(Config):
 
 
 class GatewayH11Protocol(HTTP1Protocol):
-    """Hypercorn's HTTP/1.1 protocol (HTTP/1.1 only, `shared.http_server`); on a gateway listener (`GatewayConfig`) it sends no
-    `100 Continue` to a request whose declared body is over the limit, writes an
-    answer's head together with its first body bytes (one write, not two, per answer)
-    and writes nothing for an event that encodes to no bytes."""
+    """Hypercorn's HTTP/1.1 protocol, HTTP/1.1 only (`shared.http_server`); on a gateway
+    listener (`GatewayConfig`) it sends no `100 Continue` to a request whose declared body
+    is over the limit, writes an answer's head together with its first body bytes (one
+    write, not two, per answer) and writes nothing for an event that encodes to no bytes."""
 
     _withhold_continue = False
     _head = b""  # an answer's head, held for its body
