@@ -39,8 +39,11 @@ from .types import Calibration, Face, Hairline
 
 FEATHER_MM = 2.5  # blend width at the top of the fill, above the old edge zone
 # Below the new edge the blend runs over UNDER_EDGE_MM: the old edge's soft underside (fine
-# hairs thinning into skin) comes along, so the new line is as soft as the old one.
-UNDER_EDGE_MM = 1.5
+# hairs thinning into skin) comes along, so the new line is as soft as the old one. Measured
+# (`preview_texture`, docs/generation.md): at 1.5 mm the new edge's steepest step was up to
+# 1.6x the old one's on five photos (the moved skin and the forehead it lands on are lit
+# differently: the blend between them was a step of its own); at 3.5 mm <= 1.47x on all.
+UNDER_EDGE_MM = 3.5
 # The hair just above a traced hairline is its soft, see-through front (the trace sits where
 # the hair coverage crosses one half): the fill covers it too, or it shows as a pale seam
 # between the grown hair and the hair behind.
@@ -51,9 +54,11 @@ JOIN_MAX_MM = 15.0  # ... over at most this length beyond its end
 END_ROUND_MM = 2.0
 EDGE_NOISE_MM = 1.0  # how far the new edge wanders (hair does not end on a drawn curve)
 EDGE_NOISE_PERIODS_MM = (3.0, 1.2)  # ... in tufts and in single locks along the line
-# The front of a hairline is thinner than the hair behind: the fill reaches full cover only
-# FRONT_MM above the new edge (at the edge itself it is about a fifth: a feathered front)
-FRONT_MM = 2.5
+# The front of a hairline is thinner than the hair behind, but the moved old edge brings its
+# own thin front along: the fill reaches full cover FRONT_MM above the new edge. At 2.5 mm
+# (a second fade over the old front's own) the band of a small drop kept 0.60-0.69 of the
+# hair's high-frequency energy on seven photos, a smoothed strip; at 0.5 mm 0.76-1.01.
+FRONT_MM = 0.5
 MIN_HAIR_MM = 2.0  # a column needs this much hair above its hairline to lend any
 MAX_SOURCE_MM = 12.0  # the hair lent lies at most this far above the hairline: beyond, the head's outline
 MAX_REPEATS = 4.0  # a band deeper than this many times the hair lent would show its copies: None

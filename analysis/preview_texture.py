@@ -6,7 +6,8 @@ comes from), in lightness (OpenCV 8-bit L):
 - high-frequency energy: mean |L − Gaussian(L, HIGH_PASS_MM)|, band / hair above (target ≥ 0.7);
 - lightness spread: standard deviation of L, band / hair above (not a smoothed, darker strip);
 - edge sharpness: the steepest lightness step across the line (per column, the largest
-  |dL/dv| of the Gaussian-smoothed L within ±EDGE_REACH_MM of the line, median over the
+  |dL/dv| of the Gaussian-smoothed L within ±EDGE_REACH_MM of the line: the preview's own
+  grown edge (`preview.grown_edge`), the traced hairline, median over the
   columns), the new edge in the grown photo / the old edge in the photo (target ≤ 1.5).
 """
 
@@ -18,12 +19,13 @@ import cv2
 import numpy as np
 
 from .designs import Design, FaceFrame
+from .preview import grown_edge
 from .head_samples import to_lab
 from .types import Calibration, Face, Hairline
 
 HIGH_PASS_MM = 0.5
 EDGE_SMOOTH_MM = 0.3
-EDGE_REACH_MM = 1.5
+EDGE_REACH_MM = 2.5
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,10 @@ def band_texture(before: np.ndarray, after: np.ndarray, face: Face, hairline: Ha
     px_per_mm = 1.0 / calibration.mm_per_px
     frame = FaceFrame.from_face(face)
     old = frame.to_frame(np.asarray(hairline.points, dtype=np.float64))
-    new = frame.to_frame(np.asarray(design.points, dtype=np.float64))
+    edge = grown_edge(face, hairline, design, calibration)  # the line the preview grows to
+    if edge is None:
+        return None
+    new = frame.to_frame(edge)
     height, width = before.shape[:2]
     ys, xs = np.mgrid[0:height, 0:width]
     uv = frame.to_frame(np.stack([xs.ravel(), ys.ravel()], axis=1)).reshape(height, width, 2)

@@ -68,6 +68,9 @@ def _short_hair(photo_labels: list[dict[str, Any]]) -> set[str]:
     return {label["file"] for label in photo_labels if label.get("hair") == "receded"}
 
 
+# the moved old edge brings its fine hairs over skin along (issue 27: the fill's own fade
+# shortened to FRONT_MM because of it); the core starts above them
+CARRIED_FRONT_MM = 2.0
 _PREVIEWS: dict[tuple[int, bytes, float | None], np.ndarray | None] = {}  # a pure function: each drawn once
 
 
@@ -94,9 +97,9 @@ def _band(photo: Analysed, plan: designs.Design) -> np.ndarray:
 
 
 def _core(photo: Analysed, band: np.ndarray) -> np.ndarray:
-    """The band less its feathered front (and the edge's wander) along its edges: surely
-    inside what the preview fills with full cover."""
-    radius = max(1, round((FRONT_MM + EDGE_NOISE_MM) / photo.calibration.mm_per_px))
+    """The band less its feathered front, the old edge's own soft front it carries down, and
+    the edge's wander, along its edges: surely inside what the preview fills with hair."""
+    radius = max(1, round((FRONT_MM + CARRIED_FRONT_MM + EDGE_NOISE_MM) / photo.calibration.mm_per_px))
     return cv2.erode(band, np.ones((2 * radius + 1,) * 2, np.uint8)).astype(bool)
 
 
