@@ -6,7 +6,9 @@
 For each photo in labels.json (plus the astronaut, whose fringe edge is at row 81.6): the
 expected and traced trichion row, the error in px and mm, the status, the ± band in mm,
 and the median time of segmentation and of tracing; then the share of labelled hairline
-photos answered `ok` and the mean and max trichion error in mm (labels.json photos only).
+photos answered `ok`, the mean and max trichion error in mm, and the false claims (issue
+27): a haired head answered `no_hairline`, a head without a cap answered `occluded` by a
+hat, a hairline not in view given a number (labels.json photos only).
 A timing on a shared machine is noisy: compare medians.
 """
 
@@ -25,6 +27,7 @@ from skimage import data
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.analysis.images
 
 from analysis.calibration import calibrate  # noqa: E402
+from analysis.hair_evidence import NOTE_HAT  # noqa: E402
 from analysis.hairline import trace_hairline  # noqa: E402
 from analysis.hairnet import HairNetSegmenter  # noqa: E402
 from analysis.landmarks import FaceMeshDetector  # noqa: E402
@@ -55,7 +58,7 @@ def main() -> None:
     segmenter = HairNetSegmenter("cpu") if args.segmenter == "hairnet" else FallbackSegmenter()
     print(f"{'photo':18} {'kind':11} {'expected':>9} {'got':>7} {'err px':>6} {'err mm':>6} {'status':11} "
           f"{'±mm':>5} {'seg ms':>6} {'trace ms':>8}")
-    statuses, errors_mm = [], []
+    statuses, errors_mm, false_claims = [], [], []
     for name, rgb, label in cases(args.photos):
         face = detector.detect(rgb)
         calibration = calibrate(face)
@@ -73,6 +76,7 @@ def main() -> None:
         if name != "astronaut" and label["kind"] == "hairline":
             statuses.append(hairline.status)
             errors_mm += [] if error_px is None else [error_px * calibration.mm_per_px]
+        false_claims += [f"{name}: {claim}" for claim in _false_claims(label, hairline) if name != "astronaut"]
         print(
             f"{name:18} {label['kind']:11} {expected if expected is not None else '-':>9} "
             f"{'-' if got is None else f'{got:.1f}':>7} {'' if error_px is None else f'{error_px:.1f}':>6} "
@@ -83,6 +87,19 @@ def main() -> None:
     if statuses:
         print(f"\nlabelled hairline photos: {statuses.count('ok')}/{len(statuses)} ok; trichion error "
               f"mean {statistics.mean(errors_mm):.1f} mm, max {max(errors_mm):.1f} mm")
+    print(f"false claims: {len(false_claims)}" + "".join(f"\n  {claim}" for claim in false_claims))
+
+
+def _false_claims(label: dict, hairline) -> list[str]:
+    """What the answer claims that the label says is not so (analysis.md § Statuses and claims)."""
+    claims = []
+    if label["kind"] != "no_hairline" and hairline.status == "no_hairline":
+        claims.append("no_hairline on a head of hair")
+    if hairline.status == "occluded" and NOTE_HAT in hairline.notes:
+        claims.append("a hat where there is none")  # no labelled photo wears one
+    if label["kind"] == "occluded" and hairline.trichion is not None:
+        claims.append("a number for a hairline not in view")
+    return claims
 
 
 if __name__ == "__main__":
