@@ -64,35 +64,90 @@ class Pin:
 
 PINNED = [
     # Hypercorn's HTTP/1.1 protocol (edge/web/server.py, shared/http_server.py)
-    Pin(H11Protocol, "_create_stream", ("self", "request"),
-        why="GatewayH11Protocol decides per request whether to withhold `100 Continue`, then calls it"),
-    Pin(H11Protocol, "_send_h11_event", ("self", "event"), "5e40283daa303ec7",
-        why="GatewayH11Protocol replaces it on the gateway; its _encode copies the LocalProtocolError rule"),
-    Pin(H11Protocol, "_handle_events", ("self",), "bd4a76b2837e8722",
-        why="sends `100 Continue` through _send_h11_event after _create_stream: where the gateway withholds it"),
-    Pin(H11Protocol, "stream_send", ("self", "event"), "56a36254a368d71a",
-        why="every answer's head, data and end go through _send_h11_event: what the one-write merge sees"),
-    Pin(H11Protocol, "_check_protocol", ("self", "event"),
-        why="HTTP1Protocol replaces it (shared/http_server.py): no HTTP/2, no WebSocket, no ambiguous body"),
+    Pin(
+        H11Protocol,
+        "_create_stream",
+        ("self", "request"),
+        why="GatewayH11Protocol decides per request whether to withhold `100 Continue`, then calls it",
+    ),
+    Pin(
+        H11Protocol,
+        "_send_h11_event",
+        ("self", "event"),
+        "5e40283daa303ec7",
+        why="GatewayH11Protocol replaces it on the gateway; its _encode copies the LocalProtocolError rule",
+    ),
+    Pin(
+        H11Protocol,
+        "_handle_events",
+        ("self",),
+        "bd4a76b2837e8722",
+        why="sends `100 Continue` through _send_h11_event after _create_stream: where the gateway withholds it",
+    ),
+    Pin(
+        H11Protocol,
+        "stream_send",
+        ("self", "event"),
+        "56a36254a368d71a",
+        why="every answer's head, data and end go through _send_h11_event: what the one-write merge sees",
+    ),
+    Pin(
+        H11Protocol,
+        "_check_protocol",
+        ("self", "event"),
+        why="HTTP1Protocol replaces it (shared/http_server.py): no HTTP/2, no WebSocket, no ambiguous body",
+    ),
     # quart-trio's and Quart's ASGI connection (edge/web/http.py)
-    Pin(TrioASGIHTTPConnection, "__call__", ("self", "receive", "send"), "98802020652fd68b",
-        why="GatewayConnection.__call__ is a copy with the request log's `sent` in between"),
-    Pin(TrioASGIHTTPConnection, "handle_messages", ("self", "nursery", "request", "receive"),
-        why="called by the copied __call__"),
-    Pin(TrioASGIHTTPConnection, "handle_request", ("self", "nursery", "request", "send"),
-        why="called by the copied __call__"),
+    Pin(
+        TrioASGIHTTPConnection,
+        "__call__",
+        ("self", "receive", "send"),
+        "98802020652fd68b",
+        why="GatewayConnection.__call__ is a copy with the request log's `sent` in between",
+    ),
+    Pin(
+        TrioASGIHTTPConnection,
+        "handle_messages",
+        ("self", "nursery", "request", "receive"),
+        why="called by the copied __call__",
+    ),
+    Pin(
+        TrioASGIHTTPConnection,
+        "handle_request",
+        ("self", "nursery", "request", "send"),
+        why="called by the copied __call__",
+    ),
     Pin(ASGIHTTPConnection, "_create_request_from_scope", ("self", "send"), why="called by the copied __call__"),
-    Pin(ASGIHTTPConnection, "_send_response", ("self", "send", "response"), "2958216ed9d8d2eb",
-        why="GatewayConnection sends a body in memory in one message instead"),
+    Pin(
+        ASGIHTTPConnection,
+        "_send_response",
+        ("self", "send", "response"),
+        "2958216ed9d8d2eb",
+        why="GatewayConnection sends a body in memory in one message instead",
+    ),
     # Quart's request body (edge/web/http.py)
-    Pin(Body, "append", ("self", "data"), "bb46c66a53b8b016",
-        why="GatewayBody.append is Quart's own, except that an over-limit body is not marked complete"),
+    Pin(
+        Body,
+        "append",
+        ("self", "data"),
+        "bb46c66a53b8b016",
+        why="GatewayBody.append is Quart's own, except that an over-limit body is not marked complete",
+    ),
     Pin(Body, "set_complete", ("self",), why="GatewayBody extends it"),
     Pin(TrioRequest, "get_data", ("self", "cache", "as_text", "parse_form_data"), why="GatewayRequest replaces it"),
     # Hypercorn's serving functions below its public `serve` (gpu_host/main.py)
-    Pin(None, "hypercorn.trio.run.worker_serve", ("app", "config", "sockets", "shutdown_trigger", "task_status"),
-        why="the GPU host serves on sockets it bound and checked itself"),
-    Pin(None, "hypercorn.utils.wrap_app", ("app", "wsgi_max_body_size", "mode"), why="the GPU host wraps its app as serve() would"),
+    Pin(
+        None,
+        "hypercorn.trio.run.worker_serve",
+        ("app", "config", "sockets", "shutdown_trigger", "task_status"),
+        why="the GPU host serves on sockets it bound and checked itself",
+    ),
+    Pin(
+        None,
+        "hypercorn.utils.wrap_app",
+        ("app", "wsgi_max_body_size", "mode"),
+        why="the GPU host wraps its app as serve() would",
+    ),
 ]
 
 
@@ -102,7 +157,7 @@ def _digest(function: Callable[..., Any]) -> str:
 
 @pytest.mark.parametrize("pin", PINNED, ids=lambda pin: pin.label)
 def test_each_pinned_name_exists_with_the_parameters_and_body_it_was_written_against(pin: Pin) -> None:
-    assert (pin.owner is None or pin.name in vars(pin.owner)), f"{pin.label} is gone ({pin.why})"
+    assert pin.owner is None or pin.name in vars(pin.owner), f"{pin.label} is gone ({pin.why})"
     parameters = tuple(inspect.signature(pin.target).parameters)
     assert parameters == pin.parameters, f"{pin.label} now takes {parameters} ({pin.why})"
     if pin.source is not None:
@@ -112,9 +167,9 @@ def test_each_pinned_name_exists_with_the_parameters_and_body_it_was_written_aga
 def test_the_frameworks_installed_are_the_locked_versions_these_pins_were_written_against() -> None:
     locked = read_lock(APPLICATION)
     for distribution in DISTRIBUTIONS:
-        assert str(locked[distribution].version) == importlib.metadata.version(distribution), (
-            f"{distribution}: installed {importlib.metadata.version(distribution)}, locked {locked[distribution].version}"
-            " (`make install` installs the lock)"
+        installed, pinned = importlib.metadata.version(distribution), str(locked[distribution].version)
+        assert installed == pinned, (
+            f"{distribution}: installed {installed}, locked {pinned} (`make install` installs the lock)"
         )
 
 
@@ -155,23 +210,39 @@ def _our_classes_on_frameworks() -> list[type]:
             imported = {
                 (node.module if isinstance(node, ast.ImportFrom) else alias.name).partition(".")[0]
                 for node in ast.walk(tree)
-                if isinstance(node, (ast.Import, ast.ImportFrom)) and not (isinstance(node, ast.ImportFrom) and node.level)
+                if isinstance(node, (ast.Import, ast.ImportFrom))
+                and not (isinstance(node, ast.ImportFrom) and node.level)
                 for alias in node.names
                 if isinstance(node, ast.Import) or node.module
             }
             if not imported & set(FRAMEWORKS):
                 continue
-            module = importlib.import_module(".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"))
+            module = importlib.import_module(
+                ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+            )
             for value in vars(module).values():
-                if inspect.isclass(value) and value.__module__ == module.__name__ and any(
-                    base.__module__.partition(".")[0] in FRAMEWORKS for base in value.__mro__[1:]
+                if (
+                    inspect.isclass(value)
+                    and value.__module__ == module.__name__
+                    and any(base.__module__.partition(".")[0] in FRAMEWORKS for base in value.__mro__[1:])
                 ):
                     classes.append(value)
     return classes
 
 
-_NOT_OVERRIDES = {"__init__", "__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
-                  "__annotations__", "__firstlineno__", "__static_attributes__", "__parameters__", "__orig_bases__"}
+_NOT_OVERRIDES = {
+    "__init__",
+    "__module__",
+    "__qualname__",
+    "__doc__",
+    "__dict__",
+    "__weakref__",
+    "__annotations__",
+    "__firstlineno__",
+    "__static_attributes__",
+    "__parameters__",
+    "__orig_bases__",
+}
 
 
 def test_every_override_of_a_frameworks_private_name_is_pinned_here() -> None:
@@ -184,11 +255,16 @@ def test_every_override_of_a_frameworks_private_name_is_pinned_here() -> None:
                 continue
             owner = next((base for base in framework_bases if name in vars(base)), None)
             if owner is not None and (owner, name) not in pinned:
-                unpinned.append(f"{cls.__module__}.{cls.__qualname__}.{name} overrides {owner.__module__}.{owner.__qualname__}.{name}")
+                ours, theirs = f"{cls.__module__}.{cls.__qualname__}", f"{owner.__module__}.{owner.__qualname__}"
+                unpinned.append(f"{ours}.{name} overrides {theirs}.{name}")
     assert not unpinned, "add each to PINNED in tests/test_framework_pins.py:\n" + "\n".join(unpinned)
 
 
 def test_the_walk_finds_the_known_overrides() -> None:
     # the check above is only as good as its walk
     names = {f"{cls.__module__}.{cls.__qualname__}" for cls in _our_classes_on_frameworks()}
-    assert {"edge.web.server.GatewayH11Protocol", "edge.web.http.GatewayBody", "edge.web.http.GatewayConnection"} <= names
+    assert {
+        "edge.web.server.GatewayH11Protocol",
+        "edge.web.http.GatewayBody",
+        "edge.web.http.GatewayConnection",
+    } <= names

@@ -74,7 +74,9 @@ EXTRAS = PROJECT["project"]["optional-dependencies"]
 
 
 def test_every_requirement_of_the_application_and_its_tests_is_locked_at_a_version_it_allows() -> None:
-    problems = _unsatisfied(_requirements([*PROJECT["project"]["dependencies"], *EXTRAS["test"]]), read_lock(APPLICATION))
+    problems = _unsatisfied(
+        _requirements([*PROJECT["project"]["dependencies"], *EXTRAS["test"]]), read_lock(APPLICATION)
+    )
     assert not problems, "requirements/lock.txt is behind pyproject.toml (run `make lock`):\n" + "\n".join(problems)
 
 
@@ -88,7 +90,8 @@ def test_the_installer_and_the_build_backend_are_locked_at_versions_the_build_al
 @pytest.mark.parametrize("build", sorted(TORCH_BUILDS))
 def test_each_torch_build_locks_the_gpu_extra(build: str) -> None:
     problems = _unsatisfied(_requirements(EXTRAS["gpu"]), read_lock(TORCH_BUILDS[build]))
-    assert not problems, f"{TORCH_BUILDS[build].name} is behind pyproject.toml (run `make lock`):\n" + "\n".join(problems)
+    behind = f"{TORCH_BUILDS[build].name} is behind pyproject.toml (run `make lock`):"
+    assert not problems, "\n".join([behind, *problems])
 
 
 def test_every_extra_is_locked_somewhere() -> None:
