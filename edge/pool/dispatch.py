@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from edge.pool.forward import WorkerBusy, WorkerFailure, WorkerRefusal
+from edge.pool.forward import RequestNotSent, WorkerBusy, WorkerFailure, WorkerRefusal
 from edge.pool.pool import Pool, PoolEvent, ProbeResult, Thresholds, Transition
 from edge.pool.scheduling import (
     SchedulingPolicy,
@@ -44,6 +44,7 @@ from edge.pool.scheduling import (
     estimated_start,
     next_assignment,
     next_slot,
+    slot_allows,
     surely_hopeless,
 )
 
@@ -74,8 +75,8 @@ class Unavailable(DispatchError):
 
 
 # A forward that ended in one of these had its exchange finished: nothing is left running
-# because of it (a timeout ejects the worker instead).
-_EXCHANGE_ENDED = (WorkerFailure, WorkerBusy, WorkerRefusal)
+# because of it (a timeout ejects the worker instead); RequestNotSent: none began.
+_EXCHANGE_ENDED = (WorkerFailure, WorkerBusy, WorkerRefusal, RequestNotSent)
 
 
 class WorkerLease:
@@ -178,11 +179,14 @@ class Dispatcher:
         (`scheduling.next_slot`), waited for at most `max_queue_wait_seconds`."""
         if not self.pool.any_online():
             raise Unavailable
-        waiter = _SlotWaiter(Waiting(trio.current_time(), slow))
-        self._slot_waiters.append(waiter)
-        self._hand_out_slots()
-        if not waiter.granted:
-            await self._wait_for_slot(waiter)
+        if not self._slot_waiters and slot_allows(self._slots, slow, self.policy):
+            self._take_slot(slow, 1)  # nobody waits, one is free: the common case
+        else:
+            waiter = _SlotWaiter(Waiting(trio.current_time(), slow))
+            self._slot_waiters.append(waiter)
+            self._hand_out_slots()
+            if not waiter.granted:
+                await self._wait_for_slot(waiter)
         try:
             yield
         finally:
@@ -216,6 +220,8 @@ class Dispatcher:
         self._slots = SlotUse(slots.total, slots.in_use + count, slots.slow_in_use + (count if slow else 0))
 
     def _hand_out_slots(self) -> None:
+        if not self._slot_waiters:
+            return
         while (position := next_slot(self._slots, [w.waiting for w in self._slot_waiters], self.policy)) is not None:
             waiter = self._slot_waiters.pop(position)
             self._take_slot(waiter.waiting.slow, 1)
