@@ -321,7 +321,7 @@ def early_refusal_replay(seeds: int, seconds: float) -> dict[str, Any]:
     return totals
 
 
-async def run(args: argparse.Namespace, directory: Path) -> int:
+async def run(args: argparse.Namespace, directory: Path) -> tuple[dict[str, Any], ...]:
     bench = Bench(directory)
     try:
         on = await classes(bench, "classes-on", ON, args.seconds)
@@ -333,8 +333,7 @@ async def run(args: argparse.Namespace, directory: Path) -> int:
         slot_off = await slot_burst(bench, "slot-off", OFF)
     finally:
         bench.stop()
-    replayed = early_refusal_replay(args.replay_seeds, args.replay_seconds)
-    return report(args, on, off, left, early, capable, (slot_on, slot_off), replayed)
+    return on, off, left, early, capable, slot_on, slot_off
 
 
 def report(
@@ -397,7 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(replayed)
         return 1 if replayed["refused_but_served_off"] else 0
     with tempfile.TemporaryDirectory(prefix="bench-scheduling-") as directory:
-        return trio.run(run, args, Path(directory))
+        on, off, left, early, capable, slot_on, slot_off = trio.run(run, args, Path(directory))
+    replayed = early_refusal_replay(args.replay_seeds, args.replay_seconds)  # its own trio.run, virtual time
+    return report(args, on, off, left, early, capable, (slot_on, slot_off), replayed)
 
 
 if __name__ == "__main__":
