@@ -5,15 +5,19 @@ slot is taken, the GPU host checks it again before its model process sees it (bo
 `shared.uploads`), and the gateway's `/openapi.json` is generated from them
 (`edge.web.openapi`). No field rule lives anywhere else.
 
-Two spellings of one request map onto the same model (contract.md § Requests):
-- JSON: the values as they are, strictly typed — a number is a JSON number, `gender` one of
-  its three strings; `null` counts as absent. Validated straight from the body's bytes
-  (`pydantic_core`'s parser: ~0.2 ms for 2 MB, json.loads ~1.7 ms).
-- multipart/form-data text (`form_values`): an empty field counts as absent; `plans` and
-  `styles` are repeated fields, one field of JSON text or comma-separated text;
-  `hairline_points` is JSON text; `drop_mm` a number's text (`null` for either is absent, as
-  in JSON); `gender` in any case, spaces around it ignored. A field given twice that takes
-  one value is refused, never cut to its first.
+Two media types, one rule set (contract.md § Requests; the old parser's "both spellings are
+accepted for every field", which clients rely on):
+- A value is a JSON value or its text, for every field and both media types (`Fields`'
+  `_spellings_then_presence`, the one place text is decoded): `null` and blank text are
+  absent (the default); `gender` in any case, spaces around it ignored; `plans` and `styles`
+  a list, JSON text or comma-separated text; `hairline_points` the list or its JSON text,
+  each coordinate a number or its text; `drop_mm` a number or its text (`NUMBER_TEXT`);
+  `null` text for either of the two is absent too. The JSON body is validated straight from
+  its bytes (`pydantic_core`'s parser: ~0.2 ms for 2 MB, json.loads ~1.7 ms).
+- multipart/form-data (`form_values`): every value is text; `plans` and `styles` may also be
+  repeated fields. A field given twice that takes one value is refused, never cut to its first.
+The JSON body's schema (`_legacy_spellings`) lists the text spellings beside the preferred
+JSON values, so that the document says what is accepted.
 
 A refusal is `ContractError(1001)` with the Chinese message that names the field (`refusal`
 translates pydantic's error; the first one in the contract's order: the image, then the
@@ -25,10 +29,22 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, Strict, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    RootModel,
+    Strict,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from shared.contract import Code, ContractError
@@ -48,6 +64,7 @@ _MAX_EXACT_INTEGER_DIGITS = 20
 IMAGE_FIELD = "image"  # multipart: the photo as a file
 IMAGE_BASE64_FIELD = "image_base64"  # JSON: the photo as base64 text
 MSG_NO_IMAGE = "缺少图片：multipart 请上传文件字段 image，JSON 请提供 image_base64"
+MSG_IMAGE_NOT_TEXT = "参数 image_base64 必须是字符串（base64 编码的图片）"
 _POINTS_SHAPE = "格式应为 [[x, y], [x, y], …]"
 
 
@@ -68,9 +85,49 @@ def _unique(values: list[str]) -> list[str]:
     return values
 
 
-# A JSON number (ints included), never a boolean, a string, NaN or an infinity.
+# The text spellings (the patterns are Python's and ECMA's both: the document carries them).
+# A number's text: what `float()` reads of a finite decimal, ASCII digits (`_` between digits
+# allowed), spaces around it ignored; "1e400" matches and is out of range.
+_DIGITS = "[0-9](_?[0-9])*"
+NUMBER_TEXT = rf"^\s*[+-]?({_DIGITS}(\.({_DIGITS})?)?|\.{_DIGITS})([eE][+-]?{_DIGITS})?\s*$"
+BLANK_TEXT = r"^\s*$"
+NULL_TEXT = r"^\s*(null)?\s*$"  # blank, or JSON's null as text: absent for drop_mm, hairline_points
+_NUMBER_TEXT = re.compile(NUMBER_TEXT)
+_JSON_SPACE = r"[ \t\n\r]*"  # json.loads' whitespace
+_JSON_NUMBER = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
+
+
+def _any_case(word: str) -> str:
+    """`word` in any case, as a pattern (`str.lower` maps the Kelvin sign to k)."""
+    return "".join(f"[{letter}{letter.upper()}{chr(0x212A) if letter == 'k' else ''}]" for letter in word)
+
+
+def _number_text(name: str, text: str) -> Any:
+    stripped = text.strip()
+    if stripped == "null":
+        return None
+    if _NUMBER_TEXT.match(text):
+        return float(stripped)  # "1e400" and 400 digits are inf: out of range
+    try:
+        number = float(stripped)
+    except ValueError:
+        return text  # refused as what it is, text
+    # "nan", "inf": refused as not finite; `float`'s other spellings ("٥") as text
+    return text if math.isfinite(number) else number
+
+
+def _coordinate(value: Any) -> Any:
+    return _number_text("", value) if isinstance(value, str) else value
+
+
+# A JSON number (ints included) or its text, never a boolean, NaN or an infinity.
 Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
-Point = Annotated[tuple[Number, Number], Field(description="[x, y]: pixels of the upright photo, origin top-left")]
+Coordinate = Annotated[
+    Number,
+    BeforeValidator(_coordinate),
+    WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "string", "pattern": NUMBER_TEXT}]}),
+]
+Point = Annotated[tuple[Coordinate, Coordinate], Field(description="[x, y]: pixels of the upright photo, origin top-left")]
 
 
 def _choices(kind: Any, allowed: tuple[str, ...], what: str) -> Any:
@@ -82,7 +139,7 @@ def _choices(kind: Any, allowed: tuple[str, ...], what: str) -> Any:
             min_length=1,
             json_schema_extra={"uniqueItems": True},
             description=f"a subset of {', '.join(allowed)}, in the order wanted (default: all); {what}; "
-            "multipart: repeated fields, JSON text or comma-separated text",
+            "also as JSON text or comma-separated text, and in multipart as repeated fields",
         ),
     ]
 
@@ -100,17 +157,31 @@ class Fields(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _presence_first(cls, data: Any) -> Any:
-        """What must be there is checked before any value: the image, then "exactly one of"."""
+    def _spellings_then_presence(cls, data: Any) -> Any:
+        """The image first; then each field's text decoded in the fields' order (`null` and
+        blank text dropped: absent), then "exactly one of"; the values' checks come after."""
         if not isinstance(data, dict):
             return data
-        if IMAGE_BASE64_FIELD in cls.model_fields and data.get(IMAGE_BASE64_FIELD) in (None, ""):
-            raise PydanticCustomError("missing_image", MSG_NO_IMAGE)
+        if IMAGE_BASE64_FIELD in cls.model_fields:
+            image = data.get(IMAGE_BASE64_FIELD)
+            if image in (None, ""):
+                raise PydanticCustomError("missing_image", MSG_NO_IMAGE)
+            if not isinstance(image, str):
+                raise PydanticCustomError("image_not_text", MSG_IMAGE_NOT_TEXT)
+        values = {IMAGE_BASE64_FIELD: data[IMAGE_BASE64_FIELD]} if IMAGE_BASE64_FIELD in cls.model_fields else {}
+        for name in cls.model_fields:
+            value = data.get(name)
+            if name == IMAGE_BASE64_FIELD or value is None:
+                continue
+            if isinstance(value, str):
+                value = _TEXT_SPELLINGS[name](name, value) if value.strip() else None
+            if value is not None:
+                values[name] = value
         if cls.exactly_one_of is not None:
             first, second = cls.exactly_one_of
-            if (data.get(first) is None) == (data.get(second) is None):
+            if (first in values) == (second in values):
                 raise PydanticCustomError("exactly_one", f"参数 {first} 与 {second} 必须且只能提供其中一个")
-        return data
+        return values
 
     def options(self) -> dict[str, Any]:
         """The validated values as the analysis takes them (points as lists)."""
@@ -189,9 +260,66 @@ def fields_of(endpoint: str) -> type[Fields]:
         raise ValueError(f"unknown endpoint {endpoint!r}; known: {', '.join(ENDPOINTS)}") from None
 
 
+# -- the text spellings in a JSON body's schema ----------------------------------------------
+# A multipart body's schema shows the JSON values its text stands for; a JSON body's shows
+# both, the JSON value first (preferred), so that a generated client or fuzzer knows what
+# the service accepts (Schemathesis' negative cases are then truly refused).
+
+_LEGACY = "legacy spelling, accepted for old clients; prefer the JSON value. "
+
+
+def _choice_text_pattern(allowed: Sequence[str]) -> str:
+    word = f"({'|'.join(allowed)})"
+    quoted = f'"{word}"'
+    return (rf"^\s*({word}(\s*,\s*{word})*"
+            rf"|\[{_JSON_SPACE}{quoted}({_JSON_SPACE},{_JSON_SPACE}{quoted})*{_JSON_SPACE}\])\s*$")
+
+
+_POINT_TEXT = rf"\[{_JSON_SPACE}{_JSON_NUMBER}{_JSON_SPACE},{_JSON_SPACE}{_JSON_NUMBER}{_JSON_SPACE}\]"
+_BLANK = {"type": "string", "pattern": BLANK_TEXT, "description": "blank: absent (the default)"}
+_ABSENT = [{"type": "null"}, {"type": "string", "pattern": NULL_TEXT, "description": "blank or null: absent"}]
+_TEXT_SCHEMAS: dict[str, list[dict[str, Any]]] = {
+    "gender": [
+        {"type": "string", "pattern": rf"^\s*({'|'.join(_any_case(gender) for gender in GENDERS)})\s*$",
+         "description": _LEGACY + "any case, spaces around it ignored"},
+        _BLANK, {"type": "null"}],
+    **{name: [{"type": "string", "pattern": _choice_text_pattern(allowed),
+               "description": _LEGACY + "comma-separated or JSON text of the list, its values distinct"},
+              _BLANK, {"type": "null"}]
+       for name, allowed in (("plans", PLANS), ("styles", STYLES))},
+    "hairline_points": [
+        {"type": "string", "pattern": (rf"^\s*\[{_JSON_SPACE}{_POINT_TEXT}({_JSON_SPACE},{_JSON_SPACE}{_POINT_TEXT})"
+                                       rf"{{{MIN_HAIRLINE_POINTS - 1},{MAX_HAIRLINE_POINTS - 1}}}{_JSON_SPACE}\]\s*$"),
+         "contentMediaType": "application/json", "description": _LEGACY + "the list as JSON text"},
+        *_ABSENT],
+    "drop_mm": [
+        {"type": "string", "pattern": NUMBER_TEXT, "description": _LEGACY + f"the number as text, 0–{MAX_DROP_MM:g} too"},
+        *_ABSENT],
+}
+
+
+def _legacy_spellings(schema: dict[str, Any], model: type[Any]) -> None:
+    """A JSON body's `json_schema_extra`: each field's text spellings beside its JSON value,
+    and "exactly one of" with absent meaning absent, null, or blank or null text."""
+    for name, texts in _TEXT_SCHEMAS.items():
+        field = schema["properties"].get(name)
+        if field is None:
+            continue
+        kept = {key: field.pop(key) for key in ("title", "description", "default") if key in field}
+        values = [value for value in field.pop("anyOf", None) or [field] if value != {"type": "null"}]
+        schema["properties"][name] = {**kept, "anyOf": [*values, *texts]}
+    pair = model.exactly_one_of
+    if pair is not None:
+        absent = {"anyOf": _ABSENT}
+        schema["oneOf"] = [{"required": [given], "properties": {given: {"not": absent}, other: absent}}
+                           for given, other in (pair, pair[::-1])]
+
+
 def _with_image(fields: type[Fields], name: str, image: Any, annotation: Any) -> type[Fields]:
     """`fields` plus the photo's field: one model per endpoint and spelling, built once."""
     namespace = {"__annotations__": {name: annotation}, name: image, "__module__": __name__, "__doc__": fields.__doc__}
+    if name == IMAGE_BASE64_FIELD:
+        namespace["model_config"] = ConfigDict(json_schema_extra=_legacy_spellings)
     return type(f"{fields.__name__.removesuffix('Fields')}{'Json' if name == IMAGE_BASE64_FIELD else 'Form'}", (fields,), namespace)
 
 
@@ -252,20 +380,22 @@ def _validate_python(model: type[Fields], values: Any) -> Fields:
         raise refusal(error) from None
 
 
-# -- multipart text -> JSON values --------------------------------------------------------
+# -- text spellings -----------------------------------------------------------------------
 
 
 def form_values(model: type[Fields], form: Any) -> dict[str, Any]:
-    """The values `model` validates, from form text: only its own fields, each decoded by
-    its spelling (module docstring); values that are not text pass as they are."""
+    """The values `model` validates, from multipart fields: only its own, a repeated `plans` or
+    `styles` as the list; values that are not text pass as they are. Their text is decoded
+    by the model, as a JSON body's is."""
     values: dict[str, Any] = {}
     for name in model.model_fields:
         given = [value for value in _all_of(form, name) if not (isinstance(value, str) and not value.strip())]
-        if not given:
-            continue
-        value = _FORM_TEXT.get(name, _one)(name, given)
-        if value is not None:  # `null` text of a nullable field (how a JSON null is spelt in a form)
-            values[name] = value
+        if len(given) > 1 and name not in _REPEATABLE:
+            raise _invalid(f"参数 {name} 只能提供一次，收到 {len(given)} 个")
+        if len(given) > 1:  # `-F plans=a -F plans=b`
+            values[name] = [value.strip() if isinstance(value, str) else value for value in given]
+        elif given:
+            values[name] = given[0]
     return values
 
 
@@ -275,61 +405,34 @@ def _all_of(form: Any, name: str) -> list[Any]:
     return [form[name]] if form.get(name) is not None else []
 
 
-def _one(name: str, given: list[Any]) -> Any:
-    if len(given) > 1:
-        raise _invalid(f"参数 {name} 只能提供一次，收到 {len(given)} 个")
-    return given[0]
-
-
-def _json_text(name: str, given: list[Any]) -> Any:
-    value = _one(name, given)
-    if not isinstance(value, str):
-        return value
+def _json_text(name: str, text: str) -> Any:
     try:
-        return json.loads(value, parse_int=json_integer)
+        return json.loads(text.strip(), parse_int=json_integer)
     except ValueError:
-        raise _invalid(f"参数 {name} 不是有效的 JSON：{value[:40]!r}") from None
+        raise _invalid(f"参数 {name} 不是有效的 JSON：{text[:40]!r}") from None
     except RecursionError:  # the decoder's own depth limit: "[[[[…" is abuse, not a value
         raise _invalid(f"参数 {name} 的 JSON 嵌套过深") from None
 
 
-def _choice_text(name: str, given: list[Any]) -> Any:
-    """Repeated fields (`-F plans=a -F plans=b`) are the list; one field is a list, JSON text
-    or comma-separated text."""
-    if len(given) > 1:
-        return [value.strip() if isinstance(value, str) else value for value in given]
-    value = given[0]
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    return _json_text(name, [text]) if text.startswith("[") else [part.strip() for part in text.split(",")]
+def _choice_text(name: str, text: str) -> Any:
+    """JSON text of the list, or comma-separated text."""
+    stripped = text.strip()
+    return _json_text(name, stripped) if stripped.startswith("[") else [part.strip() for part in stripped.split(",")]
 
 
-def _number_text(name: str, given: list[Any]) -> Any:
-    value = _one(name, given)
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if text == "null":
-        return None
-    try:
-        return float(text)  # "1e400" and 400 digits are inf: out of range
-    except ValueError:
-        return value  # refused as what it is, text
+def _word_text(name: str, text: str) -> str:
+    return text.strip().lower()  # " Female ", "Male"
 
 
-def _word_text(name: str, given: list[Any]) -> Any:
-    value = _one(name, given)
-    return value.strip().lower() if isinstance(value, str) else value  # " Female " from a form
-
-
-_FORM_TEXT: dict[str, Callable[[str, list[Any]], Any]] = {
+# field -> its text's decoder (blank text never reaches one: it is absent)
+_TEXT_SPELLINGS: dict[str, Callable[[str, str], Any]] = {
     "gender": _word_text,
     "plans": _choice_text,
     "styles": _choice_text,
     "hairline_points": _json_text,
     "drop_mm": _number_text,
 }
+_REPEATABLE = frozenset({"plans", "styles"})
 
 
 # -- pydantic's errors -> the contract's messages ------------------------------------------
@@ -344,7 +447,7 @@ def refusal(error: ValidationError) -> ContractError:
 
 def _message(detail: ErrorDetails) -> str:
     loc, kind, given = detail["loc"], detail["type"], detail.get("input")
-    if kind in ("missing_image", "exactly_one"):
+    if kind in ("missing_image", "image_not_text", "exactly_one"):
         return detail["msg"]
     if not loc:
         return "请求体必须是 JSON 对象" if kind in ("model_type", "dict_type") else detail["msg"]
@@ -358,7 +461,7 @@ def _message(detail: ErrorDetails) -> str:
 def _image_message(rest: tuple[int | str, ...], kind: str, given: Any) -> str:
     if kind == "missing" or given is None or given == "":
         return MSG_NO_IMAGE
-    return "参数 image_base64 必须是字符串（base64 编码的图片）"
+    return MSG_IMAGE_NOT_TEXT
 
 
 def _gender_message(rest: tuple[int | str, ...], kind: str, given: Any) -> str:

@@ -56,9 +56,11 @@ async def test_the_fields_in_the_document_are_the_models(client: httpx.AsyncClie
     points = mark["properties"]["hairline_points"]["anyOf"][0]
     assert (points["minItems"], points["maxItems"]) == (models.MIN_HAIRLINE_POINTS, models.MAX_HAIRLINE_POINTS)
     assert len(mark["oneOf"]) == 2  # exactly one of hairline_points and drop_mm
-    assert schemas["GrowJson"]["properties"]["plans"]["items"]["enum"] == list(models.PLANS)
+    assert schemas["GrowJson"]["properties"]["plans"]["anyOf"][0]["items"]["enum"] == list(models.PLANS)
     assert schemas["HairlineForm"]["properties"]["styles"]["items"]["enum"] == list(models.STYLES)
-    assert schemas["MeasureJson"]["properties"]["gender"]["enum"] == list(models.GENDERS)
+    gender = schemas["MeasureJson"]["properties"]["gender"]["anyOf"]
+    assert gender[0]["enum"] == list(models.GENDERS)  # the preferred spelling first, then the legacy text
+    assert gender[1]["type"] == "string" and "legacy" in gender[1]["description"]
     codes = schemas["Refusal"]["properties"]["code"]["enum"]
     assert [0, *codes] == [int(code) for code in Code]
 

@@ -11,14 +11,19 @@ replaced by checks of the envelope (contract.md § The contract as a document):
 
 A positive case is made valid in what the schema cannot say: the photo is a real one (the
 schema knows "a binary file" / "a string"), `hairline_points` lie inside it ("inside the
-photo" is prose), and an `Idempotency-Key` is fresh (a key reused with another body is a
-1001 by design, and generated keys repeat).
+photo" is prose; in a list or its JSON text, each coordinate a number or its text), a
+`drop_mm` given as text is in 0–40 (a pattern has no range) and `plans` / `styles` given as
+text name each value once, and an `Idempotency-Key` is fresh (a key reused with another body
+is a 1001 by design, and generated keys repeat).
 """
 
 from __future__ import annotations
 
 import base64
+import json
+import math
 import os
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -82,11 +87,36 @@ def _positive(case: Any) -> bool:
             and case.media_type in MEDIA_TYPES)
 
 
+def _within(value: Any, side: float) -> Any:
+    """A coordinate (a number or its text, as the schema allows) moved into [0, side)."""
+    try:
+        number = float(value) if isinstance(value, str) else value
+    except ValueError:
+        return value
+    if not isinstance(number, (int, float)) or isinstance(number, bool):
+        return value
+    inside = abs(number) % side if math.isfinite(number) else 0.0  # "1e400" is text that matches
+    return str(inside) if isinstance(value, str) else inside
+
+
 def _inside(point: Any) -> Any:
     if not (isinstance(point, list) and len(point) == 2):
         return point
-    x, y = point
-    return [abs(x) % WIDTH if isinstance(x, (int, float)) else x, abs(y) % HEIGHT if isinstance(y, (int, float)) else y]
+    return [_within(point[0], WIDTH), _within(point[1], HEIGHT)]
+
+
+def _points_inside(points: Any) -> Any:
+    if isinstance(points, str) and points.strip().startswith("["):  # the legacy JSON text
+        return json.dumps(_points_inside(json.loads(points)))
+    return [_inside(point) for point in points] if isinstance(points, list) else points
+
+
+def _distinct_text(text: Any) -> Any:
+    """`plans` / `styles` as text (comma-separated or JSON): each value once, in its order."""
+    if not isinstance(text, str) or not text.strip():
+        return text
+    values = re.findall(r"[a-z_]+", text)
+    return ",".join(dict.fromkeys(values))
 
 
 @schemathesis.hook
@@ -102,8 +132,13 @@ def map_case(context: Any, case: Any) -> Any:
             body["image"] = photo
         if "image_base64" in body:
             body["image_base64"] = base64.b64encode(photo).decode()
-        if isinstance(body.get("hairline_points"), list):
-            body["hairline_points"] = [_inside(point) for point in body["hairline_points"]]
+        if "hairline_points" in body:
+            body["hairline_points"] = _points_inside(body["hairline_points"])
+        if isinstance(body.get("drop_mm"), str) and body["drop_mm"].strip() not in ("", "null"):
+            body["drop_mm"] = _within(body["drop_mm"], 40)  # text of a number: 0–40, as the number
+        for name in ("plans", "styles"):
+            if name in body:
+                body[name] = _distinct_text(body[name])
         case.body = body
     if case.headers and "idempotency-key" in {name.lower() for name in case.headers}:
         case.headers = {name: (str(uuid.uuid4()) if name.lower() == "idempotency-key" else value)
