@@ -17,7 +17,7 @@ import trio
 
 from edge.admission.gate import Admission
 from edge.audit.trail import AuditTrail, build_audit
-from edge.web.api import ApiService
+from edge.forwarding.service import ApiService
 from edge.pool.dispatch import Dispatcher
 from edge.pool.host_leases import build_host_leases
 from edge.local.face_workers import FaceWorkers

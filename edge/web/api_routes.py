@@ -1,7 +1,7 @@
 """The `/api/` blueprint: the business endpoints, each a Quart route taking POST only.
 
 The GPU endpoints (`GPU_ENDPOINT_PATHS`) are checked, queued and forwarded by
-`ApiService` (`edge.web.api`); endpoints 4 and 99 are answered by the gateway itself
+`ApiService` (`edge.forwarding.service`); endpoints 4 and 99 are answered by the gateway itself
 (`edge.local`). Around every one: the rate limit before the body (`before_the_body` in
 `edge.web.refusals`), the body limit and timeouts (`GatewayRequest`), the Idempotency-Key
 (`Admission.around`), the request-log line (`GatewayConnection`). A wrong method or an
@@ -19,7 +19,7 @@ from quart import Response as QuartResponse
 
 from edge.local.local_answer import LocalAnswer
 from edge.pool.forward import ForwardRequest
-from edge.web.api import ApiAnswer
+from edge.forwarding.service import ApiAnswer
 from edge.web.http import JSON, ApiResponse, Exchange, GatewayRequest, Outcome, current_gateway_request, encode, exchange_of
 from shared.contract import GPU_ENDPOINT_PATHS, HEADER_RETRY_AFTER
 
@@ -66,7 +66,7 @@ def api_answer(request: GatewayRequest, response: ApiResponse) -> QuartResponse:
 
 
 async def _forwarded(gateway: Gateway, exchange: Exchange) -> ApiResponse:
-    """A GPU endpoint: checked, queued, forwarded, its images rewritten (`edge.web.api`).
+    """A GPU endpoint: checked, queued, forwarded, its images rewritten (`edge.forwarding.service`).
     The forward's one call site is `ApiService`; a client that leaves cancels it here."""
     forward = ForwardRequest(
         method=exchange.method,

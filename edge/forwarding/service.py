@@ -1,7 +1,8 @@
 """One `/api/` request from buffered body to final envelope: slot, lease, forward, retry, rewrite.
 
-This is the gateway's request policy with no HTTP server in it: `ApiService.handle()`
-takes a `ForwardRequest` and returns an `ApiAnswer` holding an envelope, so every failure
+This is the gateway's request policy with no HTTP server in it (so it lives in
+`edge.forwarding`, above `edge.pool` and below `edge.web`): `ApiService.handle()` takes a
+`ForwardRequest` and returns an `ApiAnswer` holding an envelope, so every failure
 the client sees is an envelope (never a bare disconnect or a 5xx page). A client that
 leaves cancels `handle()` (quart-trio cancels the handler): a queued request gives back
 its place and never reaches a worker; a forward under way is abandoned, its upstream
