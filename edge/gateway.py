@@ -22,7 +22,8 @@ from edge.pool.dispatch import Dispatcher
 from edge.pool.host_leases import build_host_leases
 from edge.local.face_workers import FaceWorkers
 from edge.local.features import Features
-from edge.pool.forward import RetryPolicy, Upstream
+from edge.pool.failures import RetryPolicy
+from edge.pool.upstream import Upstream
 from edge.admission.idempotency import Idempotency
 from edge.observe.metrics import GatewayMetrics, pool_gauges
 from edge.pool.pool import Pool, Thresholds

@@ -51,7 +51,7 @@ log = logging.getLogger("gpu_host.main")
 # Beyond the inference itself: reading the upload, encoding and sending the answer.
 GRACE_MARGIN_SECONDS = 10.0
 # Idle kept-alive connections close after this; the gateway drops its own sooner (4 s,
-# edge/pool/forward.py) so it never sends on a connection the host is closing.
+# edge/pool/upstream.py) so it never sends on a connection the host is closing.
 KEEP_ALIVE_TIMEOUT_SECONDS = 5.0
 
 

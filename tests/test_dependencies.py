@@ -67,7 +67,7 @@ def test_the_walk_sees_what_the_code_imports() -> None:
     # The check above is only as good as the walk: these imports are known to exist.
     imports = _imported_top_level_modules()
     assert {"h11", "quart", "cv2", "scipy", "trio", "numpy"} <= set(imports)
-    assert "edge/pool/forward.py" in imports["h11"]
+    assert "edge/pool/upstream.py" in imports["h11"]
 
 
 def test_opencv_is_the_build_mediapipe_pulls_and_never_a_second_one() -> None:

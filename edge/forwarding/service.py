@@ -20,17 +20,16 @@ import trio
 from edge.audit.trail import AuditTrail
 from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal, Unavailable
 from edge.pool.host_leases import NO_HOST_LEASES, HostLeasing
-from edge.pool.forward import (
+from edge.pool.failures import (
     FailureKind,
-    ForwardRequest,
     RequestNotSent,
     RetryPolicy,
-    Upstream,
     WorkerAnswer,
     WorkerBusy,
     WorkerFailure,
     WorkerRefusal,
 )
+from edge.pool.upstream import ForwardRequest, Upstream
 from edge.observe.metrics import GatewayMetrics
 from edge.web.http import encode
 from edge.annotations.rewrite import BadImage, DecodedImages, ImageStore, ImageWriteError, has_images

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from edge.pool.forward import RequestNotSent, WorkerBusy, WorkerFailure, WorkerRefusal
+from edge.pool.failures import RequestNotSent, WorkerBusy, WorkerFailure, WorkerRefusal
 from edge.pool.pool import Pool, PoolEvent, ProbeResult, Thresholds, Transition
 from edge.pool.scheduling import (
     SchedulingPolicy,

@@ -28,7 +28,7 @@ import coredis
 import trio
 
 from edge.admission.shared_state import REDIS_ERRORS
-from edge.pool.forward import WorkerBusy
+from edge.pool.failures import WorkerBusy
 from shared.logs import FailureLog
 from shared.settings import timeout_margin_seconds
 

@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from edge.pool.dispatch import Dispatcher
-from edge.pool.forward import HealthAnswer
+from edge.pool.upstream import HealthAnswer
 from edge.pool.pool import ProbeResult
 from shared.contract import BUSY_KEY, HEALTH_CHECKS_KEY, HEALTH_LOADING
 from shared.settings import timeout_margin_seconds

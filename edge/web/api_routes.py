@@ -18,7 +18,7 @@ from quart import Blueprint
 from quart import Response as QuartResponse
 
 from edge.local.local_answer import LocalAnswer
-from edge.pool.forward import ForwardRequest
+from edge.pool.upstream import ForwardRequest
 from edge.forwarding.service import ApiAnswer
 from edge.web.http import JSON, ApiResponse, Exchange, GatewayRequest, Outcome, current_gateway_request, encode, exchange_of
 from shared.contract import GPU_ENDPOINT_PATHS, HEADER_RETRY_AFTER

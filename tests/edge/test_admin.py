@@ -28,7 +28,7 @@ shared_password = "{TOKEN}"  # rotate with scripts/rotate_token.py
 
 
 class RecordingUpstream:
-    """Stands in for `edge.pool.forward.Upstream`: records the token it is told to send."""
+    """Stands in for `edge.pool.upstream.Upstream`: records the token it is told to send."""
 
     def __init__(self) -> None:
         self.tokens: list[str] = []

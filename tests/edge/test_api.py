@@ -1,6 +1,6 @@
 """`/api/` end to end inside one process: the ASGI front, dispatch, retries, rewrite, log.
 
-The workers are a fake `Upstream` (the seam the gateway's real client (`edge.pool.forward`) plugs into):
+The workers are a fake `Upstream` (the seam the gateway's real client (`edge.pool.upstream`) plugs into):
 per-URL behaviours, a record of every forward, and an overlap counter.
 """
 
@@ -22,7 +22,8 @@ from edge.admission.idempotency import open_idempotency
 from edge.gateway import Gateway, build_gateway
 from edge.app import create_app
 from edge.pool.pool import ProbeResult
-from edge.pool.forward import FailureKind, ForwardRequest, WorkerAnswer, WorkerBusy, WorkerFailure, WorkerRefusal
+from edge.pool.failures import FailureKind, WorkerAnswer, WorkerBusy, WorkerFailure, WorkerRefusal
+from edge.pool.upstream import ForwardRequest
 from shared.contract import MSG_BACKEND_BUSY, MSG_BACKEND_UNAVAILABLE, Code, envelope
 from tests.fakes.fake_worker import PNG_BASE64
 from tests.edge.conftest import PHOTO, PHOTO_BODY, PHOTO_BODY, WORKERS, bring_online, make_settings

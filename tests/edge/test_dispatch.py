@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal, Unavailable
-from edge.pool.forward import WorkerBusy
+from edge.pool.failures import WorkerBusy
 from edge.pool.pool import Pool, ProbeResult
 from edge.pool.scheduling import SchedulingPolicy
 

@@ -15,18 +15,17 @@ import pytest
 import trio
 from hypercorn.config import Config
 
-import edge.pool.forward as forward_module
-from edge.pool.forward import (
+import edge.pool.failures as failures_module
+import edge.pool.upstream as upstream_module
+from edge.pool.failures import (
     FailureKind,
-    ForwardRequest,
     RequestNotSent,
     RetryPolicy,
-    Upstream,
     WorkerBusy,
     WorkerFailure,
     WorkerRefusal,
-    deadline_milliseconds,
 )
+from edge.pool.upstream import ForwardRequest, Upstream, deadline_milliseconds
 from edge.app import create_app
 from edge.gateway import Gateway, build_gateway
 from shared.contract import Code, envelope
@@ -234,19 +233,19 @@ async def test_a_large_answer_is_parsed_off_the_event_loop(
 ) -> None:
     # parsing 12 MB of JSON held the loop (every other request, /monitor) for ~13 ms
     threads: list[bool] = []
-    parse = forward_module._parse_envelope
+    parse = failures_module._parse_envelope
 
     def recording(raw: bytes):
         threads.append(threading.current_thread() is not threading.main_thread())
         return parse(raw)
 
-    monkeypatch.setattr(forward_module, "_parse_envelope", recording)
+    monkeypatch.setattr(failures_module, "_parse_envelope", recording)
     await upstream.forward(worker_url, request(target), 5)
     assert threads == [off_the_loop]
 
 
 async def test_an_answer_over_the_cap_is_unusable_not_held(upstream: Upstream, worker_url: str, monkeypatch) -> None:
-    monkeypatch.setattr(forward_module, "MAX_ANSWER_BYTES", 1000)
+    monkeypatch.setattr(upstream_module, "MAX_ANSWER_BYTES", 1000)
     with pytest.raises(WorkerFailure) as caught:
         await upstream.forward(worker_url, request("/large"), 5)
     assert caught.value.kind is FailureKind.UNUSABLE_BODY
@@ -377,7 +376,7 @@ async def test_a_connection_idle_past_the_keepalive_expiry_is_replaced(
 ) -> None:
     # below the worker's own keep-alive timeout, so that it is never the one closing it mid-send
     worker, url = scripted
-    monkeypatch.setattr(forward_module, "KEEPALIVE_EXPIRY_SECONDS", 0.0)
+    monkeypatch.setattr(upstream_module, "KEEPALIVE_EXPIRY_SECONDS", 0.0)
     for _ in range(2):
         await upstream.forward(url, request(), 5)
     assert worker.connections == 2
@@ -541,14 +540,14 @@ async def test_an_answer_nested_too_deep_is_a_bad_answer_not_a_recursion_error(
 
 
 def test_nesting_is_measured_without_recursion() -> None:
-    limit = forward_module.MAX_ANSWER_DEPTH
-    assert forward_module.nested_within(json.loads(nested(limit)), limit)
-    assert not forward_module.nested_within(json.loads(nested(limit + 1)), limit)
+    limit = failures_module.MAX_ANSWER_DEPTH
+    assert failures_module.nested_within(json.loads(nested(limit)), limit)
+    assert not failures_module.nested_within(json.loads(nested(limit + 1)), limit)
     deep: list = []
     for _ in range(100_000):  # far past the recursion limit
         deep = [deep]
-    assert not forward_module.nested_within(deep, 10)
-    assert forward_module.nested_within([[1, {"a": [2]}], "x"], 4) and not forward_module.nested_within([[{"a": []}]], 3)
+    assert not failures_module.nested_within(deep, 10)
+    assert failures_module.nested_within([[1, {"a": [2]}], "x"], 4) and not failures_module.nested_within([[{"a": []}]], 3)
 
 
 # --- the same hosts behind a real gateway: which answer each client got, ejections, retries

@@ -13,7 +13,8 @@ import pytest
 import trio
 from hypercorn.config import Config
 
-from edge.pool.forward import FailureKind, ForwardRequest, Upstream, WorkerFailure
+from edge.pool.failures import FailureKind, WorkerFailure
+from edge.pool.upstream import ForwardRequest, Upstream
 from tests.fakes.fake_worker import FakeWorker, create_app
 from tests.fakes.raw_host import Misbehaviour, RawHost
 from tests.fakes.tls import TlsFiles, tls_files

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from edge.gateway import build_gateway
 from edge.app import create_app
-from edge.pool.forward import ForwardRequest
+from edge.pool.upstream import ForwardRequest
 from edge.main import _reload
 from edge.pool.scheduling import SchedulingPolicy
 from edge.pool.prober import Prober
