@@ -29,17 +29,17 @@ from shared.contract import GENERATOR_PREVIEW, Code, ContractError
 from shared.options import INPAINT_MASK_KEY, INPAINT_MASK_OPTION
 from shared.settings import AnalysisSettings
 
-from . import designs, preview, render
-from .calibration import calibrate
-from .designs import FaceFrame
-from .hairline import headwear_in_mask, trace_hairline
+from .drawing import designs, preview, render
+from .face.calibration import calibrate
+from .face.landmarks import FaceMeshDetector
+from .face.pose import check_pose, estimate_pose, pose_is_stable, turned_over
+from .face.upright import Upright
+from .frame import FaceFrame
+from .hairline.frontal import headwear_in_mask, trace_hairline
+from .hairline.measurements import measure_face
 from .image_input import decode_image
-from .landmarks import FaceMeshDetector
-from .measurements import measure_face
 from .models import Models
-from .pose import check_pose, estimate_pose, pose_is_stable, turned_over
-from .types import Calibration, Face, HairSegmentation, Hairline, LandmarkId, Pose
-from .upright import Upright
+from .types import Calibration, Face, Hairline, HairSegmentation, LandmarkId, Pose
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from .landmarks import FaceMeshDetector
+from .face.landmarks import FaceMeshDetector
 from .types import HairSegmenter
 
 CPU = "cpu"
@@ -70,14 +70,14 @@ def _load_hairnet(device: str) -> tuple[str, HairSegmenter]:
     """(device, segmenter): the hair network, or the fallback with the reason logged."""
     try:
         resolved = resolve_device(device)
-        from .hairnet import HairNetSegmenter  # torch: imported only when a segmenter is built
+        from .segmentation.hairnet import HairNetSegmenter  # torch: imported only when a segmenter is built
 
         return resolved, HairNetSegmenter(resolved)
     except Exception as error:  # no torch, a damaged data file, CUDA trouble: all mean "cannot run"
         if isinstance(error, ModelLoadError) and device not in ("auto", CPU):
             raise  # a device the operator asked for and the host lacks: say so, do not hide it
         log.warning("hair network unavailable, using the fallback segmenter: %s: %s", type(error).__name__, error)
-        from .segmentation import FallbackSegmenter  # another module's model: built only when used
+        from .segmentation.fallback import FallbackSegmenter  # another module's model: built only when used
 
         return CPU, FallbackSegmenter()
 
@@ -85,7 +85,7 @@ def _load_hairnet(device: str) -> tuple[str, HairSegmenter]:
 def _load_bisenet(path: Path, device: str) -> HairSegmenter:
     if not path.is_file():
         raise ModelLoadError(f"BiSeNet weights file not found: {path}")
-    from .bisenet import BisenetSegmenter
+    from .segmentation.bisenet import BisenetSegmenter
 
     try:
         return BisenetSegmenter(path, device)

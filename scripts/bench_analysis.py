@@ -35,17 +35,17 @@ from skimage import data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.analysis.images
 
-from analysis import render  # noqa: E402
-from analysis.calibration import calibrate  # noqa: E402
+from analysis.drawing import render  # noqa: E402
 from analysis.endpoints import run_endpoint  # noqa: E402
-from analysis.hairline import trace_hairline  # noqa: E402
+from analysis.face.calibration import calibrate  # noqa: E402
+from analysis.face.pose import check_pose, estimate_pose  # noqa: E402
+from analysis.face.upright import Upright  # noqa: E402
+from analysis.hairline.frontal import trace_hairline  # noqa: E402
+from analysis.hairline.measurements import measure_face  # noqa: E402
 from analysis.image_input import decode_image  # noqa: E402
-from analysis.measurements import measure_face  # noqa: E402
 from analysis.models import Models, load_models  # noqa: E402
-from analysis.pose import check_pose, estimate_pose  # noqa: E402
-from analysis.segmentation import FallbackSegmenter  # noqa: E402
+from analysis.segmentation.fallback import FallbackSegmenter  # noqa: E402
 from analysis.types import Face, HairSegmentation, LandmarkId  # noqa: E402
-from analysis.upright import Upright  # noqa: E402
 from shared.contract import ContractError  # noqa: E402
 from shared.settings import AnalysisSettings  # noqa: E402
 from tests.analysis.images import encode, huge_blank_png  # noqa: E402
@@ -138,7 +138,7 @@ def annotated_png_mb(upload: bytes, models: Models) -> float:
 def random_bisenet(models: Models, device: str) -> Models:
     import torch
 
-    from analysis.bisenet import BiSeNet, BisenetSegmenter
+    from analysis.segmentation.bisenet import BiSeNet, BisenetSegmenter
 
     torch.manual_seed(0)
     segmenter = BisenetSegmenter.from_network(BiSeNet(), device)

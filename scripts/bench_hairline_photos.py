@@ -26,12 +26,12 @@ from skimage import data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.analysis.images
 
-from analysis.calibration import calibrate  # noqa: E402
-from analysis.hair_evidence import NOTE_HAT  # noqa: E402
-from analysis.hairline import trace_hairline  # noqa: E402
-from analysis.hairnet import HairNetSegmenter  # noqa: E402
-from analysis.landmarks import FaceMeshDetector  # noqa: E402
-from analysis.segmentation import FallbackSegmenter  # noqa: E402
+from analysis.face.calibration import calibrate  # noqa: E402
+from analysis.face.landmarks import FaceMeshDetector  # noqa: E402
+from analysis.hairline.frontal import trace_hairline  # noqa: E402
+from analysis.hairline.hair_evidence import NOTE_HAT  # noqa: E402
+from analysis.segmentation.fallback import FallbackSegmenter  # noqa: E402
+from analysis.segmentation.hairnet import HairNetSegmenter  # noqa: E402
 from tests.analysis.images import load_photo  # noqa: E402
 
 DEFAULT_PHOTOS = Path(__file__).resolve().parents[1] / ".." / "shared" / "photos"

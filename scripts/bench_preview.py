@@ -26,12 +26,12 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.analysis.images
 
-from analysis import designs, render  # noqa: E402
-from analysis.calibration import calibrate  # noqa: E402
-from analysis.hairline import trace_hairline  # noqa: E402
-from analysis.landmarks import FaceMeshDetector  # noqa: E402
-from analysis.preview import grow_preview  # noqa: E402
-from analysis.segmentation import FallbackSegmenter  # noqa: E402
+from analysis.drawing import designs, render  # noqa: E402
+from analysis.drawing.preview import grow_preview  # noqa: E402
+from analysis.face.calibration import calibrate  # noqa: E402
+from analysis.face.landmarks import FaceMeshDetector  # noqa: E402
+from analysis.hairline.frontal import trace_hairline  # noqa: E402
+from analysis.segmentation.fallback import FallbackSegmenter  # noqa: E402
 from analysis.types import PLANS  # noqa: E402
 from scripts.bench_analysis import median_ms  # noqa: E402
 from tests.analysis.images import load_photo  # noqa: E402

@@ -25,7 +25,7 @@ from shared.uploads import read_request
 if TYPE_CHECKING:
     import numpy as np
 
-    from analysis.landmarks import FaceMeshDetector
+    from analysis.face.landmarks import FaceMeshDetector
 
 # What the vision LLM is shown (gateway.md § Endpoints 4 and 99): enough to judge skin and
 # hair, small enough to upload fast.
@@ -50,7 +50,7 @@ def load_detector() -> None:
     """Build this process's detector (the worker context's `init`: ~1 s, once per process)."""
     global _detector
     if _detector is None:
-        from analysis.landmarks import FaceMeshDetector
+        from analysis.face.landmarks import FaceMeshDetector
 
         _detector = FaceMeshDetector()
 

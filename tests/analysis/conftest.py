@@ -14,10 +14,10 @@ from matplotlib import cbook
 from PIL import Image
 from skimage import data
 
-from analysis.calibration import calibrate
-from analysis.hairnet import HairNetSegmenter
-from analysis.landmarks import FaceMeshDetector
-from analysis.segmentation import FallbackSegmenter
+from analysis.face.calibration import calibrate
+from analysis.face.landmarks import FaceMeshDetector
+from analysis.segmentation.fallback import FallbackSegmenter
+from analysis.segmentation.hairnet import HairNetSegmenter
 from analysis.types import Calibration, Face
 from shared.settings import AnalysisSettings
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.bisenet import HAIR, HAT, BiSeNet, BisenetSegmenter, load_bisenet
+from analysis.segmentation.bisenet import HAIR, HAT, BiSeNet, BisenetSegmenter, load_bisenet
 
 MANIFEST = Path(__file__).parent / "data" / "bisenet_state_dict_manifest.json"
 

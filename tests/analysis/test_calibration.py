@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.calibration import POPULATION_RELATIVE_SPREAD, calibrate
-from analysis.landmarks import LANDMARK_COUNT
+from analysis.face.calibration import POPULATION_RELATIVE_SPREAD, calibrate
+from analysis.face.landmarks import LANDMARK_COUNT
 from analysis.types import Face, LandmarkId
 
 from .images import load_photo

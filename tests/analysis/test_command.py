@@ -132,7 +132,7 @@ def test_unreadable_photo_is_1001(capsys: pytest.CaptureFixture[str], tmp_path: 
 
 
 def test_image_writer_swaps_keys_at_any_depth(tmp_path: Path, astronaut: np.ndarray) -> None:
-    from analysis.render import png_base64
+    from analysis.drawing.render import png_base64
 
     png = png_base64(astronaut[:8, :8])
     data = {"results": [{"plan": "standard", "image_base64": png, "grown_image_base64": None}],

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from analysis.calibration import calibrate
-from analysis.hairline import trace_hairline
-from analysis.hairnet import HairNetSegmenter
-from analysis.landmarks import FaceMeshDetector
+from analysis.face.calibration import calibrate
+from analysis.face.landmarks import FaceMeshDetector
+from analysis.hairline.frontal import trace_hairline
+from analysis.segmentation.hairnet import HairNetSegmenter
 
 from .copies import cropped_above_hair, recoloured
 from .images import load_photo

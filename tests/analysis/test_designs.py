@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis import designs
-from analysis.designs import FaceFrame
+from analysis.drawing import designs
+from analysis.frame import FaceFrame
 from analysis.types import PLANS, STYLES, Calibration, Face, Hairline, LandmarkId
 
 pytestmark = pytest.mark.filterwarnings("error")

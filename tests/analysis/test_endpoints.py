@@ -13,8 +13,7 @@ import cv2
 import numpy as np
 import pytest
 
-from analysis import designs, render
-from analysis.calibration import calibrate
+from analysis.drawing import designs, render
 from analysis.endpoints import (
     INPAINT_MASK_KEY,
     INPAINT_MASK_OPTION,
@@ -24,11 +23,12 @@ from analysis.endpoints import (
     run_endpoint,
     special_points,
 )
-from analysis.hair_evidence import NOTE_HAT
+from analysis.face.calibration import calibrate
+from analysis.hairline.hair_evidence import NOTE_HAT
 from analysis.models import Models, load_models
-from shared.options import parse_options
 from analysis.types import Face, Hairline, LandmarkId, Pose
 from shared.contract import Code, ContractError
+from shared.options import parse_options
 from shared.settings import AnalysisSettings
 
 from .images import encode, load_photo, rotated

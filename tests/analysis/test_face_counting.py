@@ -8,8 +8,8 @@ import cv2
 import numpy as np
 import pytest
 
-from analysis.face_count import Box, CountedFace, merge, people, tiles
-from analysis.landmarks import FaceMeshDetector
+from analysis.face.count import Box, CountedFace, merge, people, tiles
+from analysis.face.landmarks import FaceMeshDetector
 from shared.contract import Code, ContractError
 
 from .face_counting_set import Case, cases, grace_hopper, scaled_to_height

@@ -8,21 +8,27 @@ import cv2
 import numpy as np
 import pytest
 
-from analysis.calibration import calibrate
-from analysis.hair_evidence import NOTE_BALD, NOTE_HAT
-from analysis.hairline import NOTE_NOT_FOUND, trace_hairline
-from analysis.edge_profile import EdgeProfile
-from analysis.designs import FaceFrame
-from analysis.hairline_checks import (
-    NOTE_FRINGE, NOTE_NO_IMAGE_EDGE, NOTE_SMALL_FACE, NOTE_SNAP, NOTE_SOFT, midline_spread_px, weigh_edges,
+from analysis.face.calibration import calibrate
+from analysis.face.head_crop import HeadCrop
+from analysis.face.landmarks import FaceMeshDetector
+from analysis.frame import FaceFrame
+from analysis.hairline.checks import (
+    NOTE_FRINGE,
+    NOTE_NO_IMAGE_EDGE,
+    NOTE_SMALL_FACE,
+    NOTE_SNAP,
+    NOTE_SOFT,
+    midline_spread_px,
+    weigh_edges,
 )
-from analysis.hairline_trace import MIDLINE_HALF_WINDOW, Trace, bridge_parting
-from analysis.hairnet import HairNetSegmenter
-from analysis.head_crop import HeadCrop
-from analysis.landmarks import FaceMeshDetector
-from analysis.measurements import measure_face
-from analysis.segmentation import FallbackSegmenter
-from analysis.types import Calibration, Face, HairSegmentation, Hairline
+from analysis.hairline.edge_profile import EdgeProfile
+from analysis.hairline.frontal import NOTE_NOT_FOUND, trace_hairline
+from analysis.hairline.hair_evidence import NOTE_BALD, NOTE_HAT
+from analysis.hairline.measurements import measure_face
+from analysis.hairline.trace import MIDLINE_HALF_WINDOW, Trace, bridge_parting
+from analysis.segmentation.fallback import FallbackSegmenter
+from analysis.segmentation.hairnet import HairNetSegmenter
+from analysis.types import Calibration, Face, Hairline, HairSegmentation
 from shared.settings import AnalysisSettings
 
 from .images import encode, mirrored, rotated

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from analysis import hairnet
-from analysis.hairnet import HairNetSegmenter, HairNetwork, _max_pool_with_argmax, _max_unpool
-from analysis.network_crop import NetworkCrop
-from analysis.subject_hair import subject_hair
-from analysis.tflite_reader import TfliteFormatError, read_graph
+from analysis.segmentation import hairnet
+from analysis.segmentation.hairnet import HairNetSegmenter, HairNetwork, _max_pool_with_argmax, _max_unpool
+from analysis.segmentation.network_crop import NetworkCrop
+from analysis.segmentation.subject_hair import subject_hair
+from analysis.segmentation.tflite_reader import TfliteFormatError, read_graph
 from analysis.types import Face
 
 from .hairnet_reference import REFERENCE, STRIDE, reference_inputs

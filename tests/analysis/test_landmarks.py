@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.landmarks import LANDMARK_COUNT
+from analysis.face.landmarks import LANDMARK_COUNT
 from analysis.types import LandmarkId
 from shared.contract import Code, ContractError
 

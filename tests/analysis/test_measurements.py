@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.calibration import calibrate
-from analysis.designs import FaceFrame
-from analysis.hairline_checks import NOTE_FRINGE
-from analysis.landmarks import FaceMeshDetector
-from analysis.measurements import NOTE_GENDER, measure_face
+from analysis.face.calibration import calibrate
+from analysis.face.landmarks import FaceMeshDetector
+from analysis.frame import FaceFrame
+from analysis.hairline.checks import NOTE_FRINGE
+from analysis.hairline.measurements import NOTE_GENDER, measure_face
 from analysis.types import Face, Hairline
 from shared.settings import AnalysisSettings
 

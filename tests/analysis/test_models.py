@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis import hairnet
-from analysis.bisenet import BiSeNet, BisenetSegmenter
-from analysis.hairnet import HairNetSegmenter
 from analysis.models import ModelLoadError, load_models, resolve_device
-from analysis.segmentation import FallbackSegmenter
+from analysis.segmentation import hairnet
+from analysis.segmentation.bisenet import BiSeNet, BisenetSegmenter
+from analysis.segmentation.fallback import FallbackSegmenter
+from analysis.segmentation.hairnet import HairNetSegmenter
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,8 +23,8 @@ def test_web_side_imports_load_neither_torch_nor_mediapipe():
     # The GPU host's web process imports these; torch or MediaPipe there would defeat the
     # model process. A fresh interpreter, since this one has both loaded already.
     probe = (
-        "import sys, analysis.models, analysis.image_input, analysis.pose, analysis.calibration, "
-        "analysis.landmarks, analysis.types; "
+        "import sys, analysis.models, analysis.image_input, analysis.face.pose, analysis.face.calibration, "
+        "analysis.face.landmarks, analysis.types; "
         "print(sorted(name for name in ('torch', 'mediapipe', 'cv2') if name in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)

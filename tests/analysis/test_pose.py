@@ -6,14 +6,11 @@ import math
 
 import numpy as np
 import pytest
-
 from PIL import Image
 
 from analysis.endpoints import frontal_face
-from analysis.image_input import decode_image
-from analysis.landmarks import LANDMARK_COUNT
-from analysis.pose import (
-    turned_over,
+from analysis.face.landmarks import LANDMARK_COUNT
+from analysis.face.pose import (
     FRONTAL_PITCH_DEGREES,
     NEAR_LIMIT_DEGREES,
     canonical_face_model,
@@ -23,8 +20,10 @@ from analysis.pose import (
     orthographic_pose,
     pose_is_stable,
     procrustes_weights,
+    turned_over,
     weighted_similarity,
 )
+from analysis.image_input import decode_image
 from analysis.types import Face, Pose
 from shared.contract import Code, ContractError
 from shared.settings import AnalysisSettings

@@ -12,15 +12,16 @@ import cv2
 import numpy as np
 import pytest
 
-from analysis import designs
-from analysis.calibration import calibrate
-from analysis.hairline import trace_hairline
-from analysis.head_samples import brow_curve, to_lab
-from analysis.landmarks import FaceMeshDetector
-from analysis.preview import EDGE_NOISE_MM, FRONT_MM, grow_preview, grown_edge
-from analysis.preview_texture import band_texture
-from analysis.segmentation import FallbackSegmenter
-from analysis.types import PLANS, Calibration, Face, HairSegmentation, Hairline
+from analysis.drawing import designs
+from analysis.drawing.preview import EDGE_NOISE_MM, FRONT_MM, grow_preview, grown_edge
+from analysis.drawing.preview_texture import band_texture
+from analysis.face.calibration import calibrate
+from analysis.face.head_samples import brow_curve, to_lab
+from analysis.face.landmarks import FaceMeshDetector
+from analysis.frame import FaceFrame
+from analysis.hairline.frontal import trace_hairline
+from analysis.segmentation.fallback import FallbackSegmenter
+from analysis.types import PLANS, Calibration, Face, Hairline, HairSegmentation
 
 from .images import load_photo
 
@@ -88,7 +89,7 @@ def _band(photo: Analysed, plan: designs.Design) -> np.ndarray:
     band = np.zeros(photo.rgb.shape[:2], np.uint8)
     edge = grown_edge(photo.face, photo.hairline, plan, photo.calibration)
     assert edge is not None
-    frame = designs.FaceFrame.from_face(photo.face)
+    frame = FaceFrame.from_face(photo.face)
     current = frame.to_image(np.stack([frame.to_frame(edge)[:, 0],
                                        designs.current_heights(photo.hairline, frame, frame.to_frame(edge)[:, 0])], 1))
     polygon = np.concatenate([edge, current[::-1]])
@@ -193,7 +194,7 @@ def _hair_lent(photo: Analysed) -> np.ndarray:
 
 
 def _hair_within_10_mm(photo: Analysed) -> np.ndarray:
-    frame = designs.FaceFrame.from_face(photo.face)
+    frame = FaceFrame.from_face(photo.face)
     height, width = photo.rgb.shape[:2]
     ys, xs = np.mgrid[0 : height - 1, 0 : width - 1]
     uv = frame.to_frame(np.stack([xs.ravel(), ys.ravel()], axis=1))

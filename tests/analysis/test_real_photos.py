@@ -13,20 +13,20 @@ import cv2
 import numpy as np
 import pytest
 
-from analysis.calibration import calibrate
-from analysis.designs import FaceFrame
 from analysis.endpoints import analyse
-from analysis.hair_evidence import NOTE_LOW_CONTRAST
-from analysis.hairline import trace_hairline
-from analysis.hairnet import HairNetSegmenter
-from analysis.head_crop import HeadCrop
-from analysis.head_samples import HeadColours, to_lab
-from analysis.landmarks import FaceMeshDetector
+from analysis.face.calibration import calibrate
+from analysis.face.head_crop import HeadCrop
+from analysis.face.head_samples import HeadColours, to_lab
+from analysis.face.landmarks import FaceMeshDetector
+from analysis.frame import FaceFrame
+from analysis.hairline.frontal import trace_hairline
+from analysis.hairline.hair_evidence import NOTE_LOW_CONTRAST
+from analysis.hairline.measurements import measure_face
+from analysis.hairline.scalp import top_of_head
 from analysis.models import Models
-from analysis.measurements import measure_face
-from analysis.scalp import top_of_head
-from analysis.segmentation import FallbackSegmenter
-from analysis.types import Calibration, Face, HairSegmenter, Hairline
+from analysis.segmentation.fallback import FallbackSegmenter
+from analysis.segmentation.hairnet import HairNetSegmenter
+from analysis.types import Calibration, Face, Hairline, HairSegmenter
 from shared.settings import AnalysisSettings
 
 from .conftest import PHOTOS_DIR

@@ -8,8 +8,8 @@ import cv2
 import numpy as np
 import pytest
 
-from analysis import designs, render
-from analysis.calibration import calibrate
+from analysis.drawing import designs, render
+from analysis.face.calibration import calibrate
 from analysis.types import Hairline
 
 pytestmark = pytest.mark.filterwarnings("error")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.head_samples import HeadColours, ColourModel
-from analysis.scalp import NETWORK_SURE, SMOOTH_SCALP_RATIO, TopOfHead, may_be_a_ring
+from analysis.face.head_samples import ColourModel, HeadColours
+from analysis.hairline.scalp import NETWORK_SURE, SMOOTH_SCALP_RATIO, TopOfHead, may_be_a_ring
 
 
 def _colours(skin_coloured: bool) -> HeadColours:

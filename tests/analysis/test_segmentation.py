@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from analysis.landmarks import FaceMeshDetector
-from analysis.segmentation import FallbackSegmenter
+from analysis.face.landmarks import FaceMeshDetector
+from analysis.segmentation.fallback import FallbackSegmenter
 
 
 def test_astronaut_masks_are_full_size_and_find_her_hair(astronaut: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter) -> None:
@@ -38,7 +38,7 @@ def test_same_photo_gives_the_identical_mask_twice(astronaut: np.ndarray, detect
 def test_importing_the_analysis_does_not_import_mediapipe() -> None:
     # the GPU host's web process imports these modules; only the model child may load mediapipe
     code = (
-        "import sys, analysis.segmentation, analysis.hairline, analysis.measurements\n"
+        "import sys, analysis.segmentation.fallback, analysis.hairline.frontal, analysis.hairline.measurements\n"
         "assert 'mediapipe' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -136,8 +136,8 @@ REAL_PHOTO = PHOTOS_DIR / "obama.jpg"  # labelled "hair": a hairline to grow dow
 @pytest.mark.skipif(not REAL_PHOTO.exists(), reason=f"labelled photo not found: {REAL_PHOTO}")
 async def test_real_child_on_a_labelled_photo_sends_comfyui_a_band_above_the_brows(fake: FakeComfyUI) -> None:
     from analysis.endpoints import special_points
+    from analysis.face.landmarks import FaceMeshDetector
     from analysis.image_input import decode_image
-    from analysis.landmarks import FaceMeshDetector
 
     photo = REAL_PHOTO.read_bytes()
     model = ModelProcess(

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from .designs import Design, FaceFrame
+from ..face.head_samples import to_lab
+from ..frame import FaceFrame
+from ..types import Calibration, Face, Hairline
+from .designs import Design
 from .preview import grown_edge
-from .head_samples import to_lab
-from .types import Calibration, Face, Hairline
 
 HIGH_PASS_MM = 0.5
 EDGE_SMOOTH_MM = 0.3

@@ -2,7 +2,7 @@
 
 For each column between the outer brow ends, scan up from the brow curve to the head
 outline for the first run of MIN_RUN_PX hair pixels; its lower edge, to sub-pixel
-precision, is where the hair coverage crosses 0.5. `hairline` traces, `hairline_checks`
+precision, is where the hair coverage crosses 0.5. `frontal` traces, `checks`
 judges the trace; both import `Trace` from here (no import cycle between them).
 """
 
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .designs import FaceFrame
-from .head_samples import brow_curve, face_width_px, head_outline_rows
-from .types import Face, LandmarkId
+from ..face.head_samples import brow_curve, face_width_px, head_outline_rows
+from ..frame import FaceFrame
+from ..types import Face, LandmarkId
 
 MIN_RUN_PX = 3  # working px: a hair region starts with >= 3 hair pixels in a row
 MIDLINE_HALF_WINDOW = 0.10  # face widths either side of the midline: the trichion's window

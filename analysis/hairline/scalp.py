@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from .head_samples import HeadColours, face_width_px, head_colours, head_outline_rows, skin_mask, top_of_head_mask
-from .types import Face, LandmarkId
+from ..face.head_samples import HeadColours, face_width_px, head_colours, head_outline_rows, skin_mask, top_of_head_mask
+from ..types import Face, LandmarkId
 
 TEXTURE_SIGMA_PX = 1.5  # working px (faces 160 px tall): strands are a pixel or two wide there
 SMOOTH_SCALP_RATIO = 1.05  # high-pass energy of a bare scalp / the cheeks' (bald 0.64-0.88, hair >= 1.2)

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from ..types import CropKey, Face, HairSegmentation, LandmarkId
 from .head_samples import face_height_px
-from .types import CropKey, Face, HairSegmentation, LandmarkId
 
 WORK_FACE_HEIGHT_PX = 160.0
 # crop around the head, in face-oval heights from the mesh top / menton / face centre

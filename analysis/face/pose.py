@@ -29,9 +29,9 @@ import numpy as np
 from shared.contract import Code, ContractError
 from shared.settings import AnalysisSettings
 
-from .types import Face, Pose
+from ..types import Face, Pose
 
-_DATA = Path(__file__).parent / "data"
+_DATA = Path(__file__).parent.parent / "data"  # analysis/data
 CANONICAL_VERTEX_COUNT = 468
 # The canonical model's pitch of a face looking at the camera: the median over the nine
 # frontal real photos at hand (astronaut, Grace Hopper and 7 labelled photos; tom_cruise's

@@ -13,12 +13,12 @@ import math
 import numpy as np
 from scipy.stats import theilslopes
 
+from ..face.head_crop import HeadCrop
+from ..face.head_samples import face_height_px
+from ..types import Calibration, Face, Hairline, HairlineShape, HairlineStatus, LandmarkId
 from .edge_profile import EdgeProfile, clear_forehead_top, midline_edge_profile
 from .hair_evidence import NOTE_LOW_CONTRAST, HairEvidence
-from .hairline_trace import MIDLINE_HALF_WINDOW, Trace
-from .head_crop import HeadCrop
-from .head_samples import face_height_px
-from .types import Calibration, Face, Hairline, HairlineShape, HairlineStatus, LandmarkId
+from .trace import MIDLINE_HALF_WINDOW, Trace
 
 TEMPLE_HALF_WINDOW = 0.03  # face widths either side of a canthal line
 RATIO_RANGE = (0.7, 2.2)  # forehead / middle third

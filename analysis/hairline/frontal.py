@@ -2,10 +2,10 @@
 
 Order matters (analysis.md § Real photos): first `hair_evidence` decides whether there is
 a hairline to measure at all (bald -> `no_hairline`, hat -> `occluded`); only then is the
-mask traced (`hairline_trace`), column by column between the outer brow ends, from the
+mask traced (`trace`), column by column between the outer brow ends, from the
 brow curve up to the head outline; the trichion is the median edge over +-0.1 face widths around the midline;
 a cap's band taken for hair (`headwear`) is `occluded`; plausibility gates and the
-fringe check (`hairline_checks`) turn doubt into `uncertain` (with notes and a wide band)
+fringe check (`checks`) turn doubt into `uncertain` (with notes and a wide band)
 or `occluded`. Everything runs in the working frame of
 `HeadCrop` and is mapped back to image pixels at the end.
 """
@@ -16,19 +16,19 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .calibration import calibrate
+from ..face.calibration import calibrate
+from ..face.head_crop import HeadCrop
+from ..face.head_samples import face_height_px, to_lab
+from ..types import Calibration, Face, Hairline, HairSegmentation
+from .checks import judge
 from .hair_evidence import NOTE_BALD, NOTE_HAT, HairEvidence, assess_hair
-from .hairline_checks import judge
-from .hairline_trace import MIDLINE_HALF_WINDOW, Trace, bridge_parting, trace_edges
-from .head_crop import HeadCrop
 from .headwear import CAP_CROWN_GAP, NOTE_DARK_BAND, crown_gap, headwear_band
-from .head_samples import face_height_px, to_lab
-from .types import Calibration, Face, HairSegmentation, Hairline
+from .trace import MIDLINE_HALF_WINDOW, Trace, bridge_parting, trace_edges
 
 MIN_MIDLINE_COVERAGE = 0.5  # share of midline columns that must show an edge
 
 # a parting's skin wedge: rising at least this many face heights (~2.5 mm) above the line
-# its two sides make (`hairline_trace.bridge_parting`)
+# its two sides make (`trace.bridge_parting`)
 PARTING_RISE = 0.02
 NOTE_NOT_FOUND = "前额中部未见头发边缘，无法定位发际线"
 

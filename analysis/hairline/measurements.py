@@ -15,10 +15,10 @@ import numpy as np
 
 from shared.settings import AnalysisSettings
 
-from .calibration import SMALL_IRIS_PX
-from .designs import FaceFrame
-from .hairline_checks import NOTE_FRINGE
-from .types import Calibration, Face, Gender, Hairline, LandmarkId
+from ..face.calibration import SMALL_IRIS_PX
+from ..frame import FaceFrame
+from ..types import Calibration, Face, Gender, Hairline, LandmarkId
+from .checks import NOTE_FRINGE
 
 NOTE_SMALL_IRIS = "脸部在照片中较小（虹膜约 {px:.0f} px，建议 ≥ 20 px）：毫米换算精度较低，请靠近拍摄"
 NOTE_GENDER = "未提供性别：男女额头参考范围不同，本次额头高度未作评估"

@@ -28,7 +28,8 @@ import cv2
 import numpy as np
 from scipy.interpolate import PchipInterpolator
 
-from .types import STYLES, Calibration, Face, Gender, Hairline, LandmarkId, Plan, Style
+from ..frame import FaceFrame
+from ..types import STYLES, Calibration, Face, Gender, Hairline, LandmarkId, Plan, Style
 
 # Target trichion height above the glabella, mm (analysis.md § Designs).
 PLAN_TARGETS_MM: dict[str, dict[str, float]] = {
@@ -50,35 +51,6 @@ _STYLE_PROFILES: dict[str, tuple[tuple[float, float], ...]] = {
     "m_shape": ((0.0, 0.0), (0.3, 0.15), (0.6, 0.9), (0.8, 1.25), (1.0, 1.0)),
     "widows_peak": ((0.0, 0.0), (0.12, 0.35), (0.5, 0.45), (1.0, 1.0)),
 }
-
-
-@dataclass(frozen=True)
-class FaceFrame:
-    """The facial midline frame: origin at the glabella, `up` along the midline."""
-
-    origin: np.ndarray  # (2,) glabella, px
-    up: np.ndarray  # (2,) unit vector towards the forehead
-    across: np.ndarray  # (2,) unit vector towards image-right
-
-    @classmethod
-    def from_face(cls, face: Face) -> FaceFrame:
-        midline = face.points[list(LandmarkId.MIDLINE)]
-        # total least squares: the midline is as uncertain across as along
-        _, _, vt = np.linalg.svd(midline - midline.mean(axis=0))
-        up = vt[0] / np.linalg.norm(vt[0])
-        if np.dot(up, face.points[LandmarkId.MESH_TOP] - face.points[LandmarkId.MENTON]) < 0:
-            up = -up
-        return cls(origin=face.points[LandmarkId.GLABELLA].copy(), up=up, across=np.array([-up[1], up[0]]))
-
-    def to_frame(self, points: np.ndarray) -> np.ndarray:
-        """(N, 2) image px -> (N, 2) (u, v) px."""
-        offset = np.asarray(points, dtype=np.float64).reshape(-1, 2) - self.origin
-        return np.stack([offset @ self.across, offset @ self.up], axis=1)
-
-    def to_image(self, uv: np.ndarray) -> np.ndarray:
-        """(N, 2) (u, v) px -> (N, 2) image px."""
-        uv = np.asarray(uv, dtype=np.float64).reshape(-1, 2)
-        return self.origin + uv[:, :1] * self.across + uv[:, 1:] * self.up
 
 
 @dataclass(frozen=True)

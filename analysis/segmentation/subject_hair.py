@@ -31,10 +31,10 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from .edge_profile import clear_forehead_top
-from .hairline_trace import MIDLINE_HALF_WINDOW, trace_edges
-from .head_samples import brow_curve, brow_strip_mask, face_height_px, face_oval_mask, head_outline_rows
-from .types import Face
+from ..face.head_samples import brow_curve, brow_strip_mask, face_height_px, face_oval_mask, head_outline_rows
+from ..hairline.edge_profile import clear_forehead_top
+from ..hairline.trace import MIDLINE_HALF_WINDOW, trace_edges
+from ..types import Face
 
 # hysteresis: hair is where the network is sure (CORE), and where it is at least EDGE_PROBABILITY
 # sure within EDGE_REACH square px of that (the faint front edge, not faint trails)

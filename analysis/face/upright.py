@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 import cv2
 import numpy as np
 
-from .designs import FaceFrame
-from .types import Face, HairSegmentation, Hairline, LandmarkId
+from ..frame import FaceFrame
+from ..types import Face, Hairline, HairSegmentation, LandmarkId
 
 # Below this roll the photo is analysed as it is: the column scans tolerate a few degrees,
 # and a turn resamples the photo.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from .types import Face, LandmarkId
+from ..types import Face, LandmarkId
 
 SQUARE_FACE_HEIGHTS = 3.0
 SHIFT_UP_FACE_HEIGHTS = 0.25

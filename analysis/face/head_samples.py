@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from .types import Face, LandmarkId
+from ..types import Face, LandmarkId
 
 # cheek and nose-bridge points: skin on nearly every face (beards start lower, fringes higher)
 SKIN_LANDMARKS = (50, 280, 205, 425, 197, 195)

@@ -29,17 +29,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .head_crop import HeadCrop
-from .head_samples import to_lab
-from .native_logs import quiet_native_logs
+from ..face.head_crop import HeadCrop
+from ..face.head_samples import to_lab
+from ..hairline.scalp import may_be_a_ring, top_of_head
+from ..native_logs import quiet_native_logs
+from ..types import Face, HairSegmentation
+from .fallback import PERSON_THRESHOLD
 from .network_crop import NetworkCrop
-from .scalp import may_be_a_ring, top_of_head
-from .segmentation import PERSON_THRESHOLD
 from .subject_hair import is_scalp_ring, subject_hair
 from .tflite_reader import Graph, Operator, TfliteFormatError, read_graph
-from .types import Face, HairSegmentation
 
-MODEL_FILE = Path(__file__).resolve().parent / "data" / "hair_segmentation.tflite"
+MODEL_FILE = Path(__file__).resolve().parent.parent / "data" / "hair_segmentation.tflite"
 MODEL_SHA256 = "d2c940c4fd80edeaf38f5d7387d1b4235ee320ed120080df67c663e749e77633"
 INPUT_SIZE = 512
 HAIR_CHANNEL = 1

@@ -1,7 +1,7 @@
 """The built-in growth preview (gpu_host.md § Generation): the client's own hair brought down
 to a planned hairline, for hosts without ComfyUI.
 
-Recipe, in the face's midline frame (`designs.FaceFrame`: `v` up the midline, `u` across):
+Recipe, in the face's midline frame (`frame.FaceFrame`: `v` up the midline, `u` across):
 - per column `u`, the drop `d(u)` is how far the planned line lies below the current one,
   smoothed across columns; it follows the plan's own shape, and a plan that ends below the
   current line is joined to it beyond its end along a temple's curve (`grown_edge`: no
@@ -33,9 +33,10 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from .designs import Design, FaceFrame, current_heights, has_hairline
-from .head_samples import brow_curve
-from .types import Calibration, Face, Hairline
+from ..face.head_samples import brow_curve
+from ..frame import FaceFrame
+from ..types import Calibration, Face, Hairline
+from .designs import Design, current_heights, has_hairline
 
 FEATHER_MM = 2.5  # blend width at the top of the fill, above the old edge zone
 # Below the new edge the blend runs over UNDER_EDGE_MM: the old edge's soft underside (fine

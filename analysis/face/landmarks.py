@@ -1,6 +1,6 @@
 """Face landmarks: the MediaPipe face mesh (0.10.21, with iris) behind a small wrapper.
 
-Counting (1005/1006) uses the mesh and the full-range face detector together (`face_count`).
+Counting (1005/1006) uses the mesh and the full-range face detector together (`count`).
 The one face's landmarks come from the mesh; a face only the full-range detector saw
 (under about a fifth of the picture) is cropped out and meshed on its own.
 
@@ -14,9 +14,9 @@ import numpy as np
 
 from shared.contract import Code, ContractError
 
-from .face_count import SAME_FACE_OVERLAP, Box, CountedFace, detector_boxes, merge, mesh_box, people
-from .native_logs import quiet_native_logs
-from .types import Face
+from ..native_logs import quiet_native_logs
+from ..types import Face
+from .count import SAME_FACE_OVERLAP, Box, CountedFace, detector_boxes, merge, mesh_box, people
 
 LANDMARK_COUNT = 478
 # Side of the square cut around a face found by the full-range detector, in face-box sizes:
@@ -111,7 +111,7 @@ class FaceMeshDetector:
         return boxes
 
     def _people(self, rgb: np.ndarray, faces: list[CountedFace]) -> tuple[list[CountedFace], dict[CountedFace, np.ndarray]]:
-        """`people(faces)` after rule 4 of `face_count`: a face only one model saw is
+        """`people(faces)` after rule 4 of `count`: a face only one model saw is
         confirmed by the other on a crop around it, or dropped. Dropping one can let a
         smaller face pass the size rule, so this repeats until every counted face is
         confirmed. Returns the people and the landmarks of those only the detector saw."""

@@ -19,7 +19,7 @@ used: the mask over grace_hopper's band stops 0.31-0.34 face heights under the h
 (the crown is not "hair"), as it does on 71 % of deepface_img40's columns (the person mask
 spills over the people behind him), and a +30 brighter copy's mask covers the crown: too
 weak a cue on its own. A light or coloured flat band (a white cap) is not caught: none was
-seen. A headband above visible hair (deepface_img26) has hair below it; hairline_checks'
+seen. A headband above visible hair (deepface_img26) has hair below it; `checks`'
 UNMASKED_GAP_MM handles it.
 The band found is also taken out of the hair mask (endpoint 6: "masks hold the subject's
 hair only"): the mask's pixels connected to the sampled band and at most
@@ -33,9 +33,9 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from .hairline_trace import Trace
-from .head_samples import face_height_px, head_outline_rows
-from .types import Face
+from ..face.head_samples import face_height_px, head_outline_rows
+from ..types import Face
+from .trace import Trace
 
 FLAT_LIGHTNESS_SD = 8.0  # OpenCV 8-bit L, over the band just above the edge
 DARK_LIGHTNESS = 60.0  # median L of a dark band (grace_hopper's: 9, 45 on a +30 copy)

@@ -16,11 +16,11 @@ from typing import Literal
 import cv2
 import numpy as np
 
-from .head_crop import HeadCrop
-from .head_samples import HeadColours, brow_curve, brow_strip_mask, face_oval_mask, head_colours, to_lab
-from .native_logs import quiet_native_logs
-from .scalp import top_of_head
-from .types import Face, HairSegmentation, LandmarkId
+from ..face.head_crop import HeadCrop
+from ..face.head_samples import HeadColours, brow_curve, brow_strip_mask, face_oval_mask, head_colours, to_lab
+from ..hairline.scalp import top_of_head
+from ..native_logs import quiet_native_logs
+from ..types import Face, HairSegmentation, LandmarkId
 
 GRABCUT_ITERATIONS = 1
 PERSON_THRESHOLD = 0.5

@@ -29,8 +29,9 @@ import numpy as np
 import pybase64
 from PIL import Image, ImageDraw, ImageFont
 
-from .designs import Design, FaceFrame, canthal_u, has_hairline
-from .types import Calibration, Face, Hairline, LandmarkId
+from ..frame import FaceFrame
+from ..types import Calibration, Face, Hairline, LandmarkId
+from .designs import Design, canthal_u, has_hairline
 
 # RGB colours
 HAIRLINE = (40, 220, 60)

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .types import Calibration, Face
+from ..types import Calibration, Face
 
 IRIS_DIAMETER_MM = 11.7
 # Population spread of the horizontal visible iris diameter: 11.71 ± 0.42 mm.

@@ -19,12 +19,12 @@ from typing import Literal
 
 import numpy as np
 
-from .head_crop import HeadCrop
-from .head_samples import top_of_head_mask
-from .scalp import TopOfHead, top_of_head
 from shared.contract import NOTE_TOP_OF_HEAD_CUT
 
-from .types import Face, HairSegmentation
+from ..face.head_crop import HeadCrop
+from ..face.head_samples import top_of_head_mask
+from ..types import Face, HairSegmentation
+from .scalp import TopOfHead, top_of_head
 
 # hair this close to the skin colour still segments, but its edge is diffuse
 LOW_CONTRAST_DELTA_E = 40.0

@@ -5,7 +5,7 @@ Over the midline window, each row's mean colour is placed on the line from foreh
 the mask edge). The hairline is where t crosses 0.5 going down; how steeply it crosses,
 in ΔE per working pixel, says whether the edge is sharp (dense hair) or soft (sparse,
 light or stubble hairs). Measured on the labelled photos: the crossing matched the label
-within ~1 working px on sharp edges and drifted on soft ones, so hairline_checks
+within ~1 working px on sharp edges and drifted on soft ones, so `checks`
 (`weigh_edges`) snaps to it only when the edge is sharp, <= 3 mm away and the same on both
 halves of the window; a soft one counts only together with the top of the clear forehead
 (`clear_forehead_top`, the third view), and any other disagreement widens the band.
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .head_samples import ColourModel, brow_strip_mask, face_height_px
-from .types import Face
+from ..face.head_samples import ColourModel, brow_strip_mask, face_height_px
+from ..types import Face
 
 HAIR_BAND = 0.05  # face heights above the mask edge sampled as "hair"
 SEARCH_ABOVE, SEARCH_BELOW = 0.03, 0.05  # face heights around the mask edge searched for the crossing

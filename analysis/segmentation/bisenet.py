@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
-from .types import Face, HairSegmentation
+from ..types import Face, HairSegmentation
 
 CLASS_COUNT = 19
 BACKGROUND, HAIR, HAT = 0, 17, 18
