@@ -26,6 +26,13 @@ from edge.audit.rows import COLUMNS, FINAL_STATES, STATES
 
 SQLITE_BUSY_TIMEOUT_SECONDS = 5.0
 POSTGRES_CONNECT_TIMEOUT_SECONDS = 5
+# A statement the server holds up (another session's lock, a stuck server) and a peer gone
+# without a word (a half-open TCP after a failover) end in an error within seconds instead of
+# holding the writer's thread, and the gateway's shutdown with it, without limit.
+POSTGRES_STATEMENT_TIMEOUT_MS = 5000
+POSTGRES_LOCK_TIMEOUT_MS = 2000
+_POSTGRES_OPTIONS = f"-c statement_timeout={POSTGRES_STATEMENT_TIMEOUT_MS} -c lock_timeout={POSTGRES_LOCK_TIMEOUT_MS}"
+POSTGRES_KEEPALIVE_IDLE_SECONDS, POSTGRES_KEEPALIVE_INTERVAL_SECONDS, POSTGRES_KEEPALIVE_COUNT = 10, 5, 3
 _MIGRATION_LOCK = 7_125_630_011  # pg_advisory_xact_lock key: "the audit schema is being migrated"
 
 _STATUS_CHECK = "CHECK (status IN ({}))".format(", ".join(f"'{state}'" for state in STATES))
@@ -221,7 +228,16 @@ class PostgresAuditStore:
         if self._connection is not None and not self._connection.closed:
             return self._connection
         try:
-            connection = psycopg.connect(self._dsn, connect_timeout=POSTGRES_CONNECT_TIMEOUT_SECONDS, autocommit=False)
+            connection = psycopg.connect(
+                self._dsn,
+                connect_timeout=POSTGRES_CONNECT_TIMEOUT_SECONDS,
+                options=_POSTGRES_OPTIONS,
+                autocommit=False,
+                keepalives=1,
+                keepalives_idle=POSTGRES_KEEPALIVE_IDLE_SECONDS,
+                keepalives_interval=POSTGRES_KEEPALIVE_INTERVAL_SECONDS,
+                keepalives_count=POSTGRES_KEEPALIVE_COUNT,
+            )
         except psycopg.Error as error:
             raise AuditStoreError(f"PostgreSQL: cannot connect ({_postgres_reason(error)})") from None
         try:
@@ -275,10 +291,16 @@ class PostgresAuditStore:
         return rows
 
     def close(self) -> None:
-        with self._lock:
+        # A thread abandoned by a bounded shutdown may still hold the lock (its statement
+        # ends by the server's timeouts): closing must not wait for it on the event loop.
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
             if self._connection is not None:
                 self._connection.close()
                 self._connection = None
+        finally:
+            self._lock.release()
 
 
 _POSTGRES_UPSERT = _UPSERT.format(

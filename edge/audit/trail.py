@@ -12,7 +12,9 @@ batches of at most `BATCH_ROWS`, one thread hop per batch. A batch the store ref
 back to the front and is tried again a second later, in order, until the store is back;
 beyond `max_pending` executions the oldest pending are dropped and counted. Failures are
 logged once a minute. Cancelled (shutdown, after the server drained), it writes what is
-left, for at most `SHUTDOWN_FLUSH_SECONDS`. Retention runs beside it, in small batches.
+left, for at most `SHUTDOWN_FLUSH_SECONDS`: a write still in its thread then is abandoned
+(the store's own timeouts end it), and what is still pending counts as dropped, logged
+once. Retention runs beside it, in small batches.
 """
 
 from __future__ import annotations
@@ -92,7 +94,9 @@ class AuditTrail:
         self._pending: OrderedDict[str, Execution] = OrderedDict()
         self._has_pending = trio.Event()
         self._writer = trio.CapacityLimiter(1)
-        self.writes = dict.fromkeys(WRITE_RESULTS, 0)  # rows, since start
+        # since start: written and failed count row write attempts (a refused batch counts
+        # again at each retry), dropped counts rows given up (beyond max_pending, or at shutdown)
+        self.writes = dict.fromkeys(WRITE_RESULTS, 0)
         self._failures = FailureLog(log, f"审计日志写入失败，变更暂存内存（{store.where if store else '-'}）")
         self._dropped_log = FailureLog(log, "审计日志待写变更超过 edge.audit.max_pending，最旧的已丢弃")
 
@@ -206,7 +210,10 @@ class AuditTrail:
             with trio.CancelScope(shield=True, deadline=trio.current_time() + SHUTDOWN_FLUSH_SECONDS):
                 await self.flush()
             if self._pending:
-                log.error("退出时审计日志仍有 %d 条变更未能写入（%s）", len(self._pending), self.store.where)
+                left = len(self._pending)
+                log.error("退出时审计日志仍有 %d 条变更未能写入，已丢弃（%s）", left, self.store.where)
+                self.writes["dropped"] += left
+                self._pending.clear()
             self.store.close()
             if self.reader is not None:
                 self.reader.close()
@@ -218,13 +225,15 @@ class AuditTrail:
             batch = [self._pending.popitem(last=False)[1] for _ in range(min(BATCH_ROWS, len(self._pending)))]
             rows = [_checked(execution.values()) for execution in batch]
             try:
-                await trio.to_thread.run_sync(self.store.write, rows, limiter=self._writer)
+                # abandoned when cancelled: the shutdown flush's deadline holds even while
+                # the store blocks (the thread ends by the store's timeouts, in the background)
+                await trio.to_thread.run_sync(self.store.write, rows, limiter=self._writer, abandon_on_cancel=True)
             except AuditStoreError as error:
                 self.writes["failed"] += len(rows)
                 self._failures.report(error)
                 self._put_back(batch)
                 return False
-            except BaseException:  # cancelled before the hop (a shutdown): still to be written
+            except BaseException:  # cancelled (a shutdown): not known written, still to be written
                 self._put_back(batch)
                 raise
             self.writes["written"] += len(rows)
@@ -248,7 +257,7 @@ class AuditTrail:
             cutoff = datetime.now(UTC) - timedelta(days=self._retention_days)
             try:
                 while await trio.to_thread.run_sync(
-                    self.store.delete_older, cutoff, RETENTION_BATCH_ROWS, limiter=self._writer
+                    self.store.delete_older, cutoff, RETENTION_BATCH_ROWS, limiter=self._writer, abandon_on_cancel=True
                 ) >= RETENTION_BATCH_ROWS:
                     await trio.sleep(RETENTION_PAUSE_SECONDS)
             except AuditStoreError as error:
@@ -259,7 +268,12 @@ class AuditTrail:
 
     def collect(self) -> Iterable[Metric]:
         """`hairgate_audit_writes_total{result}` and `hairgate_audit_pending`, read at scrape time."""
-        writes = CounterMetricFamily("hairgate_audit_writes", "Audit row writes by result", labels=["result"])
+        writes = CounterMetricFamily(
+            "hairgate_audit_writes",
+            "Audit row write attempts by result (failed: refused, counted again at each retry), "
+            "and rows dropped unwritten (beyond max_pending, or left at shutdown)",
+            labels=["result"],
+        )
         for result in WRITE_RESULTS:
             writes.add_metric([result], self.writes[result])
         yield writes

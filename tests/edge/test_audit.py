@@ -23,6 +23,7 @@ import trio
 import trio.testing
 from prometheus_client import generate_latest
 
+import edge.audit.trail as trail_module
 from edge.admission.idempotency import open_idempotency
 from edge.admission.rate_limit import ClientKeys, header_key
 from edge.app import create_app
@@ -196,6 +197,22 @@ async def test_max_pending_drops_the_oldest_and_counts_them(tmp_path: Path) -> N
     assert [row["execution_id"] for row in reversed(queries_rows(trail))] == ids[2:]
     scraped = generate_latest(_registry(trail)).decode()
     assert 'hairgate_audit_writes_total{result="dropped"} 2.0' in scraped and "hairgate_audit_pending 0.0" in scraped
+
+
+async def test_failed_counts_refused_attempts_and_rows_left_at_shutdown_count_as_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(trail_module, "SHUTDOWN_FLUSH_SECONDS", 0.5)
+    trail = trail_on(SqliteAuditStore(tmp_path))  # a directory: every open is refused
+    arrive(trail, 3)
+    assert not await trail.flush() and not await trail.flush()
+    assert trail.writes == {"written": 0, "failed": 6, "dropped": 0}, "each refused attempt counts its rows"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trail.run)
+        nursery.cancel_scope.cancel()  # a shutdown with the store still refusing
+    assert trail.writes["dropped"] == 3 and trail.pending == 0, "given up at shutdown: counted, not forgotten"
+    scraped = generate_latest(_registry(trail)).decode()
+    assert "# HELP hairgate_audit_writes_total Audit row write attempts by result" in scraped
 
 
 def queries_rows(trail: AuditTrail) -> list[dict[str, Any]]:

@@ -10,13 +10,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
+import pytest
 import trio
 
+import edge.audit.store as store_module
+import edge.audit.trail as trail_module
 from edge.admission.rate_limit import ClientKeys
 from edge.app import create_app
 from edge.audit import queries
@@ -144,3 +148,79 @@ async def test_a_database_missing_at_start_is_retried_until_it_exists(postgres: 
                 await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
     assert set(table(dsn)) == set(ids)
+
+
+def locked(dsn: str) -> psycopg.Connection[Any]:
+    """Another session holding `audit_log` exclusively (its transaction stays open until rollback)."""
+    locker = psycopg.connect(dsn)
+    locker.execute("LOCK TABLE audit_log IN ACCESS EXCLUSIVE MODE")
+    return locker
+
+
+def release_later(locker: psycopg.Connection[Any]) -> tuple[threading.Event, threading.Timer]:
+    """A test that would hang ends: the lock goes after 30 s, and `released` says so."""
+    released = threading.Event()
+
+    def release() -> None:
+        released.set()
+        locker.rollback()
+
+    safety = threading.Timer(30, release)
+    safety.start()
+    return released, safety
+
+
+def waiting_on_a_lock(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        row = connection.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()
+        return int(row[0]) if row else 0
+
+
+async def test_a_write_held_up_by_a_lock_ends_in_an_error_within_the_lock_timeout(postgres: PostgresCluster) -> None:
+    dsn = postgres.create_database("audit_lock_timeout")
+    store = PostgresAuditStore(dsn)
+    store.write([])  # the schema
+    assert store.query("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')", []) == [
+        ("2s", "5s")
+    ]
+    trail = trail_on(dsn)
+    arrive(trail, 1)
+    locker = locked(dsn)
+    released, safety = release_later(locker)  # before the fix: it hung until then
+    try:
+        assert not await trail.flush(), "refused by the lock timeout, not waiting for the lock"
+        assert not released.is_set() and trail.writes["failed"] == 1 and trail.pending == 1
+    finally:
+        safety.cancel()
+        locker.close()
+    assert await trail.flush() and len(table(dsn)) == 1  # the lock gone: written, nothing lost
+
+
+async def test_shutdown_is_bounded_while_postgresql_blocks_the_write(
+    postgres: PostgresCluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # /tmp/rev/pghang.py of the review: a SIGTERM with a row pending while another session
+    # holds the table never returned. Now the flush is abandoned at its deadline.
+    monkeypatch.setattr(trail_module, "SHUTDOWN_FLUSH_SECONDS", 0.5)
+    monkeypatch.setattr(store_module, "_POSTGRES_OPTIONS", "-c lock_timeout=60000")  # the server does not help here
+    dsn = postgres.create_database("audit_shutdown")
+    PostgresAuditStore(dsn).write([])  # the schema
+    trail = trail_on(dsn)
+    locker = locked(dsn)
+    released, safety = release_later(locker)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trail.run)
+            arrive(trail, 1)
+            with trio.fail_after(10):
+                while not await trio.to_thread.run_sync(waiting_on_a_lock, dsn):  # the writer is in the upsert
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()  # what a SIGTERM does
+        assert not released.is_set(), "run() returned only when the lock went"
+    finally:
+        safety.cancel()
+        locker.rollback()
+        locker.close()
+    assert trail.writes["dropped"] == 1 and trail.pending == 0, "the row not written in time is counted"
+    lost = [record for record in caplog.records if "未能写入" in record.getMessage()]
+    assert len(lost) == 1, "logged once"
