@@ -53,7 +53,6 @@ class Execution:
     gpu_ms: int | None = None
     duration_ms: int | None = None
     cost_usd: float | None = None
-    forward_started: float = 0.0  # perf_counter() when the current forward began
 
     def values(self) -> tuple[Any, ...]:
         return (
