@@ -37,6 +37,7 @@ from werkzeug.routing.rules import Rule
 from edge.web.api_routes import FEATURES_PATH, SPECIAL_POINTS_PATH
 from shared.contract import (
     GPU_ENDPOINT_PATHS,
+    HEADER_EXECUTION_ID,
     HEADER_IDEMPOTENCY_KEY,
     HEADER_IDEMPOTENCY_REPLAYED,
     HEADER_REQUEST_ID,
@@ -60,7 +61,6 @@ OPENAPI_PATH = "/openapi.json"
 DOCS_PATH = "/docs"
 DOCS_ASSETS_PATH = "/docs/assets"
 PACKAGE = "hairgate"
-HEADER_EXECUTION_ID = "X-Execution-ID"
 _REF = "#/components/schemas/{model}"
 _SWAGGER_FILES = frozenset(
     {"swagger-ui-bundle.js", "swagger-ui-standalone-preset.js", "swagger-ui.css", "favicon-32x32.png", "favicon-16x16.png"}
