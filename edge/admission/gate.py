@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import trio
 
-from edge.web.http import ApiResponse, Exchange, Outcome, encode
+from edge.exchange import ApiResponse, Exchange, LogFacts, encode
 from edge.admission.idempotency import (
     Idempotency,
     IdempotencyUnavailable,
@@ -167,7 +167,7 @@ def _replay(stored: StoredResponse) -> ApiResponse:
         stored.status,
         stored.body,
         headers=[*headers, _REPLAYED],
-        outcome=Outcome(stored.code, idempotent_replay=True),
+        outcome=LogFacts(stored.code, idempotent_replay=True),
     )
 
 
@@ -181,4 +181,4 @@ def _rate_limited(request_id: str, retry_after_seconds: int) -> ApiResponse:
 def _envelope(request_id: str, code: Code, message: str | None, retry_after: float | None = None) -> ApiResponse:
     headers = [] if retry_after is None else [(_RETRY_AFTER, str(max(1, math.ceil(retry_after))).encode())]
     body = encode(envelope(code, request_id, None, message))
-    return ApiResponse(200, body, headers=headers, outcome=Outcome(int(code)), storable=False)
+    return ApiResponse(200, body, headers=headers, outcome=LogFacts(int(code)), storable=False)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import trio
 
 from edge.audit.trail import AuditTrail
+from edge.exchange import encode
 from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal, Unavailable
 from edge.pool.host_leases import NO_HOST_LEASES, HostLeasing
 from edge.pool.failures import (
@@ -31,7 +32,6 @@ from edge.pool.failures import (
 )
 from edge.pool.upstream import ForwardRequest, Upstream
 from edge.observe.metrics import GatewayMetrics
-from edge.web.http import encode
 from edge.annotations.rewrite import BadImage, DecodedImages, ImageStore, ImageWriteError, has_images
 from shared.contract import (
     DEFAULT_MESSAGES,

@@ -34,8 +34,8 @@ from shared.contract import (
     HEADER_REQUEST_ID,
     HEADER_REQUEST_TIMEOUT_MS,
     HEADER_TOKEN,
+    Code,
 )
-from shared.contract import Code
 from shared.errors import reason
 
 # An idle connection is dropped after this, below the workers' own keep-alive timeout

@@ -20,7 +20,8 @@ from quart import Response as QuartResponse
 from edge.local.local_answer import LocalAnswer
 from edge.pool.upstream import ForwardRequest
 from edge.forwarding.service import ApiAnswer
-from edge.web.http import JSON, ApiResponse, Exchange, GatewayRequest, Outcome, current_gateway_request, encode, exchange_of
+from edge.exchange import ApiResponse, Exchange, LogFacts, encode
+from edge.web.http import JSON, GatewayRequest, current_gateway_request, exchange_of
 from shared.contract import GPU_ENDPOINT_PATHS, HEADER_RETRY_AFTER
 
 if TYPE_CHECKING:
@@ -53,11 +54,12 @@ async def _business(gateway: Gateway, handle: Handle) -> QuartResponse:
     exchange = request.exchange or exchange_of(request)  # built by the rate limit, if it ran
     exchange.body = await request.read_body()
     response = await gateway.admission.around(exchange, lambda: handle(gateway, exchange))
-    return api_answer(request, response)
+    return as_quart_response(request, response)
 
 
-def api_answer(request: GatewayRequest, response: ApiResponse) -> QuartResponse:
-    """The Quart response for an `/api/` answer; notes its outcome for the request log."""
+def as_quart_response(request: GatewayRequest, response: ApiResponse) -> QuartResponse:
+    """An `/api/` answer as Quart's response (the last step of every one); notes its
+    outcome for the request log."""
     request.outcome = response.outcome
     answer = QuartResponse(response.body, status=response.status, content_type=JSON)
     for name, value in response.headers:  # a replay's include the X-Request-ID it was stored with
@@ -78,19 +80,20 @@ async def _forwarded(gateway: Gateway, exchange: Exchange) -> ApiResponse:
         forwarded_for=_forwarded_for(exchange.headers.get(b"x-forwarded-for"), exchange.client_ip),
         execution_id=exchange.execution_id,
     )
-    return api_response(await gateway.api.handle(forward))
+    return as_api_response(await gateway.api.handle(forward))
 
 
 async def _answered_here(endpoint: Callable[[], LocalEndpoint], gateway: Gateway, exchange: Exchange) -> ApiResponse:
     """Endpoints 4 and 99, run by the gateway itself (never a GPU host, never a pool slot)."""
     gateway.audit.executing(exchange.execution_id)
     answer = await endpoint()(exchange.body, exchange.header(b"content-type"), exchange.request_id)
-    return api_response(ApiAnswer(encode(answer.envelope), answer.code, answer.retry_after, gateway_made=True))
+    return as_api_response(ApiAnswer(encode(answer.envelope), answer.code, answer.retry_after, gateway_made=True))
 
 
-def api_response(answer: ApiAnswer) -> ApiResponse:
-    """An `ApiService`/local answer as the response the admission layer and the log see."""
-    outcome = Outcome(
+def as_api_response(answer: ApiAnswer) -> ApiResponse:
+    """An `ApiService`/local answer as the `ApiResponse` the admission layer and the log see
+    (then `as_quart_response` sends it)."""
+    outcome = LogFacts(
         answer.code,
         answer.worker,
         answer.attempts,

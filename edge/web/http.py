@@ -12,17 +12,16 @@ Quart provides for it (`app.request_class`, `app.asgi_http_class`; `edge.app` fi
   held in memory sent as one ASGI message (the log itself is `app.extensions[REQUEST_LOG]`).
 
 The `/api/` handlers work on an `Exchange` (request id, headers, body) and answer an
-`ApiResponse`; admission and idempotency (`edge.admission`) see only those two.
+`ApiResponse`; those types live below every sub-package, in `edge.exchange` (admission
+and idempotency see only them); `exchange_of` builds the one from Quart's request here.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, cast
 
@@ -42,6 +41,7 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 from quart_trio.wrappers.request import TrioBody, TrioRequest
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
+from edge.exchange import Exchange, LogFacts, encode
 from edge.observe.request_log import RequestRecord
 from shared.contract import API_PREFIX, HEADER_REQUEST_ID, request_id_from_header
 from shared.http_server import connection_writes
@@ -151,7 +151,7 @@ class GatewayRequest(TrioRequest):
         headers = self.scope["headers"]
         given = next((value for name, value in headers if name == _REQUEST_ID), None)
         self.request_id = request_id_from_header(None if given is None else given.decode("latin-1"))
-        self.outcome: Outcome | None = None
+        self.outcome: LogFacts | None = None
         self.exchange: Exchange | None = None
         self.execution_id = ""  # an `/api/` request's, given on arrival (`edge.audit`)
 
@@ -180,52 +180,7 @@ def current_gateway_request() -> GatewayRequest:
     return cast(GatewayRequest, request)
 
 
-# --- what the /api/ handlers see -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What the request log records about an answered `/api/` request, besides HTTP facts."""
-
-    code: int | None
-    worker: int | None = None
-    attempts: int = 0
-    queue_seconds: float = 0.0
-    idempotent_replay: bool = False
-    rate_limited: bool = False
-    early_refusal: bool = False
-    failed_workers: tuple[int, ...] = ()  # workers whose forward failed before the answer
-
-
-@dataclass
-class Exchange:
-    """An `/api/` request as admission and the handlers see it: headers lower-cased
-    (X-Forwarded-For hops joined), the body once it has been read."""
-
-    method: str
-    path: str
-    query: str
-    headers: dict[bytes, bytes]
-    client_ip: str
-    request_id: str
-    body: bytes = b""
-    admission: object | None = None  # what admission noted before the body, for after it
-    execution_id: str = ""
-
-    def header(self, name: bytes) -> str | None:
-        value = self.headers.get(name)
-        return None if value is None else value.decode("latin-1")
-
-
-@dataclass
-class ApiResponse:
-    """An `/api/` answer: status, body, extra headers; `outcome` feeds the request log."""
-
-    status: int
-    body: bytes
-    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-    outcome: Outcome | None = None
-    storable: bool = True  # may be replayed to a retry with the same Idempotency-Key
+# --- the /api/ handlers' view of the request (the types: `edge.exchange`) -------------
 
 
 def exchange_of(request: GatewayRequest) -> Exchange:
@@ -318,7 +273,7 @@ class _Sent:
 
 
 def _record(request: GatewayRequest, sent: _Sent, started: float) -> RequestRecord:
-    outcome = request.outcome or Outcome(None)
+    outcome = request.outcome or LogFacts(None)
     left = not sent.complete
     exchange = request.exchange
     return RequestRecord(
@@ -343,11 +298,6 @@ def _record(request: GatewayRequest, sent: _Sent, started: float) -> RequestReco
 
 
 # --- small shared pieces -----------------------------------------------------------------
-
-
-def encode(document: Any) -> bytes:
-    """JSON as the gateway sends it: UTF-8, no spaces (an envelope's bytes are part of the contract)."""
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def json_page(status: int, document: Any, *, close: bool = False) -> QuartResponse:

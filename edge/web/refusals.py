@@ -26,17 +26,15 @@ from quart import request as current_request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge, RequestTimeout
 
 from edge.web import monitor
-from edge.web.api_routes import api_answer, api_response
+from edge.exchange import ApiResponse, LogFacts, encode
+from edge.web.api_routes import as_api_response, as_quart_response
 from edge.web.http import (
     BODY_IDLE_TIMEOUT,
     BodyTimeout,
     JSON,
-    ApiResponse,
     GatewayRequest,
-    Outcome,
     close_after,
     current_gateway_request,
-    encode,
     exchange_of,
     header_block_bytes,
     json_page,
@@ -81,7 +79,7 @@ def register_refusals(app: Quart, gateway: Gateway) -> None:
         if api and request.method == "POST" and gateway.admission.limiter is not None:
             refused = await gateway.admission.before_body(exchange_of(request))
             if refused is not None:
-                return close_after(api_answer(request, refused))
+                return close_after(as_quart_response(request, refused))
         return None
 
     @app.errorhandler(RequestEntityTooLarge)
@@ -94,7 +92,7 @@ def register_refusals(app: Quart, gateway: Gateway) -> None:
         expecting = request.headers.get("Expect", "").lower() == "100-continue"
         if expecting and withholds_continue(request.scope["headers"], gateway.settings.edge.max_body_bytes):
             return _refused(request, Code.TOO_LARGE, message, close=True)  # refused before its body was sent
-        request.outcome = Outcome(int(Code.TOO_LARGE))
+        request.outcome = LogFacts(int(Code.TOO_LARGE))
         return _answer_then_drain(request, encode(envelope(Code.TOO_LARGE, request.request_id, None, message)))
 
     @app.errorhandler(RequestTimeout)
@@ -147,7 +145,7 @@ def register_refusals(app: Quart, gateway: Gateway) -> None:
         if not _is_api(request):
             return json_page(500, monitor.error_answer("internal error"))
         answer = gateway.api.gateway_failure(request.request_id, Code.SYSTEM_ERROR, DEFAULT_MESSAGES[Code.SYSTEM_ERROR])
-        return api_answer(request, api_response(answer))
+        return as_quart_response(request, as_api_response(answer))
 
     @app.after_request
     async def name_the_request(response: QuartResponse) -> QuartResponse:
@@ -176,7 +174,7 @@ def requires_token(gateway: Gateway) -> Callable[[View], View]:
 
 def _refused(request: GatewayRequest, code: Code, message: str, *, close: bool = False) -> QuartResponse:
     body = encode(envelope(code, request.request_id, None, message))
-    answer = api_answer(request, ApiResponse(200, body, outcome=Outcome(int(code))))
+    answer = as_quart_response(request, ApiResponse(200, body, outcome=LogFacts(int(code))))
     return close_after(answer) if close else answer
 
 

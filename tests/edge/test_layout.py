@@ -1,0 +1,114 @@
+"""edge/'s rooms import only downward, so the layout cannot rot unnoticed.
+
+Layers, lowest first: `edge.exchange` (the `/api/` request and answer types) · the
+sub-packages that do one job each (`pool`, `admission`, `observe`, `annotations`, `audit`,
+`local`; they may import one another, never in a circle) · `edge.forwarding` (the forward
+service) · `edge.web` (the HTTP layer) · the top (`gateway`, `app`, `reload`, `main`),
+which assembles them. Imports under `if TYPE_CHECKING:` are annotations only (a view's
+`Gateway`) and are not arrows.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+EDGE = Path(__file__).resolve().parents[2] / "edge"
+LAYERS = [
+    {"edge.exchange"},
+    {"edge.pool", "edge.admission", "edge.observe", "edge.annotations", "edge.audit", "edge.local"},
+    {"edge.forwarding"},
+    {"edge.web"},
+    {"edge.gateway", "edge.app", "edge.reload", "edge.main"},
+]
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(EDGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_imports(tree: ast.Module) -> set[str]:
+    """The edge modules a module imports when it runs (`from edge.x import y` names
+    `edge.x.y` when that is a module of its own)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    paths = {_module(path): path for path in EDGE.rglob("*.py")}
+    return {
+        module: {imported for imported in _runtime_imports(ast.parse(path.read_text())) if imported in paths}
+        for module, path in paths.items()
+    }
+
+
+def _layer(module: str) -> int:
+    for rank, prefixes in enumerate(LAYERS):
+        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
+            return rank
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/edge/test_layout.py")
+
+
+def test_every_import_points_down_or_sideways() -> None:
+    upward = [
+        f"{module} imports {imported}"
+        for module, imports in _graph().items()
+        if module != "edge"
+        for imported in imports
+        if imported != "edge" and _layer(imported) > _layer(module)
+    ]
+    assert not upward, "\n".join(sorted(upward))
+
+
+def test_the_exchange_types_import_nothing_of_edge() -> None:
+    assert _graph()["edge.exchange"] == set()
+
+
+def test_no_module_imports_itself_in_a_circle() -> None:
+    graph = _graph()
+    done: set[str] = set()
+    path: list[str] = []
+
+    def walk(module: str) -> None:
+        if module in path:
+            raise AssertionError("import circle: " + " -> ".join([*path[path.index(module):], module]))
+        if module in done:
+            return
+        path.append(module)
+        for imported in sorted(graph[module]):
+            walk(imported)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        walk(module)
+
+
+def test_the_check_sees_a_known_arrow() -> None:
+    # the checks above are only as good as the graph they walk
+    graph = _graph()
+    assert "edge.pool.pool" in graph["edge.pool.dispatch"]
+    assert "edge.exchange" in graph["edge.admission.gate"]
+    assert "edge.gateway" not in graph["edge.web.api_routes"]  # TYPE_CHECKING only
