@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.segmentation import hairnet
-from analysis.segmentation.hairnet import HairNetSegmenter, HairNetwork, _max_pool_with_argmax, _max_unpool
+from analysis.segmentation import hairnet_graph
+from analysis.segmentation.hairnet import HairNetSegmenter
+from analysis.segmentation.hairnet_graph import HairNetwork, _max_pool_with_argmax, _max_unpool
 from analysis.segmentation.network_crop import NetworkCrop
 from analysis.segmentation.subject_hair import subject_hair
 from analysis.segmentation.tflite_reader import TfliteFormatError, read_graph
@@ -25,13 +26,13 @@ def network() -> HairNetwork:
 
 
 def test_the_bundled_file_is_the_published_network() -> None:
-    data = hairnet.MODEL_FILE.read_bytes()
+    data = hairnet_graph.MODEL_FILE.read_bytes()
     assert len(data) == 780_588
-    assert hashlib.sha256(data).hexdigest() == hairnet.MODEL_SHA256
+    assert hashlib.sha256(data).hexdigest() == hairnet_graph.MODEL_SHA256
 
 
 def test_the_reader_finds_every_operator_and_the_weights() -> None:
-    graph = read_graph(hairnet.MODEL_FILE.read_bytes())
+    graph = read_graph(hairnet_graph.MODEL_FILE.read_bytes())
     kinds = [operator.kind for operator in graph.operators]
     assert {kind: kinds.count(kind) for kind in set(kinds)} == {
         "CONV_2D": 90, "DEPTHWISE_CONV_2D": 28, "PRELU": 100, "ADD": 28, "CONCATENATION": 2,
@@ -54,8 +55,8 @@ def test_what_is_not_a_tflite_model_is_refused_clearly(data: bytes) -> None:
 
 def test_a_damaged_bundled_file_is_refused_not_run(tmp_path, monkeypatch) -> None:
     damaged = tmp_path / "hair_segmentation.tflite"
-    damaged.write_bytes(hairnet.MODEL_FILE.read_bytes()[:-1] + b"\0")
-    monkeypatch.setattr(hairnet, "MODEL_FILE", damaged)
+    damaged.write_bytes(hairnet_graph.MODEL_FILE.read_bytes()[:-1] + b"\0")
+    monkeypatch.setattr(hairnet_graph, "MODEL_FILE", damaged)
     with pytest.raises(TfliteFormatError, match="SHA-256"):
         HairNetwork.from_file()
 
@@ -132,6 +133,6 @@ def test_the_face_below_the_brows_is_never_scalp_hair(face: Face) -> None:
 
 
 def test_the_custom_op_options_are_raw_int32_structs() -> None:
-    graph = read_graph(hairnet.MODEL_FILE.read_bytes())
+    graph = read_graph(hairnet_graph.MODEL_FILE.read_bytes())
     pool = next(op for op in graph.operators if op.kind == "MaxPoolingWithArgmax2D")
     assert struct.unpack_from("<5i", pool.custom_options) == (1, 2, 2, 2, 2)  # SAME, stride 2, filter 2

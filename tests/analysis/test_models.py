@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from analysis.models import ModelLoadError, load_models, resolve_device
-from analysis.segmentation import hairnet
+from analysis.segmentation import hairnet_graph
 from analysis.segmentation.bisenet import BiSeNet, BisenetSegmenter
 from analysis.segmentation.fallback import FallbackSegmenter
 from analysis.segmentation.hairnet import HairNetSegmenter
@@ -86,7 +86,7 @@ def test_no_weights_means_the_hair_network_on_the_gpu_when_there_is_one():
 
 
 def test_the_fallback_only_when_the_network_cannot_run(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(hairnet, "MODEL_FILE", tmp_path / "absent.tflite")
+    monkeypatch.setattr(hairnet_graph, "MODEL_FILE", tmp_path / "absent.tflite")
     with closing(load_models("", device="cpu")) as models:
         assert isinstance(models.segmenter, FallbackSegmenter)
         assert models.segmenter.name == "fallback" and models.device == "cpu"
