@@ -7,7 +7,7 @@ before (1001); only what needs the decoded image (mark points inside it) is chec
 
 Returned dicts are plain JSON values: images are base64 PNG strings under keys ending in
 `_base64` (the gateway turns them into `_url`s), grown images come from the built-in
-preview (`analysis.preview`, `generator: "preview"`), coordinates are rounded to 0.1 px.
+preview (`analysis.drawing.preview`, `generator: "preview"`), coordinates are rounded to 0.1 px.
 
 The inpainting masks that generation needs are internal: only when the caller sets
 `options[INPAINT_MASK_OPTION]` (never set by `parse_options`, so never by a client) does
