@@ -14,7 +14,7 @@ import trio
 from hypercorn.config import Config
 
 from edge.pool.failures import FailureKind, WorkerFailure
-from edge.pool.upstream import ForwardRequest, Upstream
+from edge.pool.upstream import ForwardRequest, Upstream, tls_holds_bytes
 from tests.fakes.fake_worker import FakeWorker, create_app
 from tests.fakes.raw_host import Misbehaviour, RawHost
 from tests.fakes.tls import TlsFiles, tls_files
@@ -102,3 +102,36 @@ async def test_an_unsolicited_response_over_tls_never_reaches_the_next_client(
         await upstream.aclose()
     assert answered == [f"client-{n}" for n in range(8)]
     assert (host.stale_sent, host.connections) == (0 if misbehaviour is Misbehaviour.NONE else 8, connections)
+
+
+async def test_bytes_a_tls_record_brought_beyond_the_answer_keep_the_connection_out_of_reuse(
+    worker_tls: TlsFiles,
+) -> None:
+    # one TLS record holds the answer and bytes after it: the socket then reads as quiet while
+    # the TLS object holds them; a receive in a cancelled scope never saw them (trio checks
+    # for cancellation first), so such a connection was kept and its stale bytes read as the
+    # next request's answer
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(worker_tls.certfile, worker_tls.keyfile)
+    client_context = ssl.create_default_context(cafile=str(worker_tls.ca_file))
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    sent = trio.Event()
+
+    async def serve(stream: trio.SocketStream) -> None:
+        tls = trio.SSLStream(stream, server_context, server_side=True)
+        await tls.do_handshake()
+        await tls.send_all(b"ANSWER" + b"STALE")
+        sent.set()
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, serve, listeners)
+        client = trio.SSLStream(await trio.open_tcp_stream("127.0.0.1", port), client_context, server_hostname="127.0.0.1")
+        await client.do_handshake()
+        await sent.wait()
+        assert await client.receive_some(len(b"ANSWER")) == b"ANSWER"
+        assert tls_holds_bytes(client), "the stale bytes wait in the TLS layer"
+        assert await client.receive_some(100) == b"STALE"
+        assert not tls_holds_bytes(client)
+        nursery.cancel_scope.cancel()
