@@ -32,6 +32,8 @@ POSTGRES_CONNECT_TIMEOUT_SECONDS = 5
 POSTGRES_STATEMENT_TIMEOUT_MS = 5000
 POSTGRES_LOCK_TIMEOUT_MS = 2000
 _POSTGRES_OPTIONS = f"-c statement_timeout={POSTGRES_STATEMENT_TIMEOUT_MS} -c lock_timeout={POSTGRES_LOCK_TIMEOUT_MS}"
+READER_POOL_SIZE = 4  # concurrent /admin/audit reads; more wait for a connection
+POOL_CLOSE_SECONDS = 1.0  # at shutdown, on the event loop: the pool's threads are idle by then
 POSTGRES_KEEPALIVE_IDLE_SECONDS, POSTGRES_KEEPALIVE_INTERVAL_SECONDS, POSTGRES_KEEPALIVE_COUNT = 10, 5, 3
 _MIGRATION_LOCK = 7_125_630_011  # pg_advisory_xact_lock key: "the audit schema is being migrated"
 
@@ -210,9 +212,51 @@ def _migrate_sqlite(connection: sqlite3.Connection) -> None:
         raise
 
 
+def _postgres_options() -> dict[str, Any]:
+    return {
+        "connect_timeout": POSTGRES_CONNECT_TIMEOUT_SECONDS,
+        "options": _POSTGRES_OPTIONS,
+        "autocommit": False,
+        "keepalives": 1,
+        "keepalives_idle": POSTGRES_KEEPALIVE_IDLE_SECONDS,
+        "keepalives_interval": POSTGRES_KEEPALIVE_INTERVAL_SECONDS,
+        "keepalives_count": POSTGRES_KEEPALIVE_COUNT,
+    }
+
+
+def _migrate_postgres(connection: Any) -> None:
+    """Create or migrate the schema; idempotent, and gateways starting together wait in turn."""
+    with connection.transaction():
+        connection.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        connection.execute("CREATE TABLE IF NOT EXISTS audit_schema (version INTEGER NOT NULL)")
+        row = connection.execute("SELECT version FROM audit_schema").fetchone()
+        version = 0 if row is None else row[0]
+        for step in MIGRATIONS["postgresql"][version:]:
+            for statement in step:
+                connection.execute(statement)
+        if row is None:
+            connection.execute("INSERT INTO audit_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
+        else:
+            connection.execute("UPDATE audit_schema SET version = %s", (SCHEMA_VERSION,))
+
+
+def _execute(connection: Any, sql: str, args: Sequence[Any], many: Sequence[Sequence[Any]] | None) -> Any:
+    """One statement (or one batch) in one transaction: its rows, or its row count."""
+    with connection.transaction():
+        cursor = connection.cursor()
+        if many is None:
+            cursor.execute(sql, args)
+        else:
+            cursor.executemany(sql, many)
+        rows = cursor.fetchall() if cursor.description is not None else None
+        return rows if rows is not None else cursor.rowcount
+
+
 class PostgresAuditStore:
-    """psycopg 3, synchronous: one connection per role (the writer, the readers), each
-    used from a worker thread; asyncio-only async API, hence threads under trio."""
+    """psycopg 3, synchronous, used from a worker thread (its async API is asyncio-only,
+    hence threads under trio): one connection. The writer's: it writes one batch at a time,
+    in order, so a pool would add threads and a second reconnect policy for nothing; and the
+    CLI's, which runs one query."""
 
     dialect = "postgresql"
     where = "PostgreSQL"
@@ -228,31 +272,11 @@ class PostgresAuditStore:
         if self._connection is not None and not self._connection.closed:
             return self._connection
         try:
-            connection = psycopg.connect(
-                self._dsn,
-                connect_timeout=POSTGRES_CONNECT_TIMEOUT_SECONDS,
-                options=_POSTGRES_OPTIONS,
-                autocommit=False,
-                keepalives=1,
-                keepalives_idle=POSTGRES_KEEPALIVE_IDLE_SECONDS,
-                keepalives_interval=POSTGRES_KEEPALIVE_INTERVAL_SECONDS,
-                keepalives_count=POSTGRES_KEEPALIVE_COUNT,
-            )
+            connection = psycopg.connect(self._dsn, **_postgres_options())
         except psycopg.Error as error:
             raise AuditStoreError(f"PostgreSQL: cannot connect ({_postgres_reason(error)})") from None
         try:
-            with connection.transaction():
-                connection.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-                connection.execute("CREATE TABLE IF NOT EXISTS audit_schema (version INTEGER NOT NULL)")
-                row = connection.execute("SELECT version FROM audit_schema").fetchone()
-                version = 0 if row is None else row[0]
-                for step in MIGRATIONS["postgresql"][version:]:
-                    for statement in step:
-                        connection.execute(statement)
-                if row is None:
-                    connection.execute("INSERT INTO audit_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
-                else:
-                    connection.execute("UPDATE audit_schema SET version = %s", (SCHEMA_VERSION,))
+            _migrate_postgres(connection)
         except psycopg.Error as error:
             connection.close()
             raise AuditStoreError(f"PostgreSQL: schema: {_postgres_reason(error)}") from None
@@ -265,14 +289,7 @@ class PostgresAuditStore:
         with self._lock:
             connection = self._connect()
             try:
-                with connection.transaction():
-                    cursor = connection.cursor()
-                    if many is None:
-                        cursor.execute(sql, args)
-                    else:
-                        cursor.executemany(sql, many)
-                    rows = cursor.fetchall() if cursor.description is not None else None
-                    return rows if rows is not None else cursor.rowcount
+                return _execute(connection, sql, args, many)
             except psycopg.Error as error:
                 if connection.closed or connection.broken:
                     self._connection = None
@@ -303,6 +320,45 @@ class PostgresAuditStore:
             self._lock.release()
 
 
+class PostgresAuditReaders(PostgresAuditStore):
+    """The gateway's readers (`GET /admin/audit`): a small psycopg_pool pool, so reads that
+    arrive together run side by side, each on its own connection, instead of queueing on one.
+    The pool checks a connection before lending it and replaces broken ones itself."""
+
+    def __init__(self, dsn: str, size: int = READER_POOL_SIZE) -> None:
+        from psycopg_pool import ConnectionPool
+
+        super().__init__(dsn)
+        self._pool: ConnectionPool[Any] = ConnectionPool(
+            dsn,
+            kwargs=_postgres_options(),
+            min_size=1,
+            max_size=size,
+            open=False,  # opened at the first read, in a worker thread
+            configure=_migrate_postgres,
+            check=ConnectionPool.check_connection,
+            name="audit-readers",
+        )
+        self._opened = False
+
+    def _run(self, sql: str, args: Sequence[Any] = (), *, many: Sequence[Sequence[Any]] | None = None) -> Any:
+        import psycopg
+
+        with self._lock:
+            if not self._opened:
+                self._pool.open(wait=False)
+                self._opened = True
+        try:
+            with self._pool.connection(timeout=POSTGRES_CONNECT_TIMEOUT_SECONDS) as connection:
+                return _execute(connection, sql, args, many)
+        except psycopg.Error as error:  # PoolTimeout included: no connection could be made in time
+            raise AuditStoreError(f"PostgreSQL: {_postgres_reason(error)}") from None
+
+    def close(self) -> None:
+        if self._opened:
+            self._pool.close(timeout=POOL_CLOSE_SECONDS)
+
+
 _POSTGRES_UPSERT = _UPSERT.format(
     columns=", ".join(COLUMNS),
     values=", ".join("%s::inet" if column == "client_ip" else "%s" for column in COLUMNS),
@@ -316,12 +372,21 @@ def _postgres_reason(error: Exception) -> str:
     return f"{first} [{sqlstate}]" if sqlstate else first
 
 
-def open_store(path: str | Path, postgres_dsn: str) -> AuditStore:
-    """The store the settings name: PostgreSQL when the DSN secret is set, else SQLite at `path`.
+def open_store(path: str | Path, postgres_dsn: str, *, readers: bool = False) -> AuditStore:
+    """The store the settings name: PostgreSQL when the DSN secret is set, else SQLite at `path`
+    (`readers`: the gateway's concurrent reads, a pool in PostgreSQL; SQLite's WAL reads are local).
     Nothing is opened yet: the first call connects (and creates or migrates the schema)."""
     if postgres_dsn:
-        return PostgresAuditStore(postgres_dsn)
+        return PostgresAuditReaders(postgres_dsn) if readers else PostgresAuditStore(postgres_dsn)
     return SqliteAuditStore(path)
 
 
-__all__ = ["FINAL_STATES", "AuditStore", "AuditStoreError", "PostgresAuditStore", "SqliteAuditStore", "open_store"]
+__all__ = [
+    "FINAL_STATES",
+    "AuditStore",
+    "AuditStoreError",
+    "PostgresAuditReaders",
+    "PostgresAuditStore",
+    "SqliteAuditStore",
+    "open_store",
+]

@@ -297,7 +297,7 @@ def build_audit(settings: Settings, client_keys: Callable[[], ClientKeys], metri
     """The gateway's trail (nothing opened yet: `AuditTrail.run` connects), its metrics registered."""
     audit = settings.edge.audit
     store = open_store(audit.path, settings.audit.postgres_dsn) if audit.enabled else None
-    reader = open_store(audit.path, settings.audit.postgres_dsn) if audit.enabled else None
+    reader = open_store(audit.path, settings.audit.postgres_dsn, readers=True) if audit.enabled else None
     trail = AuditTrail(
         ExecutionIds(audit.gateway_id),
         store,

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from edge.admission.rate_limit import ClientKeys
 from edge.app import create_app
 from edge.audit import queries
 from edge.audit.ids import ExecutionIds
-from edge.audit.store import PostgresAuditStore
+from edge.audit.store import PostgresAuditReaders, PostgresAuditStore
 from edge.audit.trail import AuditTrail
 from edge.gateway import build_gateway
 from shared.contract import HEADER_EXECUTION_ID
@@ -224,3 +225,25 @@ async def test_shutdown_is_bounded_while_postgresql_blocks_the_write(
     assert trail.writes["dropped"] == 1 and trail.pending == 0, "the row not written in time is counted"
     lost = [record for record in caplog.records if "未能写入" in record.getMessage()]
     assert len(lost) == 1, "logged once"
+
+
+def sleeping(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        sql = "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'SELECT pg_sleep%'"
+        row = connection.execute(sql).fetchone()
+        return int(row[0]) if row else 0
+
+
+async def test_the_gateways_readers_run_side_by_side_on_a_pool(postgres: PostgresCluster) -> None:
+    dsn = postgres.create_database("audit_readers")
+    readers = PostgresAuditReaders(dsn)
+    try:
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):  # two /admin/audit reads at once
+                nursery.start_soon(partial(trio.to_thread.run_sync, readers.query, "SELECT pg_sleep(3)", []))
+            with trio.fail_after(3):
+                while await trio.to_thread.run_sync(sleeping, dsn) < 2:  # one connection: never more than 1
+                    await trio.sleep(0.05)
+        assert readers.query("SELECT count(*) FROM audit_log", []) == [(0,)], "the schema is there for a reader too"
+    finally:
+        readers.close()
