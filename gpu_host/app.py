@@ -252,12 +252,18 @@ def _encode_json(body: dict) -> bytes:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+# 12 digits of milliseconds are 31 years: a longer value sets no deadline of its own.
+MAX_REQUEST_TIMEOUT_DIGITS = 12
+
+
 def _deadline(arrived: float) -> float:
     """When this request's work must end (trio clock): `X-Request-Timeout-Ms` after `arrived`,
     less the margin; inf without the header (or with a value that is no whole number of ms:
     the host's own timeouts apply). Too little time given: a 1007 without running anything."""
     given = request.headers.get(HEADER_REQUEST_TIMEOUT_MS, "").strip()
     if not (given.isascii() and given.isdigit()):  # "²²²²" is a digit to str.isdigit, not to int()
+        return math.inf
+    if len(given) > MAX_REQUEST_TIMEOUT_DIGITS:  # longer than any deadline: int / 1000 overflows
         return math.inf
     if int(given) < MIN_REQUEST_TIMEOUT_MS:
         raise ContractError(Code.SYSTEM_ERROR, MSG_DEADLINE_TOO_SHORT.format(ms=int(given)))

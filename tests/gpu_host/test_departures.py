@@ -80,6 +80,21 @@ async def test_too_little_time_given_is_a_1007_at_once_without_running_anything(
     assert (served.status_code, served.json()["code"]) == (200, Code.OK)
 
 
+async def test_a_deadline_longer_than_any_is_no_deadline_of_its_own_not_an_overflow(
+    tmp_path: Path, client_of: Any
+) -> None:
+    # 400 digits overflowed int / 1000 (an OverflowError answered 1007 with a traceback) and
+    # past 4,300 digits int() itself refused them
+    async with running_host(tmp_path) as host:
+        client = client_of(host)
+        codes = [
+            (await client.post(MEASURE, headers={HEADER_REQUEST_TIMEOUT_MS: "9" * digits}, **_upload(scripted(b"ok"))))
+            .json()["code"]
+            for digits in (13, 400, 5000)
+        ]
+    assert codes == [Code.OK, Code.OK, Code.OK]
+
+
 async def test_an_inference_past_the_deadline_answers_1007_in_time_and_keeps_the_child(
     tmp_path: Path, fifos: Fifos, client_of: Any
 ) -> None:
