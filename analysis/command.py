@@ -71,8 +71,9 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _analyse(endpoint: str, image: bytes, options: dict[str, Any], limits: AnalysisSettings,
-             weights: str, device: str) -> dict[str, Any]:
+def _analyse(
+    endpoint: str, image: bytes, options: dict[str, Any], limits: AnalysisSettings, weights: str, device: str
+) -> dict[str, Any]:
     from .endpoints import run_endpoint  # heavy (mediapipe, cv2): only once the input is known good
     from .models import load_models
 

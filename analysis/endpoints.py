@@ -107,8 +107,9 @@ def analyse(rgb: np.ndarray, models: Models, limits: AnalysisSettings) -> Analys
     return Analysis(found.face, found.pose, calibration, turn.segmentation_back(segmentation), hairline)
 
 
-def _widened_for_pose(hairline: Hairline, found: FrontalFace, calibration: Calibration,
-                      limits: AnalysisSettings) -> Hairline:
+def _widened_for_pose(
+    hairline: Hairline, found: FrontalFace, calibration: Calibration, limits: AnalysisSettings
+) -> Hairline:
     """A photo measured past a yaw/pitch limit: the band grows by what the extra turn can
     foreshorten the forehead (height × (cos limit − cos angle), for each angle past its own
     limit, the larger), and a note says why."""
@@ -117,13 +118,18 @@ def _widened_for_pose(hairline: Hairline, found: FrontalFace, calibration: Calib
     pose = found.pose
     frame = FaceFrame.from_face(found.face)
     height_mm = abs(float(frame.to_frame(np.asarray(hairline.trichion))[0, 1])) * calibration.mm_per_px
-    past_limits = [(abs(angle), limit) for angle, limit in ((pose.yaw_degrees, limits.max_yaw_degrees),
-                                                             (pose.pitch_degrees, limits.max_pitch_degrees))
-                   if abs(angle) > limit]
-    extra_mm = height_mm * max(math.cos(math.radians(limit)) - math.cos(math.radians(angle))
-                               for angle, limit in past_limits)
-    note = (f"头部偏转略超出建议范围（左右 {abs(pose.yaw_degrees):.0f}°，上下 {abs(pose.pitch_degrees):.0f}°），"
-            f"误差范围已放宽 {extra_mm:.1f} mm；正对镜头重拍可更准确")
+    past_limits = [
+        (abs(angle), limit)
+        for angle, limit in ((pose.yaw_degrees, limits.max_yaw_degrees), (pose.pitch_degrees, limits.max_pitch_degrees))
+        if abs(angle) > limit
+    ]
+    extra_mm = height_mm * max(
+        math.cos(math.radians(limit)) - math.cos(math.radians(angle)) for angle, limit in past_limits
+    )
+    note = (
+        f"头部偏转略超出建议范围（左右 {abs(pose.yaw_degrees):.0f}°，上下 {abs(pose.pitch_degrees):.0f}°），"
+        f"误差范围已放宽 {extra_mm:.1f} mm；正对镜头重拍可更准确"
+    )
     return replace(hairline, uncertainty_mm=hairline.uncertainty_mm + extra_mm, notes=(*hairline.notes, note))
 
 
@@ -145,11 +151,17 @@ def measure(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: An
         "image": {"width": face.image_width, "height": face.image_height},
         "face": {
             "bbox": list(face.bbox),
-            "pose": {"yaw": _round(pose.yaw_degrees), "pitch": _round(pose.pitch_degrees),
-                     "roll": _round(pose.roll_degrees)},
+            "pose": {
+                "yaw": _round(pose.yaw_degrees),
+                "pitch": _round(pose.pitch_degrees),
+                "roll": _round(pose.roll_degrees),
+            },
         },
-        "calibration": {"method": "iris", "iris_diameter_px": _round(calibration.iris_diameter_px),
-                        "mm_per_px": _round(calibration.mm_per_px, 4)},
+        "calibration": {
+            "method": "iris",
+            "iris_diameter_px": _round(calibration.iris_diameter_px),
+            "mm_per_px": _round(calibration.mm_per_px, 4),
+        },
         "hairline": _hairline_data(found.hairline),
         **measure_face(face, found.hairline, calibration, options.get("gender", "unknown"), limits),
         "segmenter": found.segmentation.segmenter,
@@ -185,10 +197,12 @@ def _plan_caption(design: designs.Design) -> str:
 def grow(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: AnalysisSettings) -> dict[str, Any]:
     """Endpoint 2: one drawn plan per requested plan, each with its grown picture."""
     found = analyse(rgb, models, limits)
-    plans = designs.plan_designs(options["plans"], found.face, found.hairline, found.calibration,
-                                 options.get("gender", "unknown"))
-    pictures = render.png_base64_all([render.draw_design(rgb, found.hairline, plan, _plan_caption(plan))
-                                      for plan in plans])
+    plans = designs.plan_designs(
+        options["plans"], found.face, found.hairline, found.calibration, options.get("gender", "unknown")
+    )
+    pictures = render.png_base64_all(
+        [render.draw_design(rgb, found.hairline, plan, _plan_caption(plan)) for plan in plans]
+    )
     results = []
     for plan, picture in zip(plans, pictures):
         result: dict[str, Any] = {
@@ -239,12 +253,16 @@ def hairline(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: A
     """Endpoint 5: one image per requested style."""
     found = analyse(rgb, models, limits)
     gender = options.get("gender", "unknown")
-    styles = [designs.style_design(style, found.face, found.hairline, found.calibration, gender)
-              for style in options["styles"]]
-    pictures = render.png_base64_all([render.draw_design(rgb, found.hairline, style, f"style {style.name}")
-                                      for style in styles])
-    return {"hairline_images": [{"style": style.name, "image_base64": picture}
-                                for style, picture in zip(styles, pictures)]}
+    styles = [
+        designs.style_design(style, found.face, found.hairline, found.calibration, gender)
+        for style in options["styles"]
+    ]
+    pictures = render.png_base64_all(
+        [render.draw_design(rgb, found.hairline, style, f"style {style.name}") for style in styles]
+    )
+    return {
+        "hairline_images": [{"style": style.name, "image_base64": picture} for style, picture in zip(styles, pictures)]
+    }
 
 
 def mask(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: AnalysisSettings) -> dict[str, Any]:
@@ -269,10 +287,15 @@ def special_points_of(face: Face) -> dict[str, Any]:
     `trichion` is the top of the mesh (not a hairline); the temples are the upper lateral
     forehead points on the face oval (54 / 284); left/right are image-left/image-right."""
     named = {
-        "trichion": LandmarkId.MESH_TOP, "glabella": LandmarkId.GLABELLA, "nasion": LandmarkId.NASION,
-        "subnasale": LandmarkId.SUBNASALE, "menton": LandmarkId.MENTON,
-        "left_temple": LandmarkId.UPPER_LATERAL_FOREHEAD[0], "right_temple": LandmarkId.UPPER_LATERAL_FOREHEAD[1],
-        "left_iris_center": LandmarkId.IRIS_CENTERS[0], "right_iris_center": LandmarkId.IRIS_CENTERS[1],
+        "trichion": LandmarkId.MESH_TOP,
+        "glabella": LandmarkId.GLABELLA,
+        "nasion": LandmarkId.NASION,
+        "subnasale": LandmarkId.SUBNASALE,
+        "menton": LandmarkId.MENTON,
+        "left_temple": LandmarkId.UPPER_LATERAL_FOREHEAD[0],
+        "right_temple": LandmarkId.UPPER_LATERAL_FOREHEAD[1],
+        "left_iris_center": LandmarkId.IRIS_CENTERS[0],
+        "right_iris_center": LandmarkId.IRIS_CENTERS[1],
     }
     return {
         "image": {"width": face.image_width, "height": face.image_height},
@@ -280,15 +303,18 @@ def special_points_of(face: Face) -> dict[str, Any]:
     }
 
 
-def special_points(rgb: np.ndarray, detector: FaceMeshDetector, limits: AnalysisSettings | None = None) -> dict[str, Any]:
+def special_points(
+    rgb: np.ndarray, detector: FaceMeshDetector, limits: AnalysisSettings | None = None
+) -> dict[str, Any]:
     """Endpoint 99 (the gateway calls it on its own CPU); with `limits`, the pose gate
     (1008) applies as on every other endpoint."""
     face = frontal_face(rgb, detector, limits).face if limits is not None else detector.detect(rgb)
     return special_points_of(face)
 
 
-def _special_points_endpoint(rgb: np.ndarray, models: Models, options: dict[str, Any],
-                             limits: AnalysisSettings) -> dict[str, Any]:
+def _special_points_endpoint(
+    rgb: np.ndarray, models: Models, options: dict[str, Any], limits: AnalysisSettings
+) -> dict[str, Any]:
     return special_points(rgb, models.detector, limits)
 
 
@@ -304,8 +330,9 @@ HANDLERS: dict[str, Handler] = {
 }
 
 
-def run_endpoint(endpoint: str, image: bytes, options: dict[str, Any], models: Models,
-                 limits: AnalysisSettings) -> dict[str, Any]:
+def run_endpoint(
+    endpoint: str, image: bytes, options: dict[str, Any], models: Models, limits: AnalysisSettings
+) -> dict[str, Any]:
     """Decode `image` and run `endpoint`; ContractError for anything the client must fix."""
     try:
         handler = HANDLERS[endpoint]

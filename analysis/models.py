@@ -37,7 +37,7 @@ class Models:
 
 
 def resolve_device(device: str) -> str:
-    """"auto" -> cuda:0 when torch sees a GPU, else cpu; "cuda" -> cuda:0 (which must exist)."""
+    """ "auto" -> cuda:0 when torch sees a GPU, else cpu; "cuda" -> cuda:0 (which must exist)."""
     if device == CPU:
         return CPU
     try:

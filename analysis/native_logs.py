@@ -83,4 +83,4 @@ def _forward(read_end: int, original: int) -> None:
 def _write(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]

@@ -91,8 +91,8 @@ def prepare(
 def write_sample_photo(directory: Path = DEV_DIR) -> Path | None:
     """A real face to try (scikit-image's astronaut), when scikit-image is installed."""
     try:
-        from skimage import data
         from PIL import Image
+        from skimage import data
     except ImportError:
         return None
     path = directory / SAMPLE_PHOTO

@@ -125,7 +125,9 @@ class Process:
         self._lines: list[str] | None = None if echo else []
         self._changed = threading.Condition()
         self._ended = threading.Event()
-        self._reader = threading.Thread(target=self._read, args=(echo, on_exit), name=f"output of {self.name}", daemon=True)
+        self._reader = threading.Thread(
+            target=self._read, args=(echo, on_exit), name=f"output of {self.name}", daemon=True
+        )
         self._reader.start()
 
     @property
@@ -256,7 +258,9 @@ def start_gateway(settings: Path, secrets: Path, port: int, log_path: Path, time
     gateway = start(hairgate_service("gateway", "edge", settings, secrets, port, "/health"), log_path)
     with _killed_on_error(gateway):
         gateway.wait_for_log(POOL_READY, timeout_s)
-        gateway.poll_until(lambda: httpx.get(gateway.service.health_url, timeout=1).status_code == 200, "its port", timeout_s)
+        gateway.poll_until(
+            lambda: httpx.get(gateway.service.health_url, timeout=1).status_code == 200, "its port", timeout_s
+        )
     return gateway
 
 

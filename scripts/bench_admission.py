@@ -29,16 +29,16 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.fakes
 
-from edge.admission.idempotency import Idempotency, RunResult, StoredResponse, fingerprint  # noqa: E402
-from edge.admission.idempotency_stores import RedisStore, SqliteStore  # noqa: E402
-from edge.observe.metrics import GatewayMetrics  # noqa: E402
-from edge.admission.rate_limit import ClientKeys, MemoryRateLimiter, RedisRateLimiter  # noqa: E402
-from edge.observe.request_log import RequestRecord  # noqa: E402
-from edge.admission.shared_state import redis_client  # noqa: E402
-from edge.observe.stats import RequestStats  # noqa: E402
-from shared.contract import Code, envelope  # noqa: E402
-from shared.settings import RateLimitSettings  # noqa: E402
-from tests.fakes.redis_server import RedisServer, find_redis_binary  # noqa: E402
+from edge.admission.idempotency import Idempotency, RunResult, StoredResponse, fingerprint
+from edge.admission.idempotency_stores import RedisStore, SqliteStore
+from edge.admission.rate_limit import ClientKeys, MemoryRateLimiter, RedisRateLimiter
+from edge.admission.shared_state import redis_client
+from edge.observe.metrics import GatewayMetrics
+from edge.observe.request_log import RequestRecord
+from edge.observe.stats import RequestStats
+from shared.contract import Code, envelope
+from shared.settings import RateLimitSettings
+from tests.fakes.redis_server import RedisServer, find_redis_binary
 
 # an envelope of a typical size: only a client-facing answer is ever stored or replayed
 RESPONSE = StoredResponse(
@@ -125,7 +125,9 @@ def bench_stats(records: int) -> None:
         began = time.perf_counter()
         stats.snapshot(start + 3600)
         timings.append((time.perf_counter() - began) * 1000)
-    print(f"(c) stats: record {per_record:.2f} µs; snapshot after {records} records {statistics.median(timings):.2f} ms")
+    print(
+        f"(c) stats: record {per_record:.2f} µs; snapshot after {records} records {statistics.median(timings):.2f} ms"
+    )
     metrics = GatewayMetrics(version="bench")
     began = time.perf_counter()
     for entry in entries:

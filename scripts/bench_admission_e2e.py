@@ -42,11 +42,11 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.fakes
 
-from bench_gateway import BLOCK, BODY, PATH, summary_ms, timed_post  # noqa: E402
+from bench_gateway import BLOCK, BODY, PATH, summary_ms, timed_post
 
-from cluster.launcher import LOOPBACK, Process, free_port  # noqa: E402
-from shared.contract import HEADER_IDEMPOTENCY_KEY, HEADER_REQUEST_ID, HEADER_TOKEN  # noqa: E402
-from tests.fakes.launch import FakeCluster, FakeWorkerProcess  # noqa: E402
+from cluster.launcher import LOOPBACK, Process, free_port
+from shared.contract import HEADER_IDEMPOTENCY_KEY, HEADER_REQUEST_ID, HEADER_TOKEN
+from tests.fakes.launch import FakeCluster, FakeWorkerProcess
 
 FEATURES_OFF = {"rate_limit": {"enabled": False}, "idempotency": {"enabled": False}, "metrics_bind": ""}
 STATS_PATHS = ["/api/v1/hair/measure", "/api/v1/hair/mask", "/api/v1/hair/hairline", "/api/v1/hair/grow"]
@@ -254,19 +254,25 @@ def print_report(args: argparse.Namespace, latency: dict, rejected: dict, long: 
     for name, row in latency.items():
         added = row["p50"] - straight["p50"]
         print(f"    {name:14} " + " ".join(f"{row[k]:8.3f}" for k in ("p50", "p99", "mean")) + f" {added:10.3f}")
-    print(f"    features on - off, p50: {latency['features on']['p50'] - latency['features off']['p50']:+.3f} ms; "
-          f"key - no key, p50: {latency['on + key']['p50'] - latency['features on']['p50']:+.3f} ms")
+    print(
+        f"    features on - off, p50: {latency['features on']['p50'] - latency['features off']['p50']:+.3f} ms; "
+        f"key - no key, p50: {latency['on + key']['p50'] - latency['features on']['p50']:+.3f} ms"
+    )
     print(f"(iii) edge rejections under a 2 MB limit, {args.rejections} each: server-side duration_ms from the")
     print("    request log (for the oversize body it includes reading and dropping the rest after answering),")
     print("    and 'answer': client-side, head + 64 KiB sent -> status line received")
     for name, row in rejected.items():
         print(f"    {name:22} p50 {row['p50']:.3f} ms  p99 {row['p99']:.3f} ms  codes seen {row['codes']}")
-    print(f"(iv) {args.stats_requests} requests, {args.clients} clients, {args.workers} fakes: {long['rate']:.0f} req/s; "
-          f"/admin/stats counted {long['counted']} ({long['stats_bytes']} bytes)")
+    print(
+        f"(iv) {args.stats_requests} requests, {args.clients} clients, {args.workers} fakes: {long['rate']:.0f} req/s; "
+        f"/admin/stats counted {long['counted']} ({long['stats_bytes']} bytes)"
+    )
     stats = long["stats"]
     print(f"    GET /admin/stats x100 after them: p50 {stats['p50']:.2f} ms, p99 {stats['p99']:.2f} ms")
-    print(f"    gateway VmRSS: {long['rss_before_kib'] / 1024:.1f} MiB after warm-up, "
-          f"{long['rss_after_kib'] / 1024:.1f} MiB after the run")
+    print(
+        f"    gateway VmRSS: {long['rss_before_kib'] / 1024:.1f} MiB after warm-up, "
+        f"{long['rss_after_kib'] / 1024:.1f} MiB after the run"
+    )
     print("    (loopback; client, gateways and fakes share the machine's cores)")
 
 

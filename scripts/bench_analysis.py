@@ -35,20 +35,20 @@ from skimage import data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.analysis.images
 
-from analysis.drawing import render  # noqa: E402
-from analysis.endpoints import run_endpoint  # noqa: E402
-from analysis.face.calibration import calibrate  # noqa: E402
-from analysis.face.pose import check_pose, estimate_pose  # noqa: E402
-from analysis.face.upright import Upright  # noqa: E402
-from analysis.hairline.frontal import trace_hairline  # noqa: E402
-from analysis.hairline.measurements import measure_face  # noqa: E402
-from analysis.image_input import decode_image  # noqa: E402
-from analysis.models import Models, load_models  # noqa: E402
-from analysis.segmentation.fallback import FallbackSegmenter  # noqa: E402
-from analysis.types import Face, HairSegmentation, LandmarkId  # noqa: E402
-from shared.contract import ContractError  # noqa: E402
-from shared.settings import AnalysisSettings  # noqa: E402
-from tests.analysis.images import encode, huge_blank_png  # noqa: E402
+from analysis.drawing import render
+from analysis.endpoints import run_endpoint
+from analysis.face.calibration import calibrate
+from analysis.face.pose import check_pose, estimate_pose
+from analysis.face.upright import Upright
+from analysis.hairline.frontal import trace_hairline
+from analysis.hairline.measurements import measure_face
+from analysis.image_input import decode_image
+from analysis.models import Models, load_models
+from analysis.segmentation.fallback import FallbackSegmenter
+from analysis.types import Face, HairSegmentation, LandmarkId
+from shared.contract import ContractError
+from shared.settings import AnalysisSettings
+from tests.analysis.images import encode, huge_blank_png
 
 TARGET_512_MS = 250.0
 TARGET_12MP_FACTOR = 2.0
@@ -107,8 +107,10 @@ def upright_turn_ms(rgb: np.ndarray, face: Face, segmentation: HairSegmentation,
     person masks (here the photo's own, turned onto the canvas beforehand) turned back."""
     turn = Upright.of(face, 20.0)
     assert turn.matrix is not None
-    on_canvas = [cv2.warpAffine(mask.astype(np.uint8), turn.matrix, turn.size) > 0
-                 for mask in (segmentation.hair, segmentation.person)]
+    on_canvas = [
+        cv2.warpAffine(mask.astype(np.uint8), turn.matrix, turn.size) > 0
+        for mask in (segmentation.hair, segmentation.person)
+    ]
     return median_ms(lambda: (turn.image(rgb), [turn.mask_back(mask) for mask in on_canvas]), runs)
 
 
@@ -126,8 +128,10 @@ def endpoint_totals(uploads: dict[str, bytes], models: Models, runs: int) -> tup
             if run:
                 wall[name].append((time.perf_counter() - start) * 1000)
                 cpu[name].append((time.process_time() - start_cpu) * 1000)
-    return ({name: statistics.median(values) for name, values in wall.items()},
-            {name: statistics.median(values) for name, values in cpu.items()})
+    return (
+        {name: statistics.median(values) for name, values in wall.items()},
+        {name: statistics.median(values) for name, values in cpu.items()},
+    )
 
 
 def annotated_png_mb(upload: bytes, models: Models) -> float:
@@ -193,29 +197,41 @@ def main() -> None:
         for stage, stage_ms in stage_timings(upload, models, bisenet, args.runs).items():
             rows.setdefault(stage, {})[name] = stage_ms
     rows["measure endpoint total (fallback)"], rows["measure endpoint CPU (fallback)"] = endpoint_totals(
-        uploads, models, args.runs)
+        uploads, models, args.runs
+    )
     if default.segmenter.name != "fallback":
-        rows[f"measure endpoint total ({default.segmenter.name})"], rows[f"measure endpoint CPU ({default.segmenter.name})"] = (
-            endpoint_totals(uploads, default, args.runs))
+        (
+            rows[f"measure endpoint total ({default.segmenter.name})"],
+            rows[f"measure endpoint CPU ({default.segmenter.name})"],
+        ) = endpoint_totals(uploads, default, args.runs)
     if bisenet is not None:
         rows["measure endpoint total (BiSeNet)"], rows["measure endpoint CPU (BiSeNet)"] = endpoint_totals(
-            uploads, bisenet, args.runs)
+            uploads, bisenet, args.runs
+        )
 
     small, large = uploads
-    print(f"\nmedian of {args.runs} runs, ms (shared 2-core machine: expect noise; "
-          "the endpoint totals of both sizes are timed in turns)")
+    print(
+        f"\nmedian of {args.runs} runs, ms (shared 2-core machine: expect noise; "
+        "the endpoint totals of both sizes are timed in turns)"
+    )
     print(f"{'stage':36} {small:>9} {large:>10} {'ratio':>6}")
     for stage, ms in rows.items():
         print(f"{stage:36} {ms[small]:9.1f} {ms[large]:10.1f} {ms[large] / ms[small]:6.1f}")
-    print("annotated PNG: " + ", ".join(f"{name} {annotated_png_mb(upload, models):.2f} MB"
-                                        for name, upload in uploads.items()))
+    print(
+        "annotated PNG: "
+        + ", ".join(f"{name} {annotated_png_mb(upload, models):.2f} MB" for name, upload in uploads.items())
+    )
     total_small, total_large = rows["measure endpoint total (fallback)"].values()
     cpu_small, cpu_large = rows["measure endpoint CPU (fallback)"].values()
-    print(f"\ntarget 512 px <= {TARGET_512_MS:.0f} ms: {total_small:.0f} ms "
-          f"({'met' if total_small <= TARGET_512_MS else 'MISSED'})")
+    print(
+        f"\ntarget 512 px <= {TARGET_512_MS:.0f} ms: {total_small:.0f} ms "
+        f"({'met' if total_small <= TARGET_512_MS else 'MISSED'})"
+    )
     ratio = total_large / total_small
-    print(f"target 12 MP <= {TARGET_12MP_FACTOR:.0f}x the 512 px run: {total_large:.0f} ms, {ratio:.2f}x "
-          f"({'met' if ratio <= TARGET_12MP_FACTOR else 'MISSED'}); in CPU time {cpu_large / cpu_small:.2f}x")
+    print(
+        f"target 12 MP <= {TARGET_12MP_FACTOR:.0f}x the 512 px run: {total_large:.0f} ms, {ratio:.2f}x "
+        f"({'met' if ratio <= TARGET_12MP_FACTOR else 'MISSED'}); in CPU time {cpu_large / cpu_small:.2f}x"
+    )
     print(f"refuse a 30000x30000 PNG bomb: {refuse_bomb_ms(args.runs):.2f} ms")
     models.close()
     default.segmenter.close()

@@ -187,8 +187,10 @@ async def outage(cluster: PostgresCluster, rate: float, seconds: float) -> dict[
         "executions": len(sent),
         "rows lost": len(set(sent) - rows),
         "failed batch writes (rows)": trail.writes["failed"],
-        **{f"hook µs {name} p50/p99": (percentile(v, 0.5) * 1e6, percentile(v, 0.99) * 1e6)
-           for name, v in phases.items()},
+        **{
+            f"hook µs {name} p50/p99": (percentile(v, 0.5) * 1e6, percentile(v, 0.99) * 1e6)
+            for name, v in phases.items()
+        },
     }
 
 
@@ -262,8 +264,10 @@ async def gateway_outage(cluster: PostgresCluster, rate: float, seconds: float, 
         "requests": len(samples),
         "failed": sum(not ok for _, _, ok, _ in samples),
         "rows lost": len(ids - written),
-        **{f"client ms {name} p50/p99": (percentile(v, 0.5) * 1e3, percentile(v, 0.99) * 1e3)
-           for name, v in phases.items()},
+        **{
+            f"client ms {name} p50/p99": (percentile(v, 0.5) * 1e3, percentile(v, 0.99) * 1e3)
+            for name, v in phases.items()
+        },
     }
 
 
@@ -274,8 +278,9 @@ async def main_async(args: argparse.Namespace) -> int:
     try:
         if "hooks" in only:
             result = await hooks(args.hooks, directory)
-            print(f"(a) hooks per request: recording {result['recording']:.2f} µs, off {result['off']:.2f} µs",
-                  flush=True)
+            print(
+                f"(a) hooks per request: recording {result['recording']:.2f} µs, off {result['off']:.2f} µs", flush=True
+            )
         if "sqlite" in only:
             result = await sustained(SqliteAuditStore(directory / "sustained.sqlite3"), args.rate, args.seconds)
             print(f"(b) SQLite, {args.seconds:g} s: {_line(result)}", flush=True)
@@ -291,8 +296,10 @@ async def main_async(args: argparse.Namespace) -> int:
             print(f"(b) PostgreSQL, {args.seconds:g} s: {_line(result)}", flush=True)
         if "outage" in only and cluster is not None:
             result = await outage(cluster, args.outage_rate, args.outage_seconds)
-            print(f"(c) PostgreSQL stopped {args.outage_seconds:g} s at {args.outage_rate:g}/s: {_line(result)}",
-                  flush=True)
+            print(
+                f"(c) PostgreSQL stopped {args.outage_seconds:g} s at {args.outage_rate:g}/s: {_line(result)}",
+                flush=True,
+            )
         if "gateway" in only and cluster is not None:
             result = await gateway_outage(cluster, args.outage_rate, args.outage_seconds, directory / "gateway")
             what = f"PostgreSQL stopped {args.outage_seconds:g} s at {args.outage_rate:g} req/s"

@@ -46,12 +46,12 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.fakes
 
-from cluster.files import write_secrets  # noqa: E402
-from cluster.launcher import Process, Service, child_env, free_port, start  # noqa: E402
-from cluster.launcher import start_gateway as start_edge  # noqa: E402
-from tests.fakes.fake_worker import PNG_BASE64  # noqa: E402
-from tests.fakes.launch import FakeWorkerProcess, write_gateway_settings  # noqa: E402
-from shared.percentiles import percentile  # noqa: E402
+from cluster.files import write_secrets
+from cluster.launcher import Process, Service, child_env, free_port, start
+from cluster.launcher import start_gateway as start_edge
+from shared.percentiles import percentile
+from tests.fakes.fake_worker import PNG_BASE64
+from tests.fakes.launch import FakeWorkerProcess, write_gateway_settings
 
 PATH = "/api/v1/hair/measure"
 BODY = {"image_base64": PNG_BASE64, "gender": "unknown"}  # the gateway checks the magic bytes
@@ -209,9 +209,13 @@ def start_gateway(
     else:  # `python -m` runs the code of the working directory: the other checkout's
         argv = [sys.executable, "-m", "shared.cli", "edge", "--config", str(config), "--secrets", str(secrets_file)]
         argv += ["--bind", f"127.0.0.1:{port}"]
-        process = start(Service(name, argv, f"http://127.0.0.1:{port}", "/health"), directory / "gateway.log", cwd=checkout)
+        process = start(
+            Service(name, argv, f"http://127.0.0.1:{port}", "/health"), directory / "gateway.log", cwd=checkout
+        )
         process.wait_for_log(POOL_READY, 30)
-        process.poll_until(lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200, "its port", 30)
+        process.poll_until(
+            lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200, "its port", 30
+        )
     return Target(name, f"http://127.0.0.1:{port}", {}, process)
 
 
@@ -221,9 +225,7 @@ def start_haproxy(directory: Path, token: str, fakes: list[FakeWorkerProcess]) -
         return None
     directory.mkdir(parents=True)
     port = free_port()
-    servers = "\n".join(
-        f"    server w{i} {fake.url.removeprefix('http://')} maxconn 1" for i, fake in enumerate(fakes)
-    )
+    servers = "\n".join(f"    server w{i} {fake.url.removeprefix('http://')} maxconn 1" for i, fake in enumerate(fakes))
     (directory / "haproxy.cfg").write_text(
         f"""global
     maxconn 4096
@@ -243,7 +245,9 @@ backend pool
 {servers}
 """
     )
-    process = subprocess.Popen([binary, "-f", str(directory / "haproxy.cfg")], stdout=subprocess.DEVNULL, env=child_env())
+    process = subprocess.Popen(
+        [binary, "-f", str(directory / "haproxy.cfg")], stdout=subprocess.DEVNULL, env=child_env()
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 10
     while True:
@@ -267,13 +271,20 @@ async def start_fakes(token: str, count: int, service_ms: float, started: list[T
 
 
 async def proxies_for(
-    phase: str, directory: Path, token: str, fakes: list[FakeWorkerProcess], args: argparse.Namespace, started: list[Target]
+    phase: str,
+    directory: Path,
+    token: str,
+    fakes: list[FakeWorkerProcess],
+    args: argparse.Namespace,
+    started: list[Target],
 ) -> list[Target]:
     proxies = [start_gateway("gateway", directory / phase / "gateway", token, fakes, None)]
     if args.compare_with is not None:
         proxies.append(start_gateway("gateway-old", directory / phase / "old", token, fakes, args.compare_with))
     if args.audit_off:  # the same gateway without its audit trail (edge.audit.enabled = false)
-        proxies.append(start_gateway("gateway-audit-off", directory / phase / "audit-off", token, fakes, None, audit=False))
+        proxies.append(
+            start_gateway("gateway-audit-off", directory / phase / "audit-off", token, fakes, None, audit=False)
+        )
     if not args.no_haproxy and (haproxy := start_haproxy(directory / phase / "haproxy", token, fakes)) is not None:
         proxies.append(haproxy)
     started.extend(proxies)
@@ -286,7 +297,9 @@ async def run_benchmarks(args: argparse.Namespace, directory: Path) -> int:
     try:
         (solo,) = await start_fakes(token, 1, 0, started)
         proxies = await proxies_for("a", directory, token, [solo], args, started)
-        latency = await added_latency([Target("direct", solo.url, {"X-Internal-Token": token}), *proxies], args.serial_requests)
+        latency = await added_latency(
+            [Target("direct", solo.url, {"X-Internal-Token": token}), *proxies], args.serial_requests
+        )
         stop_all(started)
 
         pool = await start_fakes(token, args.workers, args.service_ms, started)
@@ -303,7 +316,9 @@ async def run_benchmarks(args: argparse.Namespace, directory: Path) -> int:
         stop_all(started)
     print_report(args, latency, saturation, ceiling)
     # the gateway's promise; HAProxy is only the reference (its retries may overlap)
-    gateways = [result for results in (saturation, ceiling) for name, result in results.items() if name.startswith("gateway")]
+    gateways = [
+        result for results in (saturation, ceiling) for name, result in results.items() if name.startswith("gateway")
+    ]
     return 1 if any(result["overlaps"] for result in gateways) else 0
 
 
@@ -350,7 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ceiling-requests", type=int, default=4000)
     parser.add_argument("--compare-with", type=Path, help="another checkout whose gateway is measured too")
     parser.add_argument("--no-haproxy", action="store_true")
-    parser.add_argument("--audit-off", action="store_true", help="also measure a gateway with edge.audit.enabled = false")
+    parser.add_argument(
+        "--audit-off", action="store_true", help="also measure a gateway with edge.audit.enabled = false"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as directory:
         return trio.run(run_benchmarks, args, Path(directory))

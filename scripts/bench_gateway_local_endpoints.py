@@ -28,10 +28,10 @@ from skimage import data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.fakes
 
-from cluster.files import write_secrets  # noqa: E402
-from cluster.launcher import free_port, start_gateway  # noqa: E402
-from scripts.bench_gateway import BODY, summary_ms  # noqa: E402
-from tests.fakes.launch import FakeWorkerProcess, write_gateway_settings  # noqa: E402
+from cluster.files import write_secrets
+from cluster.launcher import free_port, start_gateway
+from scripts.bench_gateway import BODY, summary_ms
+from tests.fakes.launch import FakeWorkerProcess, write_gateway_settings
 
 SPECIAL_POINTS, MEASURE = "/api/v1/face/special-points", "/api/v1/hair/measure"
 
@@ -80,7 +80,9 @@ async def main(args: argparse.Namespace) -> None:
             port = free_port()
             cpu = {"workers": args.cpu_workers, "start_workers_at_start": True}
             config = write_gateway_settings(directory, port, [fake.url], edge={"cpu": cpu})
-            gateway = start_gateway(config, write_secrets(directory / "secrets.toml", token), port, directory / "gw.log")
+            gateway = start_gateway(
+                config, write_secrets(directory / "secrets.toml", token), port, directory / "gw.log"
+            )
             samples = await measure_under_load(gateway.url, args.seconds, args.clients)
         finally:
             if gateway is not None:

@@ -37,11 +37,11 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.fakes
 
-from cluster.launcher import Process  # noqa: E402
-from tests.fakes.fake_worker import PNG_BASE64  # noqa: E402
-from tests.fakes.launch import FakeCluster, FakeWorkerProcess  # noqa: E402
-from tests.fakes.redis_server import RedisServer, find_redis_binary  # noqa: E402
-from shared.percentiles import percentile  # noqa: E402
+from cluster.launcher import Process
+from shared.percentiles import percentile
+from tests.fakes.fake_worker import PNG_BASE64
+from tests.fakes.launch import FakeCluster, FakeWorkerProcess
+from tests.fakes.redis_server import RedisServer, find_redis_binary
 
 MEASURE = "/api/v1/hair/measure"
 BODY = {"image_base64": PNG_BASE64}
@@ -59,11 +59,18 @@ def gateway_settings(redis_url: str) -> dict[str, Any]:
 
 
 async def one_run(
-    cluster: FakeCluster, name: str, fakes: list[FakeWorkerProcess], gateways: int, redis_url: str, args: argparse.Namespace
+    cluster: FakeCluster,
+    name: str,
+    fakes: list[FakeWorkerProcess],
+    gateways: int,
+    redis_url: str,
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     for fake in fakes:
         await fake.reset()
-    started: list[Process] = [cluster.gateway(f"{name}-{n}", fakes, gateway_settings(redis_url))[0] for n in range(gateways)]
+    started: list[Process] = [
+        cluster.gateway(f"{name}-{n}", fakes, gateway_settings(redis_url))[0] for n in range(gateways)
+    ]
     latencies: list[float] = []
     failed = 0
     deadline = trio.current_time() + args.seconds
@@ -119,7 +126,9 @@ async def run(args: argparse.Namespace, directory: Path) -> int:
 
 def report(args: argparse.Namespace, results: dict[tuple[str, str], dict[str, Any]]) -> int:
     missed = 0
-    print(f"busy-refusing hosts, {args.service_ms:g} ms jobs, {args.clients_per_host} clients per host, {args.seconds:g} s")
+    print(
+        f"busy-refusing hosts, {args.service_ms:g} ms jobs, {args.clients_per_host} clients per host, {args.seconds:g} s"
+    )
     print(f"    {'layout':7} {'shared':6} {'served':>6} {'ideal':>6} {'busy':>6} {'/100':>6} {'failed':>6} "
           f"{'overlaps':>8} {'p50 ms':>7} {'p95 ms':>7}  verdict")  # fmt: skip
     for (layout, shared), row in results.items():
@@ -148,7 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--service-ms", type=float, default=200.0)
     parser.add_argument("--clients-per-host", type=int, default=CLIENTS_PER_HOST)
-    parser.add_argument("--layouts", default="1x2,2x2,4x8", help="gateways x hosts, comma-separated (1x2: this machine's ceiling)")
+    parser.add_argument(
+        "--layouts", default="1x2,2x2,4x8", help="gateways x hosts, comma-separated (1x2: this machine's ceiling)"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-gateways-") as directory:
         return trio.run(run, args, Path(directory))

@@ -43,9 +43,9 @@ sys.path.insert(0, str(REPO_ROOT))
 from cluster.dev import prepare  # noqa: E402
 from cluster.files import edit_settings  # noqa: E402
 from shared.contract import HEADER_TOKEN  # noqa: E402
+from shared.percentiles import percentile  # noqa: E402
 from shared.settings import AnalysisSettings  # noqa: E402
 from tests.gpu_host.processes import astronaut_png, model_child_pid, start  # noqa: E402
-from shared.percentiles import percentile  # noqa: E402
 
 MEASURE = "/api/v1/hair/measure"
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*model process (started|ready) \| pid=(\d+)")
@@ -179,7 +179,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--first-port", type=int, default=20450)
-    parser.add_argument("--health-disk-check", action="store_true", help="only /health during inference, check off vs on")
+    parser.add_argument(
+        "--health-disk-check", action="store_true", help="only /health during inference, check off vs on"
+    )
     args = parser.parse_args()
     if args.health_disk_check:
         print(json.dumps(health_with_and_without_disk_check(args.first_port, args.runs), indent=2))

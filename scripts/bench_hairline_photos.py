@@ -26,13 +26,13 @@ from skimage import data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.analysis.images
 
-from analysis.face.calibration import calibrate  # noqa: E402
-from analysis.face.landmarks import FaceMeshDetector  # noqa: E402
-from analysis.hairline.frontal import trace_hairline  # noqa: E402
-from analysis.hairline.hair_evidence import NOTE_HAT  # noqa: E402
-from analysis.segmentation.fallback import FallbackSegmenter  # noqa: E402
-from analysis.segmentation.hairnet import HairNetSegmenter  # noqa: E402
-from tests.analysis.images import load_photo  # noqa: E402
+from analysis.face.calibration import calibrate
+from analysis.face.landmarks import FaceMeshDetector
+from analysis.hairline.frontal import trace_hairline
+from analysis.hairline.hair_evidence import NOTE_HAT
+from analysis.segmentation.fallback import FallbackSegmenter
+from analysis.segmentation.hairnet import HairNetSegmenter
+from tests.analysis.images import load_photo
 
 DEFAULT_PHOTOS = Path(__file__).resolve().parents[1] / ".." / "shared" / "photos"
 
@@ -56,8 +56,10 @@ def main() -> None:
     args = parser.parse_args()
     detector = FaceMeshDetector()
     segmenter = HairNetSegmenter("cpu") if args.segmenter == "hairnet" else FallbackSegmenter()
-    print(f"{'photo':18} {'kind':11} {'expected':>9} {'got':>7} {'err px':>6} {'err mm':>6} {'status':11} "
-          f"{'±mm':>5} {'seg ms':>6} {'trace ms':>8}")
+    print(
+        f"{'photo':18} {'kind':11} {'expected':>9} {'got':>7} {'err px':>6} {'err mm':>6} {'status':11} "
+        f"{'±mm':>5} {'seg ms':>6} {'trace ms':>8}"
+    )
     statuses, errors_mm, false_claims = [], [], []
     for name, rgb, label in cases(args.photos):
         face = detector.detect(rgb)
@@ -85,8 +87,10 @@ def main() -> None:
             f"{statistics.median(segment_ms):6.0f} {statistics.median(trace_ms):8.0f}"
         )
     if statuses:
-        print(f"\nlabelled hairline photos: {statuses.count('ok')}/{len(statuses)} ok; trichion error "
-              f"mean {statistics.mean(errors_mm):.1f} mm, max {max(errors_mm):.1f} mm")
+        print(
+            f"\nlabelled hairline photos: {statuses.count('ok')}/{len(statuses)} ok; trichion error "
+            f"mean {statistics.mean(errors_mm):.1f} mm, max {max(errors_mm):.1f} mm"
+        )
     print(f"false claims: {len(false_claims)}" + "".join(f"\n  {claim}" for claim in false_claims))
 
 

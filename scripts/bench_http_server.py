@@ -41,7 +41,11 @@ def app_answering(answer: bytes) -> ASGIFramework:
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
-        start = {"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(answer)).encode())]}
+        start = {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-length", str(len(answer)).encode())],
+        }
         await send(cast(ASGISendEvent, start))
         await send(cast(ASGISendEvent, {"type": "http.response.body", "body": answer}))
 
@@ -66,7 +70,9 @@ async def main(args: argparse.Namespace) -> None:
     cpu: dict[str, list[float]] = {name: [] for name in CLASSES}
     wall: dict[str, list[float]] = {name: [] for name in CLASSES}
     async with trio.open_nursery() as nursery:
-        serve = partial(hypercorn.trio.serve, app_answering(b"x" * args.answer_bytes), config, shutdown_trigger=stop.wait)
+        serve = partial(
+            hypercorn.trio.serve, app_answering(b"x" * args.answer_bytes), config, shutdown_trigger=stop.wait
+        )
         port = int((await nursery.start(serve))[0].rsplit(":", 1)[1])
         await block(port, 200, args.answer_bytes)  # warm-up
         for index in range(args.blocks * len(CLASSES)):
@@ -77,9 +83,13 @@ async def main(args: argparse.Namespace) -> None:
             cpu[name].append((time.process_time() - started_cpu) / args.requests * 1e6)
             wall[name].append((time.perf_counter() - started_wall) / args.requests * 1e6)
         stop.set()
-    print(f"{args.requests} requests x {args.blocks} blocks each, answers of {args.answer_bytes} bytes (median of blocks)")
+    print(
+        f"{args.requests} requests x {args.blocks} blocks each, answers of {args.answer_bytes} bytes (median of blocks)"
+    )
     for name in CLASSES:
-        print(f"    {name:<12} CPU {statistics.median(cpu[name]):7.1f} us/request   wall {statistics.median(wall[name]):7.1f} us/request")
+        print(
+            f"    {name:<12} CPU {statistics.median(cpu[name]):7.1f} us/request   wall {statistics.median(wall[name]):7.1f} us/request"
+        )
 
 
 if __name__ == "__main__":

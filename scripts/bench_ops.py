@@ -31,12 +31,12 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests, scripts
 
-from cluster.files import write_secrets  # noqa: E402
-from cluster.launcher import Process, child_env, free_port, start_gateway as start_edge  # noqa: E402
-from scripts.bench_gateway import closed_loop  # noqa: E402
-from tests.fakes.launch import FakeWorkerProcess, write_gateway_settings  # noqa: E402
-from tests.gpu_host.operations import Load, TlsPool, rotate_argv, small_face_json, start_gateway, steady_load  # noqa: E402
-
+from cluster.files import write_secrets
+from cluster.launcher import Process, child_env, free_port
+from cluster.launcher import start_gateway as start_edge
+from scripts.bench_gateway import closed_loop
+from tests.fakes.launch import FakeWorkerProcess, write_gateway_settings
+from tests.gpu_host.operations import Load, TlsPool, rotate_argv, small_face_json, start_gateway, steady_load
 
 LOOPS = 4
 
@@ -72,7 +72,9 @@ async def rotation_under_load(directory: Path, rate: float) -> dict[str, float |
         pool.stop()
 
 
-async def two_gateways(directory: Path, workers: int, service_ms: float, clients: int, requests: int) -> dict[str, float]:
+async def two_gateways(
+    directory: Path, workers: int, service_ms: float, clients: int, requests: int
+) -> dict[str, float]:
     token = secrets.token_hex(16)
     secrets_path = write_secrets(directory / "secrets.toml", token)
     fakes = [FakeWorkerProcess.start(token, service_ms, directory / f"fake-{n}.log") for n in range(workers)]
@@ -119,7 +121,9 @@ async def run(args: argparse.Namespace, directory: Path) -> int:
         failed |= bool(rotation["failed"]) or rotation["exit"] != 0
     if not args.skip_two_gateways:
         (directory / "two").mkdir()
-        load = await two_gateways(directory / "two", args.workers, args.service_ms, args.clients_per_gateway, args.requests)
+        load = await two_gateways(
+            directory / "two", args.workers, args.service_ms, args.clients_per_gateway, args.requests
+        )
         print(
             f"(b) 2 gateways x {args.workers} fakes ({args.service_ms:g} ms), {2 * args.clients_per_gateway} clients: "
             f"{load['two_gateways_rps']:.1f} req/s = {load['of_straight']:.2f} of straight {load['straight_rps']:.1f} "

@@ -26,15 +26,15 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.analysis.images
 
-from analysis.drawing import designs, render  # noqa: E402
-from analysis.drawing.preview import grow_preview  # noqa: E402
-from analysis.face.calibration import calibrate  # noqa: E402
-from analysis.face.landmarks import FaceMeshDetector  # noqa: E402
-from analysis.hairline.frontal import trace_hairline  # noqa: E402
-from analysis.segmentation.fallback import FallbackSegmenter  # noqa: E402
-from analysis.types import PLANS  # noqa: E402
-from scripts.bench_analysis import median_ms  # noqa: E402
-from tests.analysis.images import load_photo  # noqa: E402
+from analysis.drawing import designs, render
+from analysis.drawing.preview import grow_preview
+from analysis.face.calibration import calibrate
+from analysis.face.landmarks import FaceMeshDetector
+from analysis.hairline.frontal import trace_hairline
+from analysis.segmentation.fallback import FallbackSegmenter
+from analysis.types import PLANS
+from scripts.bench_analysis import median_ms
+from tests.analysis.images import load_photo
 
 DEFAULT_PHOTOS = Path(__file__).resolve().parents[1] / ".." / "shared" / "photos"
 MEGAPIXEL = 1_000_000
@@ -50,9 +50,13 @@ def before_after(rgb: np.ndarray, grown: np.ndarray, face, hairline) -> Image.Im
     """The head, from above the hair to below the brows, before | after."""
     x, y, width, height = face.bbox
     top_y = int(min(y, min(point[1] for point in hairline.points)) - 0.35 * height)
-    box = (max(0, x - width // 6), max(0, top_y), min(rgb.shape[1], x + width + width // 6),
-           min(rgb.shape[0], y + int(0.45 * height)))
-    pair = np.concatenate([image[box[1]:box[3], box[0]:box[2]] for image in (rgb, grown)], axis=1)
+    box = (
+        max(0, x - width // 6),
+        max(0, top_y),
+        min(rgb.shape[1], x + width + width // 6),
+        min(rgb.shape[0], y + int(0.45 * height)),
+    )
+    pair = np.concatenate([image[box[1] : box[3], box[0] : box[2]] for image in (rgb, grown)], axis=1)
     picture = Image.fromarray(pair)
     picture.thumbnail((PICTURE_WIDTH, PICTURE_WIDTH))
     return picture
@@ -89,8 +93,10 @@ def main() -> None:
                     alone = median_ms(lambda: grow(plan), args.runs)
                     encoded = median_ms(lambda: render.png_base64(grow(plan)), args.runs)
                     worst = max(worst, encoded)
-                    print(f"{label['file']:18} {rgb.shape[1]:>4}x{rgb.shape[0]:<4} {plan.name:12} "
-                          f"{plan.drop_mm:7.1f} {alone:10.1f} {encoded:8.1f}")
+                    print(
+                        f"{label['file']:18} {rgb.shape[1]:>4}x{rgb.shape[0]:<4} {plan.name:12} "
+                        f"{plan.drop_mm:7.1f} {alone:10.1f} {encoded:8.1f}"
+                    )
             elif args.pictures and label["kind"] == "hairline":
                 chosen = next(plan for plan in plans if plan.name == "standard")
                 if chosen.drop_mm is not None and chosen.drop_mm < 3.0:

@@ -39,9 +39,9 @@ from werkzeug.datastructures import FileStorage, MultiDict  # noqa: E402
 from werkzeug.test import encode_multipart  # noqa: E402
 
 from shared.contract import ContractError  # noqa: E402
+from shared.percentiles import percentile  # noqa: E402
 from shared.settings import AnalysisSettings  # noqa: E402
 from shared.uploads import check_request, read_request  # noqa: E402
-from shared.percentiles import percentile  # noqa: E402
 
 GROW = "/api/v1/hair/grow"
 LIMITS = AnalysisSettings()
@@ -86,11 +86,14 @@ def in_process(runs: int, size: int) -> dict[str, list[float]]:
         "multipart small, bad field (1001)": (GROW, *multipart(jpeg[:20_000], plans="bald"), LIMITS),
         "JSON small, bad field (1001)": (GROW, *as_json(jpeg[:15_000], plans=["bald"]), LIMITS),
     }
-    results = {name: timings(lambda: check_request(path, body, content_type, limits), runs)
-               for name, (path, body, content_type, limits) in cases.items()}
+    results = {
+        name: timings(lambda: check_request(path, body, content_type, limits), runs)
+        for name, (path, body, content_type, limits) in cases.items()
+    }
     _, body, content_type, _ = cases["JSON base64 JPEG, valid"]
     results["read_request (host), JSON valid"] = timings(
-        lambda: read_request("grow", body, content_type, LIMITS), max(runs // 3, 10))
+        lambda: read_request("grow", body, content_type, LIMITS), max(runs // 3, 10)
+    )
     return results
 
 
@@ -104,12 +107,15 @@ async def client_side(requests: int) -> dict[str, list[float]]:
     big = b"\x89PNG\r\n\x1a\n" + os.urandom(int(1.9 * 1024 * 1024 * 3 / 4) - 300)
     mark = "/api/v1/hair/mark"
     bodies: dict[str, dict[str, Any]] = {
-        "client: JSON bad field, 1.9 MB": dict(content=as_json(big, drop_mm=1000)[0],
-                                               headers={"Content-Type": "application/json"}),
-        "client: multipart bad field, 1.9 MB": dict(files={"image": ("a.png", big[: int(1.85 * 2**20)], "image/png")},
-                                                    data={"drop_mm": "1000"}),
-        "client: JSON bad field, small": dict(content=as_json(big[:20_000], drop_mm=1000)[0],
-                                              headers={"Content-Type": "application/json"}),
+        "client: JSON bad field, 1.9 MB": dict(
+            content=as_json(big, drop_mm=1000)[0], headers={"Content-Type": "application/json"}
+        ),
+        "client: multipart bad field, 1.9 MB": dict(
+            files={"image": ("a.png", big[: int(1.85 * 2**20)], "image/png")}, data={"drop_mm": "1000"}
+        ),
+        "client: JSON bad field, small": dict(
+            content=as_json(big[:20_000], drop_mm=1000)[0], headers={"Content-Type": "application/json"}
+        ),
     }
     with tempfile.TemporaryDirectory() as directory:
         cluster = FakeCluster(Path(directory))
@@ -156,10 +162,23 @@ def measure_before(args: argparse.Namespace) -> dict[str, list[float]]:
 
     root = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as tree:
-        archive = subprocess.run(["git", "-C", str(root), "archive", args.before], check=True, capture_output=True).stdout
+        archive = subprocess.run(
+            ["git", "-C", str(root), "archive", args.before], check=True, capture_output=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
-        argv = [sys.executable, str(Path(__file__).resolve()), "--tree", tree, "--json", "--runs", str(args.runs),
-                "--body-mb", str(args.body_mb), "--client-requests", str(args.client_requests)]
+        argv = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--tree",
+            tree,
+            "--json",
+            "--runs",
+            str(args.runs),
+            "--body-mb",
+            str(args.body_mb),
+            "--client-requests",
+            str(args.client_requests),
+        ]
         return json.loads(subprocess.run(argv, check=True, capture_output=True, text=True, cwd=tree).stdout)
 
 
@@ -181,9 +200,14 @@ def main() -> None:
     print(f"{'case':<40} {'before p50':>10} {'p99':>7} {'max':>7} | {'after p50':>9} {'p99':>7} {'max':>7}")
     for name, samples in after.items():
         old = before.get(name)
-        left = (f"{percentile(old, 0.5):10.2f} {percentile(old, 0.99):7.2f} {old[-1]:7.2f}" if old
-                else f"{'-':>10} {'-':>7} {'-':>7}")
-        print(f"{name:<40} {left} | {percentile(samples, 0.5):9.2f} {percentile(samples, 0.99):7.2f} {samples[-1]:7.2f}")
+        left = (
+            f"{percentile(old, 0.5):10.2f} {percentile(old, 0.99):7.2f} {old[-1]:7.2f}"
+            if old
+            else f"{'-':>10} {'-':>7} {'-':>7}"
+        )
+        print(
+            f"{name:<40} {left} | {percentile(samples, 0.5):9.2f} {percentile(samples, 0.99):7.2f} {samples[-1]:7.2f}"
+        )
 
 
 if __name__ == "__main__":

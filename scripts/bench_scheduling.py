@@ -48,13 +48,13 @@ import trio.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.fakes
 
-from cluster.launcher import Process  # noqa: E402
-from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal  # noqa: E402
-from edge.pool.pool import Pool, ProbeResult  # noqa: E402
-from edge.pool.scheduling import SchedulingPolicy  # noqa: E402
-from tests.fakes.fake_worker import PNG_BASE64  # noqa: E402
-from tests.fakes.launch import FakeCluster, FakeWorkerProcess  # noqa: E402
-from shared.percentiles import percentile  # noqa: E402
+from cluster.launcher import Process
+from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal
+from edge.pool.pool import Pool, ProbeResult
+from edge.pool.scheduling import SchedulingPolicy
+from shared.percentiles import percentile
+from tests.fakes.fake_worker import PNG_BASE64
+from tests.fakes.launch import FakeCluster, FakeWorkerProcess
 
 GROW, MEASURE = "/api/v1/hair/grow", "/api/v1/hair/measure"
 BODY = {"image_base64": PNG_BASE64, "gender": "unknown"}  # the gateway checks the magic bytes
@@ -222,7 +222,10 @@ async def capabilities(bench: Bench) -> dict[str, Any]:
         after = [len((await fake.stats())["jobs"]) for fake in (down, up)]
         return [a - b for a, b in zip(after, before, strict=True)]
 
-    result = {"one_down_generations": await jobs_by_host(GROW, 8), "one_down_measurements": await jobs_by_host(MEASURE, 8)}
+    result = {
+        "one_down_generations": await jobs_by_host(GROW, 8),
+        "one_down_measurements": await jobs_by_host(MEASURE, 8),
+    }
     await up.configure(checks={"disk": "ok", "comfyui": "down"})
     async with httpx.AsyncClient(base_url=gateway.url, timeout=5) as client:
         while (await client.get("/gateway-health")).json().get("workers_generation_ready", 0) != 0:
@@ -239,15 +242,14 @@ async def slot_burst(bench: Bench, name: str, dispatch: dict[str, Any]) -> dict[
     fakes = await bench.fakes(3, latency_ms_by_path={GROW: 2000, MEASURE: 50}, refuse_when_busy=True)
     gateway, _ = bench.gateway(name, fakes, {**dispatch, "max_inflight": 6})
     result: dict[str, Any] = {}
-    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
-        async with trio.open_nursery() as nursery:
-            for _ in range(10):
-                nursery.start_soon(post, client, GROW)
-            while sum([(await fake.stats())["in_flight"] for fake in fakes]) < 2:
-                await trio.sleep(0.01)  # the generations are in: two run, eight queue
-            await trio.sleep(0.2)
-            response, result["measure_s"] = await post(client, MEASURE)
-            result["measure_ok"] = succeeded(response)
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client, trio.open_nursery() as nursery:
+        for _ in range(10):
+            nursery.start_soon(post, client, GROW)
+        while sum([(await fake.stats())["in_flight"] for fake in fakes]) < 2:
+            await trio.sleep(0.01)  # the generations are in: two run, eight queue
+        await trio.sleep(0.2)
+        response, result["measure_s"] = await post(client, MEASURE)
+        result["measure_ok"] = succeeded(response)
     gateway.kill()
     for fake in fakes:
         fake.kill()
@@ -372,10 +374,14 @@ def report(
     print("(e) the slot: max_inflight 6, 3 hosts, 10 queued 2 s generations, then a measurement")
     verdicts.check("measurement < 1 s (reservation on)", slot_on["measure_ok"] and slot_on["measure_s"] < 1,
                    f"{slot_on['measure_s']:.3f} s (reservation 0, offset 0: {slot_off['measure_s']:.3f} s)")  # fmt: skip
-    print(f"(f) early refusal replayed: {args.replay_seeds} seeded runs of {args.replay_seconds:g} s, "
-          f"{REPLAY_HOSTS} hosts, queue_wait {REPLAY_QUEUE_WAIT:g} s, {replayed['requests']} requests")
-    print(f"    on: {replayed['refused_on']} refused, {replayed['timed_out_on']} timed out; "
-          f"off: {replayed['timed_out_off']} timed out")
+    print(
+        f"(f) early refusal replayed: {args.replay_seeds} seeded runs of {args.replay_seconds:g} s, "
+        f"{REPLAY_HOSTS} hosts, queue_wait {REPLAY_QUEUE_WAIT:g} s, {replayed['requests']} requests"
+    )
+    print(
+        f"    on: {replayed['refused_on']} refused, {replayed['timed_out_on']} timed out; "
+        f"off: {replayed['timed_out_off']} timed out"
+    )
     verdicts.check("every request refused with it on timed out with it off", replayed["refused_but_served_off"] == 0,
                    f"{replayed['refused_and_timed_out_off']} of {replayed['refused_on']} timed out off, "
                    f"{replayed['refused_but_served_off']} served off")  # fmt: skip

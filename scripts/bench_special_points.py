@@ -28,12 +28,12 @@ from skimage import data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edge.local import face_jobs  # noqa: E402
-from edge.local.face_workers import FaceWorkers  # noqa: E402
-from edge.local.special_points import SpecialPoints  # noqa: E402
-from shared.settings import AnalysisSettings  # noqa: E402
-from tests.analysis.images import encode  # noqa: E402
-from shared.percentiles import percentile  # noqa: E402
+from edge.local import face_jobs
+from edge.local.face_workers import FaceWorkers
+from edge.local.special_points import SpecialPoints
+from shared.percentiles import percentile
+from shared.settings import AnalysisSettings
+from tests.analysis.images import encode
 
 LIMITS = AnalysisSettings()
 PROBE_SECONDS = 0.001
@@ -56,7 +56,9 @@ async def loop_lateness(seconds: float) -> list[float]:
     return lateness
 
 
-async def saturated(run_one: Callable[[], Awaitable[object]], clients: int, seconds: float) -> tuple[list[float], float]:
+async def saturated(
+    run_one: Callable[[], Awaitable[object]], clients: int, seconds: float
+) -> tuple[list[float], float]:
     """Loop lateness while `clients` tasks call `run_one` back to back; and jobs per second."""
     done = 0
 
@@ -78,8 +80,10 @@ async def saturated(run_one: Callable[[], Awaitable[object]], clients: int, seco
 
 
 def report(label: str, lateness: list[float], rate: float) -> None:
-    print(f"{label:<28} loop lateness p50 {percentile(lateness, 0.5):6.2f} ms  p99 {percentile(lateness, 0.99):6.2f} ms"
-          f"  max {max(lateness):6.2f} ms   {rate:5.1f} jobs/s")
+    print(
+        f"{label:<28} loop lateness p50 {percentile(lateness, 0.5):6.2f} ms  p99 {percentile(lateness, 0.99):6.2f} ms"
+        f"  max {max(lateness):6.2f} ms   {rate:5.1f} jobs/s"
+    )
 
 
 async def main(runs: int, workers: int, seconds: float) -> None:
@@ -95,8 +99,10 @@ async def main(runs: int, workers: int, seconds: float) -> None:
             assert answer.code == 0, answer.envelope
             if run:  # the first one warms caches
                 times.append((time.perf_counter() - started) * 1000)
-        print(f"endpoint 99, 1 MP JPEG, {runs} runs, {workers} worker(s): "
-              f"p50 {statistics.median(times):.1f} ms  p95 {percentile(times, 0.95):.1f} ms")
+        print(
+            f"endpoint 99, 1 MP JPEG, {runs} runs, {workers} worker(s): "
+            f"p50 {statistics.median(times):.1f} ms  p95 {percentile(times, 0.95):.1f} ms"
+        )
 
         report("idle loop", await loop_lateness(seconds), 0.0)
         clients = 2 * workers

@@ -31,10 +31,10 @@ from skimage import data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.endpoints import run_endpoint  # noqa: E402
-from analysis.models import load_models  # noqa: E402
-from shared.options import parse_options  # noqa: E402
-from shared.settings import AnalysisSettings  # noqa: E402
+from analysis.endpoints import run_endpoint
+from analysis.models import load_models
+from shared.options import parse_options
+from shared.settings import AnalysisSettings
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "images"
 DROPS_MM = (4, 8)
@@ -90,7 +90,8 @@ def main() -> None:
             if status not in ("ok", "uncertain"):
                 path = args.out / f"measure_{name}.jpg"  # whole and at full size: its legend names the status
                 Image.fromarray(np.concatenate([rgb, decoded(measured["annotated_image_base64"])], axis=1)).save(
-                    path, quality=QUALITY)
+                    path, quality=QUALITY
+                )
                 print(f"{path} (segmenter {measured['segmenter']}, hairline {status}: nothing to grow)")
                 continue
             for drop in DROPS_MM:

@@ -48,9 +48,9 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: shared.contract
 
-from drill_monitor import UsageError, _token  # noqa: E402  (same token options as the alert drill)
+from drill_monitor import UsageError, _token
 
-from shared.contract import (  # noqa: E402
+from shared.contract import (
     HEADER_EXECUTION_ID,
     HEADER_IDEMPOTENCY_KEY,
     HEADER_IDEMPOTENCY_REPLAYED,
@@ -124,7 +124,9 @@ class Prelaunch:
         body = {"image_base64": _base64(png(8, 6)), "gender": "unknown"}
         headers = {HEADER_IDEMPOTENCY_KEY: key}
         with ThreadPoolExecutor(CONCURRENT_DUPLICATES) as threads:
-            answers = list(threads.map(lambda _: self.post(MEASURE, json=body, headers=headers), range(CONCURRENT_DUPLICATES)))
+            answers = list(
+                threads.map(lambda _: self.post(MEASURE, json=body, headers=headers), range(CONCURRENT_DUPLICATES))
+            )
         later, _ = self.post(MEASURE, json=body, headers=headers)
         responses = [response for response, _ in answers] + [later]
         if len({response.content for response in responses}) != 1:
@@ -170,7 +172,6 @@ class Prelaunch:
             )
         return f"sent {self.sent} ({self.replays} replays), counted {requests} ({replays}) incl. others' traffic"
 
-
     def audit(self) -> str:
         unnamed = sum(execution is None for execution in self.executions)
         if unnamed:
@@ -198,7 +199,9 @@ class Prelaunch:
         return f"{len(rows)} finished rows for {self.sent} requests; {len(completed)} completed, every column filled"
 
     def audit_rows(self, execution_id: str) -> list[dict[str, Any]]:
-        response = self.client.get("/admin/audit", params={"execution_id": execution_id}, headers={HEADER_TOKEN: self.token})
+        response = self.client.get(
+            "/admin/audit", params={"execution_id": execution_id}, headers={HEADER_TOKEN: self.token}
+        )
         if response.status_code != 200:
             raise CheckFailed(f"GET /admin/audit answered HTTP {response.status_code}: {response.text[:200]}")
         rows: list[dict[str, Any]] = response.json()["rows"]

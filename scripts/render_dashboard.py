@@ -24,8 +24,8 @@ import httpx
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend first)
-from matplotlib.axes import Axes  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "hairgate.json"
 GRID_COLUMNS = 24
@@ -40,8 +40,11 @@ class QueryRefused(Exception):
 
 def promql(expression: str, scrape_seconds: float) -> str:
     """The expression as Grafana would send it."""
-    return (expression.replace("$__rate_interval", f"{int(4 * scrape_seconds)}s")
-            .replace("$gateway_job", ".+").replace("$host_job", ".+"))
+    return (
+        expression.replace("$__rate_interval", f"{int(4 * scrape_seconds)}s")
+        .replace("$gateway_job", ".+")
+        .replace("$host_job", ".+")
+    )
 
 
 def query_range(client: httpx.Client, expression: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
@@ -63,8 +66,16 @@ def draw_panel(
     axes.set_title(panel["title"], fontsize=9, loc="left")
     if panel["type"] == "stat":
         last = [values[-1] for _, _, values in series if values]
-        axes.text(0.5, 0.45, f"{sum(last):g}" if last else "–", ha="center", va="center", fontsize=28,
-                  color="white", transform=axes.transAxes)
+        axes.text(
+            0.5,
+            0.45,
+            f"{sum(last):g}" if last else "–",
+            ha="center",
+            va="center",
+            fontsize=28,
+            color="white",
+            transform=axes.transAxes,
+        )
         axes.set_facecolor("#37872d" if last and sum(last) >= 1 else "#c4162a")
         axes.set_xticks([])
         axes.set_yticks([])
@@ -98,14 +109,19 @@ def render(prometheus: str, start: float, end: float, scrape_seconds: float, out
                 axes.axis("off")
                 axes.text(0, 0.2, panel["title"], fontsize=11, fontweight="bold", transform=axes.transAxes)
                 continue
-            cell = grid[position["y"]:position["y"] + position["h"], position["x"]:position["x"] + position["w"]]
+            cell = grid[position["y"] : position["y"] + position["h"], position["x"] : position["x"] + position["w"]]
             axes = figure.add_subplot(cell)
             series = []
             for target in panel["targets"]:
                 for result in query_range(client, promql(target["expr"], scrape_seconds), start, end, step):
                     points = [(float(t), float(v)) for t, v in result["values"] if v not in ("NaN", "+Inf", "-Inf")]
-                    series.append((legend(target["legendFormat"], result["metric"]),
-                                   [t for t, _ in points], [v for _, v in points]))
+                    series.append(
+                        (
+                            legend(target["legendFormat"], result["metric"]),
+                            [t for t, _ in points],
+                            [v for _, v in points],
+                        )
+                    )
             draw_panel(axes, panel, series, start, end)
     figure.suptitle(title, fontsize=12, x=0.01, y=1 - 0.15 / (height * ROW_HEIGHT_INCHES), ha="left")
     figure.subplots_adjust(left=0.04, right=0.99, top=1 - 0.8 / (height * ROW_HEIGHT_INCHES), bottom=0.02)
@@ -120,9 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prometheus", required=True, help="base URL, e.g. http://127.0.0.1:9090")
     parser.add_argument("--start", type=float, required=True, help="unix seconds")
     parser.add_argument("--end", type=float, required=True, help="unix seconds")
-    parser.add_argument("--scrape-seconds", type=float, default=15.0, help="Prometheus' scrape interval (default: %(default)s)")
+    parser.add_argument(
+        "--scrape-seconds", type=float, default=15.0, help="Prometheus' scrape interval (default: %(default)s)"
+    )
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
-    parser.add_argument("--title", default="hairgate (docs/grafana/hairgate.json, drawn by scripts/render_dashboard.py)")
+    parser.add_argument(
+        "--title", default="hairgate (docs/grafana/hairgate.json, drawn by scripts/render_dashboard.py)"
+    )
     args = parser.parse_args(argv)
     try:
         render(args.prometheus, args.start, args.end, args.scrape_seconds, args.out, args.title)

@@ -117,8 +117,9 @@ def frontotemporal_points(frame: FaceFrame, canthal: tuple[float, float], trichi
     return frame.to_image(np.array([[canthal[0], v], [canthal[1], v]]))
 
 
-def _placed_trichion(target_mm: float, hairline: Hairline, frame: FaceFrame,
-                     calibration: Calibration) -> tuple[float, float | None]:
+def _placed_trichion(
+    target_mm: float, hairline: Hairline, frame: FaceFrame, calibration: Calibration
+) -> tuple[float, float | None]:
     """The design trichion's height (v, px), capped at the current one, and the drop (mm)
     from the current trichion to it: None without a detected hairline, else >= 0."""
     target_v = target_mm / calibration.mm_per_px
@@ -135,9 +136,7 @@ def _never_above(points: np.ndarray, hairline: Hairline, frame: FaceFrame) -> np
     return frame.to_image(uv)
 
 
-def plan_design(
-    plan: Plan, face: Face, hairline: Hairline, calibration: Calibration, gender: Gender
-) -> Design:
+def plan_design(plan: Plan, face: Face, hairline: Hairline, calibration: Calibration, gender: Gender) -> Design:
     """A growth plan: the style at the plan's target height, never above the current hairline."""
     frame = FaceFrame.from_face(face)
     target_mm = plan_target_mm(plan, gender, middle_third_mm(face, frame, calibration))

@@ -137,8 +137,10 @@ def _joins(design_u: np.ndarray, design_drop: np.ndarray, px_per_mm: float) -> t
     up to the current line along a temple's curve (raised cosine over drop / END_SLOPE, at
     most JOIN_MAX_MM), never a vertical seam. Returns the joined u grid and the drop on it."""
     step = COLUMN_STEP_PX
-    lengths = [min(float(end) / END_SLOPE, JOIN_MAX_MM * px_per_mm) if end > MIN_DROP_PX else 0.0
-               for end in (design_drop[0], design_drop[-1])]
+    lengths = [
+        min(float(end) / END_SLOPE, JOIN_MAX_MM * px_per_mm) if end > MIN_DROP_PX else 0.0
+        for end in (design_drop[0], design_drop[-1])
+    ]
     before = np.arange(design_u[0] - lengths[0], design_u[0], step) if lengths[0] > 0 else np.zeros(0)
     after = np.arange(design_u[-1] + step, design_u[-1] + lengths[1] + step, step) if lengths[1] > 0 else np.zeros(0)
 
@@ -146,8 +148,13 @@ def _joins(design_u: np.ndarray, design_drop: np.ndarray, px_per_mm: float) -> t
         return end * (0.5 + 0.5 * np.cos(np.pi * np.clip(distance / max(length, 1.0), 0.0, 1.0)))
 
     u = np.concatenate([before, design_u, after])
-    drop = np.concatenate([fade(design_u[0] - before, lengths[0], float(design_drop[0])), design_drop,
-                           fade(after - design_u[-1], lengths[1], float(design_drop[-1]))])
+    drop = np.concatenate(
+        [
+            fade(design_u[0] - before, lengths[0], float(design_drop[0])),
+            design_drop,
+            fade(after - design_u[-1], lengths[1], float(design_drop[-1])),
+        ]
+    )
     return u, drop
 
 
@@ -162,7 +169,9 @@ def grown_edge(face: Face, hairline: Hairline, design: Design, calibration: Cali
     return frame.to_image(np.stack([u, current_heights(hairline, frame, u) - drop], axis=1))
 
 
-def _drop_profile(frame: FaceFrame, hairline: Hairline, design: Design, px_per_mm: float) -> tuple[np.ndarray, np.ndarray]:
+def _drop_profile(
+    frame: FaceFrame, hairline: Hairline, design: Design, px_per_mm: float
+) -> tuple[np.ndarray, np.ndarray]:
     """The u grid (the plan's span and its joins) and the smooth drop on it, px."""
     design_uv = frame.to_frame(design.points)
     order = np.argsort(design_uv[:, 0])
@@ -184,13 +193,17 @@ def _edge_noise(u: np.ndarray, drop: np.ndarray, px_per_mm: float) -> np.ndarray
     for octave, period_mm in enumerate(EDGE_NOISE_PERIODS_MM):
         period = max(1.0, period_mm * px_per_mm / COLUMN_STEP_PX)
         knots = rng.uniform(-1.0, 1.0, int(len(u) / period) + 3)
-        wander += 0.6**octave * _smooth(np.interp(np.arange(len(u)) / period, np.arange(len(knots)), knots), 0.3 * period)
+        wander += 0.6**octave * _smooth(
+            np.interp(np.arange(len(u)) / period, np.arange(len(knots)), knots), 0.3 * period
+        )
     wander /= max(1e-6, float(np.abs(wander).max()))
     amplitude = EDGE_NOISE_MM * px_per_mm * np.clip(drop / (4.0 * EDGE_NOISE_MM * px_per_mm), 0.0, 1.0)
     return np.maximum(wander * amplitude, -drop)
 
 
-def _hair_above(frame: FaceFrame, hair: np.ndarray, u: np.ndarray, current_v: np.ndarray, px_per_mm: float) -> np.ndarray:
+def _hair_above(
+    frame: FaceFrame, hair: np.ndarray, u: np.ndarray, current_v: np.ndarray, px_per_mm: float
+) -> np.ndarray:
     """Per column, how far (px, along `up`) the hair reaches unbroken above the current line."""
     steps = np.arange(0.0, MAX_SOURCE_MM * px_per_mm, max(1.0, 0.5 * px_per_mm))
     uu = np.broadcast_to(u[:, None], (len(u), len(steps)))
@@ -205,7 +218,9 @@ def _hair_above(frame: FaceFrame, hair: np.ndarray, u: np.ndarray, current_v: np
     return steps[np.clip(first_gap - 1, 0, len(steps) - 1)]
 
 
-def _box(frame: FaceFrame, columns: _Columns, shape: tuple[int, int], px_per_mm: float) -> tuple[int, int, int, int] | None:
+def _box(
+    frame: FaceFrame, columns: _Columns, shape: tuple[int, int], px_per_mm: float
+) -> tuple[int, int, int, int] | None:
     """x0, y0, x1, y1 of the pixels that may change (the band +- the feather), or None."""
     grows = columns.drop > 0
     if not grows.any():
@@ -284,8 +299,13 @@ def _blend(
         source_v = np.where(reach < 0, v + drop, source_v)
         source_u = np.where(reach < 0, u, source_u)
         source = frame.to_image(np.stack([source_u, source_v], axis=1)).astype(np.float32)
-        return cv2.remap(rgb, source[:, 0].reshape(shape), source[:, 1].reshape(shape),
-                         cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT).astype(np.float32)
+        return cv2.remap(
+            rgb,
+            source[:, 0].reshape(shape),
+            source[:, 1].reshape(shape),
+            cv2.INTER_LINEAR,
+            borderMode=cv2.BORDER_REFLECT,
+        ).astype(np.float32)
 
     fill = moved(*sources[0])
     if fade.any():  # the second source only matters where a repeat cross-fades into it
@@ -294,7 +314,9 @@ def _blend(
     top = current + EDGE_ZONE_MM * px_per_mm
     under = UNDER_EDGE_MM * px_per_mm
     front = FRONT_MM * px_per_mm
-    weight = _smoothstep(new_edge - under, new_edge + front, v) * (1.0 - _smoothstep(top, top + FEATHER_MM * px_per_mm, v))
+    weight = _smoothstep(new_edge - under, new_edge + front, v) * (
+        1.0 - _smoothstep(top, top + FEATHER_MM * px_per_mm, v)
+    )
     weight *= drop > 0
     below_brows = ys.ravel() >= brow_curve(face, xs.ravel()) - BROW_MARGIN_MM * px_per_mm
     weight[below_brows] = 0.0

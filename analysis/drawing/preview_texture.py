@@ -36,8 +36,9 @@ class BandTexture:
     edge_sharpness_ratio: float
 
 
-def band_texture(before: np.ndarray, after: np.ndarray, face: Face, hairline: Hairline, design: Design,
-                 calibration: Calibration) -> BandTexture | None:
+def band_texture(
+    before: np.ndarray, after: np.ndarray, face: Face, hairline: Hairline, design: Design, calibration: Calibration
+) -> BandTexture | None:
     """The three ratios of the band grown between `hairline` and `design` (None: no band)."""
     if hairline.points is None or len(hairline.points) < 2:
         return None
@@ -79,8 +80,9 @@ def _sorted(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return points[order, 0], points[order, 1]
 
 
-def _edge_step(lightness: np.ndarray, v: np.ndarray, line_v: np.ndarray, where: np.ndarray, reach: float,
-               px_per_mm: float) -> float:
+def _edge_step(
+    lightness: np.ndarray, v: np.ndarray, line_v: np.ndarray, where: np.ndarray, reach: float, px_per_mm: float
+) -> float:
     """Median over image columns of the steepest vertical lightness step within `reach` px of the line."""
     smooth = cv2.GaussianBlur(lightness, (0, 0), EDGE_SMOOTH_MM * px_per_mm)
     step = np.abs(np.diff(smooth, axis=0, append=smooth[-1:]))

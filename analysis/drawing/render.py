@@ -107,7 +107,7 @@ class Pen:
     def _cells(self, box: tuple[int, int, int, int]) -> np.ndarray:
         x0, y0, x1, y1 = box
         c = self.cell
-        return self._protected[int(y0 / c):int(np.ceil(y1 / c)), int(x0 / c):int(np.ceil(x1 / c))]
+        return self._protected[int(y0 / c) : int(np.ceil(y1 / c)), int(x0 / c) : int(np.ceil(x1 / c))]
 
     def _grid_points(self, points: np.ndarray) -> np.ndarray:
         points = np.asarray(points, dtype=np.float64).reshape(-1, 2)
@@ -131,7 +131,8 @@ class Pen:
     def text_size(self, lines: Sequence[str]) -> tuple[int, int]:
         """(width, height) px of a text block with its backing."""
         left, top, right, bottom = ImageDraw.Draw(Image.new("L", (1, 1))).multiline_textbbox(
-            (0, 0), "\n".join(_latin1(line) for line in lines), font=self.font, spacing=self._spacing)
+            (0, 0), "\n".join(_latin1(line) for line in lines), font=self.font, spacing=self._spacing
+        )
         return int(right) + 2 * self.pad, int(bottom) + 2 * self.pad
 
     @property
@@ -166,8 +167,13 @@ class Pen:
         x1, y1 = min(self.width, x + width), min(self.height, y + height)
         region = self.image[y:y1, x:x1]
         picture = Image.fromarray(cv2.LUT(region, _backing_table()))
-        ImageDraw.Draw(picture).multiline_text((self.pad, self.pad), "\n".join(_latin1(line) for line in lines),
-                                               font=self.font, fill=TEXT, spacing=self._spacing)
+        ImageDraw.Draw(picture).multiline_text(
+            (self.pad, self.pad),
+            "\n".join(_latin1(line) for line in lines),
+            font=self.font,
+            fill=TEXT,
+            spacing=self._spacing,
+        )
         region[...] = np.asarray(picture)
         cells = self._cells((x, y, x1, y1))
         cells[cells == 0] = 2
@@ -187,8 +193,9 @@ def _backing_table() -> np.ndarray:
     """Each channel's value under the translucent backing, as a (256, 1, 3) lookup table: the
     same float32 blend per value, looked up instead of computed over a 12 MP photo's label
     regions (3.8 ms of its 15 ms picture)."""
-    levels = np.arange(256, dtype=np.float32)[:, None] * (1 - BACKING_OPACITY) + np.float32(
-        BACKING_OPACITY) * np.array(TEXT_BACKGROUND, np.float32)
+    levels = np.arange(256, dtype=np.float32)[:, None] * (1 - BACKING_OPACITY) + np.float32(BACKING_OPACITY) * np.array(
+        TEXT_BACKGROUND, np.float32
+    )
     return np.clip(np.rint(levels), 0, 255).astype(np.uint8).reshape(256, 1, 3)
 
 
@@ -225,8 +232,10 @@ def _draw_thirds(pen: Pen, face: Face, frame: FaceFrame, trichion: Any, measurem
         text = f"{name} {_mm(measurements.get(key))}"
         width, height = pen.text_size([text])
         middle = (top + bottom) / 2
-        beside = [frame.to_image(np.array([[right + half + gap, middle]]))[0] - [0, height / 2],
-                  frame.to_image(np.array([[left - half - gap, middle]]))[0] - [width, height / 2]]
+        beside = [
+            frame.to_image(np.array([[right + half + gap, middle]]))[0] - [0, height / 2],
+            frame.to_image(np.array([[left - half - gap, middle]]))[0] - [width, height / 2],
+        ]
         pen.text_block([text], beside)
 
 
@@ -248,24 +257,39 @@ def annotate_measurement(
     pen = Pen(rgb)
     frame = FaceFrame.from_face(face)
     measurements = result.get("measurements") or {}
-    key_points = [face.points[landmark] for landmark in (LandmarkId.GLABELLA, LandmarkId.NASION, LandmarkId.SUBNASALE,
-                                                         LandmarkId.MENTON, *LandmarkId.IRIS_CENTERS)]
+    key_points = [
+        face.points[landmark]
+        for landmark in (
+            LandmarkId.GLABELLA,
+            LandmarkId.NASION,
+            LandmarkId.SUBNASALE,
+            LandmarkId.MENTON,
+            *LandmarkId.IRIS_CENTERS,
+        )
+    ]
     temples = [temple for temple in (hairline.left_temple, hairline.right_temple) if temple is not None]
     drawn_line = hairline.points if has_hairline(hairline) and hairline.points is not None else None
-    _protect_subject(pen, face, [] if drawn_line is None else [drawn_line],
-                     [*key_points, *temples, *([hairline.trichion] if hairline.trichion is not None else [])])
+    _protect_subject(
+        pen,
+        face,
+        [] if drawn_line is None else [drawn_line],
+        [*key_points, *temples, *([hairline.trichion] if hairline.trichion is not None else [])],
+    )
     top_v = frame.to_frame(face.points[LandmarkId.MESH_TOP])[0, 1] * 1.6
     bottom_v = frame.to_frame(face.points[LandmarkId.MENTON])[0, 1] * 1.1
     pen.polyline(frame.to_image(np.array([[0.0, bottom_v], [0.0, top_v]])), MIDLINE, pen.thin)
     _draw_thirds(pen, face, frame, hairline.trichion if has_hairline(hairline) else None, measurements)
     assessment = result.get("assessment") or {}
     band = f" \u00b1{hairline.uncertainty_mm:.1f} mm" if hairline.uncertainty_mm else ""
-    pen.text_block([
-        f"forehead {_mm(measurements.get('forehead_height_mm'))} ({assessment.get('forehead') or 'n/a'})",
-        f"hairline {hairline.status}{band}",
-        f"scale {calibration.mm_per_px:.3f} mm/px (iris {calibration.iris_diameter_px:.1f} px)",
-        f"segmenter {result.get('segmenter', 'n/a')}",
-    ], _corners(pen))
+    pen.text_block(
+        [
+            f"forehead {_mm(measurements.get('forehead_height_mm'))} ({assessment.get('forehead') or 'n/a'})",
+            f"hairline {hairline.status}{band}",
+            f"scale {calibration.mm_per_px:.3f} mm/px (iris {calibration.iris_diameter_px:.1f} px)",
+            f"segmenter {result.get('segmenter', 'n/a')}",
+        ],
+        _corners(pen),
+    )
     # the subject last: nothing is painted over it
     for point in key_points:
         pen.marker(point, MIDLINE)
@@ -290,7 +314,7 @@ def draw_design(rgb: np.ndarray, hairline: Hairline, design: Design, caption: st
     pen = Pen(image)
     current = hairline.points if has_hairline(hairline) and hairline.points is not None else None
     ends = (design.points[0], design.points[-1])
-    for line in ([design.points] if current is None else [design.points, current]):
+    for line in [design.points] if current is None else [design.points, current]:
         pen.protect_line(line)
     for end in ends:
         pen.protect_point(end)

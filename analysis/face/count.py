@@ -122,8 +122,11 @@ def people(faces: list[CountedFace]) -> list[CountedFace]:
     if not faces:
         return []
     largest = max(face.box.width for face in faces)
-    return sorted((face for face in faces if face.box.width >= MIN_WIDTH_SHARE * largest),
-                  key=lambda face: face.box.width, reverse=True)
+    return sorted(
+        (face for face in faces if face.box.width >= MIN_WIDTH_SHARE * largest),
+        key=lambda face: face.box.width,
+        reverse=True,
+    )
 
 
 Detect = Callable[[np.ndarray], list[Box]]
@@ -136,5 +139,8 @@ def detector_boxes(rgb: np.ndarray, detect: Detect, largest_width: float) -> lis
     largest_width = max([largest_width, *(box.width for box in boxes)])
     if largest_width > 0 and needs_tiles(height, width, largest_width):
         for top, left, side in tiles(height, width, largest_width):
-            boxes += [box.shifted(left, top) for box in detect(np.ascontiguousarray(rgb[top:top + side, left:left + side]))]
+            boxes += [
+                box.shifted(left, top)
+                for box in detect(np.ascontiguousarray(rgb[top : top + side, left : left + side]))
+            ]
     return boxes

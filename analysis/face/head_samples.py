@@ -17,8 +17,44 @@ from ..types import Face, LandmarkId
 # cheek and nose-bridge points: skin on nearly every face (beards start lower, fringes higher)
 SKIN_LANDMARKS = (50, 280, 205, 425, 197, 195)
 # face-oval ring of the MediaPipe mesh, in drawing order
-FACE_OVAL = (10, 338, 297, 332, 284, 251, 389, 356, 454, 323, 361, 288, 397, 365, 379, 378, 400,
-             377, 152, 148, 176, 149, 150, 136, 172, 58, 132, 93, 234, 127, 162, 21, 54, 103, 67, 109)
+FACE_OVAL = (
+    10,
+    338,
+    297,
+    332,
+    284,
+    251,
+    389,
+    356,
+    454,
+    323,
+    361,
+    288,
+    397,
+    365,
+    379,
+    378,
+    400,
+    377,
+    152,
+    148,
+    176,
+    149,
+    150,
+    136,
+    172,
+    58,
+    132,
+    93,
+    234,
+    127,
+    162,
+    21,
+    54,
+    103,
+    67,
+    109,
+)
 # ΔE (OpenCV 8-bit Lab, see `to_lab`) under which a colour is "explained" by cheek skin;
 # measured: bald scalps 21-23 from their cheeks, white hair on pink skin 30, brown hair 50+
 SKIN_DELTA_E = 25.0

@@ -56,8 +56,10 @@ class FaceMeshDetector:
         view = _resized(rgb, scale)
         meshes = [landmarks / scale for landmarks in self._meshes(view)]
         boxes = [mesh_box(landmarks[:, :2], index) for index, landmarks in enumerate(meshes)]
-        boxes += [box.scaled(1 / scale) for box in
-                  self._detector_boxes(view, scale * max((box.width for box in boxes), default=0.0))]
+        boxes += [
+            box.scaled(1 / scale)
+            for box in self._detector_boxes(view, scale * max((box.width for box in boxes), default=0.0))
+        ]
         found, meshed_alone = self._people(rgb, merge(boxes))
         if not found:
             raise ContractError(Code.NO_FACE, _MSG_NO_FACE)
@@ -80,8 +82,9 @@ class FaceMeshDetector:
         return self._best_score(np.ascontiguousarray(crop[::-1, ::-1])) > self._best_score(crop)
 
     def _best_score(self, rgb: np.ndarray) -> float:
-        return max((float(detection.score[0]) for detection in self._full_range.process(rgb).detections or []),
-                   default=0.0)
+        return max(
+            (float(detection.score[0]) for detection in self._full_range.process(rgb).detections or []), default=0.0
+        )
 
     def close(self) -> None:
         """Release the MediaPipe graphs; the detector cannot be used afterwards."""
@@ -92,8 +95,10 @@ class FaceMeshDetector:
         """(478, 3) pixel landmarks of each face the mesh finds (at most 2)."""
         height, width = rgb.shape[:2]
         scale = np.array([width, height, width], dtype=np.float64)
-        return [np.array([(p.x, p.y, p.z) for p in face.landmark], dtype=np.float64) * scale
-                for face in self._mesh.process(rgb).multi_face_landmarks or []]
+        return [
+            np.array([(p.x, p.y, p.z) for p in face.landmark], dtype=np.float64) * scale
+            for face in self._mesh.process(rgb).multi_face_landmarks or []
+        ]
 
     def _detector_boxes(self, rgb: np.ndarray, largest_width: float) -> list[Box]:
         """Full-range boxes in `rgb`'s pixels, found on a copy at most `_DETECTION_SIDE_PX`
@@ -110,7 +115,9 @@ class FaceMeshDetector:
             boxes.append(Box(box.xmin * width, box.ymin * height, box.width * width, box.height * height))
         return boxes
 
-    def _people(self, rgb: np.ndarray, faces: list[CountedFace]) -> tuple[list[CountedFace], dict[CountedFace, np.ndarray]]:
+    def _people(
+        self, rgb: np.ndarray, faces: list[CountedFace]
+    ) -> tuple[list[CountedFace], dict[CountedFace, np.ndarray]]:
         """`people(faces)` after rule 4 of `count`: a face only one model saw is
         confirmed by the other on a crop around it, or dropped. Dropping one can let a
         smaller face pass the size rule, so this repeats until every counted face is
@@ -151,8 +158,10 @@ class FaceMeshDetector:
         if right - left < _MIN_CROP_PX or bottom - top < _MIN_CROP_PX:  # a box at or over the edge
             return None
         # z is scaled like x in both frames, so only x and y move with the crop
-        meshes = [landmarks + np.array([left, top, 0.0])
-                  for landmarks in self._meshes(np.ascontiguousarray(rgb[top:bottom, left:right]))]
+        meshes = [
+            landmarks + np.array([left, top, 0.0])
+            for landmarks in self._meshes(np.ascontiguousarray(rgb[top:bottom, left:right]))
+        ]
         # the crop can hold another face (the real one beside a badge taken for a face)
         inside = [landmarks for landmarks in meshes if mesh_box(landmarks[:, :2], 0).overlap(box) >= SAME_FACE_OVERLAP]
         return inside[0] if inside else None

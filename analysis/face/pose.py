@@ -108,7 +108,9 @@ def rotation_to_pose(rotation: np.ndarray) -> Pose:
 
 def _about_x(degrees: float) -> np.ndarray:
     angle = math.radians(degrees)
-    return np.array([[1.0, 0.0, 0.0], [0.0, math.cos(angle), -math.sin(angle)], [0.0, math.sin(angle), math.cos(angle)]])
+    return np.array(
+        [[1.0, 0.0, 0.0], [0.0, math.cos(angle), -math.sin(angle)], [0.0, math.sin(angle), math.cos(angle)]]
+    )
 
 
 def _looking_at_the_camera(rotation: np.ndarray) -> Pose:
@@ -155,8 +157,10 @@ def orthographic_pose(face: Face) -> Pose:
 def pose_is_stable(face: Face, pose: Pose) -> bool:
     """Whether the mesh-depth reading `pose` and the 2-D-only reading agree on yaw and pitch."""
     flat = orthographic_pose(face)
-    return (abs(flat.yaw_degrees - pose.yaw_degrees) <= STABLE_DEGREES
-            and abs(flat.pitch_degrees - pose.pitch_degrees) <= STABLE_DEGREES)
+    return (
+        abs(flat.yaw_degrees - pose.yaw_degrees) <= STABLE_DEGREES
+        and abs(flat.pitch_degrees - pose.pitch_degrees) <= STABLE_DEGREES
+    )
 
 
 def turned_over(roll_degrees: float) -> float:
@@ -174,11 +178,18 @@ def check_pose(pose: Pose, limits: AnalysisSettings, stable: bool = False) -> fl
         ("左右转头", pose.yaw_degrees, limits.max_yaw_degrees, tolerance),
         # positive pitch brings the forehead towards the camera: the head is bowed
         ("低头" if pose.pitch_degrees > 0 else "抬头", pose.pitch_degrees, limits.max_pitch_degrees, tolerance),
-        ("人脸倒置（照片上下颠倒）" if abs(pose.roll_degrees) > UPSIDE_DOWN_DEGREES else "歪头（头部倾斜）",
-         pose.roll_degrees, limits.max_roll_degrees, 0.0),
+        (
+            "人脸倒置（照片上下颠倒）" if abs(pose.roll_degrees) > UPSIDE_DOWN_DEGREES else "歪头（头部倾斜）",
+            pose.roll_degrees,
+            limits.max_roll_degrees,
+            0.0,
+        ),
     )
-    excesses = [f"{what} {abs(angle):.0f}°，允许 ±{limit:g}°"
-                for what, angle, limit, allowed in angles if abs(angle) > limit + allowed]
+    excesses = [
+        f"{what} {abs(angle):.0f}°，允许 ±{limit:g}°"
+        for what, angle, limit, allowed in angles
+        if abs(angle) > limit + allowed
+    ]
     if excesses:
         advice = "请正对镜头、保持头部端正后重拍"
         raise ContractError(Code.NOT_FRONTAL, f"人脸偏转过大：{'；'.join(excesses)}。{advice}")

@@ -78,6 +78,7 @@ class Upright:
     def hairline_back(self, hairline: Hairline) -> Hairline:
         if self.matrix is None:
             return hairline
+
         def point(value: tuple[float, float] | None) -> tuple[float, float] | None:
             if value is None:
                 return None
@@ -85,8 +86,13 @@ class Upright:
             return (float(x), float(y))
 
         points = None if hairline.points is None else self.points_back(hairline.points)
-        return replace(hairline, points=points, trichion=point(hairline.trichion),
-                       left_temple=point(hairline.left_temple), right_temple=point(hairline.right_temple))
+        return replace(
+            hairline,
+            points=points,
+            trichion=point(hairline.trichion),
+            left_temple=point(hairline.left_temple),
+            right_temple=point(hairline.right_temple),
+        )
 
     def mask_back(self, mask: np.ndarray) -> np.ndarray:
         """A boolean mask of the upright canvas as one of the photo (False beyond the canvas).
@@ -99,8 +105,15 @@ class Upright:
         rows, columns = np.nonzero(mask.any(axis=1))[0], np.nonzero(mask.any(axis=0))[0]
         if len(rows) == 0:
             return full
-        extent = np.array([[columns[0], rows[0]], [columns[-1] + 1, rows[0]], [columns[0], rows[-1] + 1],
-                           [columns[-1] + 1, rows[-1] + 1]], dtype=np.float64)
+        extent = np.array(
+            [
+                [columns[0], rows[0]],
+                [columns[-1] + 1, rows[0]],
+                [columns[0], rows[-1] + 1],
+                [columns[-1] + 1, rows[-1] + 1],
+            ],
+            dtype=np.float64,
+        )
         corners = self.points_back(extent)
         x0, y0 = np.clip(np.floor(corners.min(axis=0)).astype(int) - 1, 0, [width, height])
         x1, y1 = np.clip(np.ceil(corners.max(axis=0)).astype(int) + 1, 0, [width, height])
@@ -111,8 +124,13 @@ class Upright:
         # small grid px -> photo px (x0 + x / scale, ...) -> canvas px
         to_photo = np.array([[1 / scale, 0, x0], [0, 1 / scale, y0], [0, 0, 1]])
         to_canvas = np.vstack([self.matrix, [0, 0, 1]]) @ to_photo
-        coverage = cv2.warpAffine(mask.astype(np.uint8) * np.uint8(255), to_canvas[:2], small,
-                                  flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP, borderValue=(0,))
+        coverage = cv2.warpAffine(
+            mask.astype(np.uint8) * np.uint8(255),
+            to_canvas[:2],
+            small,
+            flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+            borderValue=(0,),
+        )
         if small != (x1 - x0, y1 - y0):
             coverage = cv2.resize(coverage, (int(x1 - x0), int(y1 - y0)), interpolation=cv2.INTER_LINEAR)
         full[y0:y1, x0:x1] = coverage >= 128
@@ -122,8 +140,13 @@ class Upright:
         if self.matrix is None:
             return segmentation
         hat = None if segmentation.hat is None else self.mask_back(segmentation.hat)
-        return replace(segmentation, hair=self.mask_back(segmentation.hair),
-                       person=self.mask_back(segmentation.person), hat=hat, work=None)
+        return replace(
+            segmentation,
+            hair=self.mask_back(segmentation.hair),
+            person=self.mask_back(segmentation.person),
+            hat=hat,
+            work=None,
+        )
 
     @staticmethod
     def _apply(matrix: np.ndarray, points: np.ndarray) -> np.ndarray:

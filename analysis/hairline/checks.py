@@ -130,7 +130,8 @@ def judge(
         shift_px, disagreement_px, note = 0.0, 0.0, None
     else:
         shift_px, disagreement_px, note = _image_edge_check(
-            trace, lab, face, mm_per_work_px, evidence.low_contrast, mask_from_colour)
+            trace, lab, face, mm_per_work_px, evidence.low_contrast, mask_from_colour
+        )
     trichion_v -= shift_px  # rows grow downwards, v upwards
     if evidence.low_contrast and (fringe or note is not None):  # not confirmed by two views
         notes.append(NOTE_LOW_CONTRAST)
@@ -201,10 +202,14 @@ def _image_edge_check(
         return gap_px, gap_px, NOTE_UNMASKED
     sides = (window & (trace.u < 0), window & (trace.u > 0))
     halves = (profile(sides[0]), profile(sides[1]))
-    mask_halves = None if not (sides[0].any() and sides[1].any()) else \
-        (float(np.median(trace.points[sides[0], 1])), float(np.median(trace.points[sides[1], 1])))
-    return weigh_edges(edge_row, profile(window), halves, forehead_top, mm_per_px, low_contrast, mask_from_colour,
-                       mask_halves)
+    mask_halves = (
+        None
+        if not (sides[0].any() and sides[1].any())
+        else (float(np.median(trace.points[sides[0], 1])), float(np.median(trace.points[sides[1], 1])))
+    )
+    return weigh_edges(
+        edge_row, profile(window), halves, forehead_top, mm_per_px, low_contrast, mask_from_colour, mask_halves
+    )
 
 
 def weigh_edges(
@@ -254,12 +259,20 @@ def weigh_edges(
     near = abs(offset_px) * mm_per_px <= MAX_SNAP_MM
     left, right = halves
     mask_left, mask_right = mask_halves or (mask_row, mask_row)
-    split_px = None if left is None or right is None else \
-        abs((left.crossing_row - mask_left) - (right.crossing_row - mask_right)) / 2
+    split_px = (
+        None
+        if left is None or right is None
+        else abs((left.crossing_row - mask_left) - (right.crossing_row - mask_right)) / 2
+    )
     halves_agree = split_px is not None and split_px * mm_per_px <= MAX_SNAP_MM / 2
     if low_contrast:
-        if (not mask_from_colour and abs(offset_px) * mm_per_px <= LOW_CONTRAST_AGREE_MM and halves_agree
-                and whole.contrast >= MIN_LOW_CONTRAST_CROSSING_DE and whole.width_px * mm_per_px <= LOW_CONTRAST_MAX_RAMP_MM):
+        if (
+            not mask_from_colour
+            and abs(offset_px) * mm_per_px <= LOW_CONTRAST_AGREE_MM
+            and halves_agree
+            and whole.contrast >= MIN_LOW_CONTRAST_CROSSING_DE
+            and whole.width_px * mm_per_px <= LOW_CONTRAST_MAX_RAMP_MM
+        ):
             return offset_px / 2, max(abs(offset_px) / 2, split_px or 0.0), None
         follow = 1.0 if mask_from_colour else 0.5  # how far towards the crossing
         if whole.sharpness < SHARP_EDGE:
@@ -269,8 +282,12 @@ def weigh_edges(
         skin_into_px = 0.0 if forehead_top is None else mask_row - forehead_top
         if skin_into_px * mm_per_px > SKIN_INTO_MASK_MM:
             return -skin_into_px / 2, max(skin_into_px, whole.width_px) / 2, NOTE_SOFT
-        if near and halves_agree and forehead_top is not None and \
-                -SKIN_BELOW_MASK_MM <= skin_into_px * mm_per_px <= SKIN_INTO_MASK_MM:
+        if (
+            near
+            and halves_agree
+            and forehead_top is not None
+            and -SKIN_BELOW_MASK_MM <= skin_into_px * mm_per_px <= SKIN_INTO_MASK_MM
+        ):
             return offset_px / 2, max(abs(offset_px) / 2, split_px or 0.0), None
         return 0.0, _to_ramp_end(offset_px, 0.0, whole), NOTE_SOFT
     tilted = split_px is not None and split_px * mm_per_px <= MAX_SNAP_MM and abs(offset_px) * mm_per_px <= AGREE_MM
@@ -308,7 +325,11 @@ def _forehead_band_hair(trace: Trace, face: Face, hair: np.ndarray, mesh_top_v: 
     height, width = hair.shape
     ys, xs = np.mgrid[0:height, 0:width]
     uv = trace.frame.to_frame(np.stack([xs.ravel(), ys.ravel()], axis=1))
-    band = (np.abs(uv[:, 0]) <= MIDLINE_HALF_WINDOW * 2 * trace.face_width) & (uv[:, 1] > _brow_v(trace, face)) & (uv[:, 1] < mesh_top_v)
+    band = (
+        (np.abs(uv[:, 0]) <= MIDLINE_HALF_WINDOW * 2 * trace.face_width)
+        & (uv[:, 1] > _brow_v(trace, face))
+        & (uv[:, 1] < mesh_top_v)
+    )
     return float((hair.ravel()[band] >= 0.5).mean()) if band.any() else 0.0
 
 
@@ -324,7 +345,9 @@ def _temple_v(trace: Trace, face: Face, index: int) -> float | None:
     return float(np.median(near)) if len(near) else None
 
 
-def _shape(trace: Trace, trichion_v: float, left_v: float | None, right_v: float | None, mm_per_px: float) -> HairlineShape:
+def _shape(
+    trace: Trace, trichion_v: float, left_v: float | None, right_v: float | None, mm_per_px: float
+) -> HairlineShape:
     sides = [v for v in (left_v, right_v) if v is not None]
     recession = (np.mean(sides) - trichion_v) * mm_per_px if sides else 0.0
     if recession >= RECEDING_MM:

@@ -41,7 +41,9 @@ class EdgeProfile:
         return self.sharpness * self.width_px
 
 
-def midline_edge_profile(lab: np.ndarray, columns: np.ndarray, edge_row: float, brow_row: float, face: Face) -> EdgeProfile | None:
+def midline_edge_profile(
+    lab: np.ndarray, columns: np.ndarray, edge_row: float, brow_row: float, face: Face
+) -> EdgeProfile | None:
     """None when there is no forehead to compare with (fringe to the brows) or no crossing."""
     height = face_height_px(face)
     edge = int(round(edge_row))
@@ -65,8 +67,9 @@ def midline_edge_profile(lab: np.ndarray, columns: np.ndarray, edge_row: float, 
     row = int(falling[np.argmin(np.abs(falling - edge_row))])
     crossing = row + (t[row] - 0.5) / (t[row] - t[row + 1])
     slope = (t[row - 1] - t[row + 2]) / 3.0  # over the 3 px around the crossing
-    return EdgeProfile(crossing_row=float(crossing), sharpness=float(slope * np.sqrt(span)),
-                       width_px=float(1.0 / max(slope, 1e-6)))
+    return EdgeProfile(
+        crossing_row=float(crossing), sharpness=float(slope * np.sqrt(span)), width_px=float(1.0 / max(slope, 1e-6))
+    )
 
 
 def clear_forehead_top(lab: np.ndarray, columns: np.ndarray, brow_row: float, face: Face) -> float | None:

@@ -42,8 +42,16 @@ def trace_hairline(rgb: np.ndarray, face: Face, segmentation: HairSegmentation, 
         return traced
     if traced.headwear is not None:
         return Hairline(status="occluded", notes=(NOTE_HAT,))  # the evidence read the cap's crown
-    return judge(traced.trace, traced.work_face, traced.hair, traced.lab, traced.crop, _in_pixels_of(face, calibration),
-                 traced.evidence, segmentation.segmenter == "fallback")
+    return judge(
+        traced.trace,
+        traced.work_face,
+        traced.hair,
+        traced.lab,
+        traced.crop,
+        _in_pixels_of(face, calibration),
+        traced.evidence,
+        segmentation.segmenter == "fallback",
+    )
 
 
 def headwear_in_mask(rgb: np.ndarray, face: Face, segmentation: HairSegmentation) -> np.ndarray | None:
@@ -90,8 +98,11 @@ def _traced(rgb: np.ndarray, face: Face, segmentation: HairSegmentation) -> _Tra
     band = headwear_band(trace, midline, hair, lab, work_face)
     # a flat dark band is a cap only with a cap's crown above it, in view: very dark, flat
     # hair (a parting's two sides) and hair the frame cuts off are hair, their edge uncertain
-    is_a_cap = band is not None and not evidence.top.cut_off and \
-        crown_gap(trace.points[midline, 0].astype(int), hair, person, work_face) >= CAP_CROWN_GAP
+    is_a_cap = (
+        band is not None
+        and not evidence.top.cut_off
+        and crown_gap(trace.points[midline, 0].astype(int), hair, person, work_face) >= CAP_CROWN_GAP
+    )
     if band is not None and not is_a_cap:
         evidence = replace(evidence, notes=(*evidence.notes, NOTE_DARK_BAND))
     return _Traced(crop, work_face, lab, hair, evidence, trace, band if is_a_cap else None)
@@ -106,5 +117,10 @@ def _in_pixels_of(face: Face, calibration: Calibration) -> Calibration:
     ratio = calibration.iris_diameter_px / own.iris_diameter_px
     if abs(ratio - 1.0) < 1e-6:
         return calibration
-    return replace(calibration, mm_per_px=calibration.mm_per_px * ratio, iris_diameter_px=own.iris_diameter_px,
-                   left_iris_px=own.left_iris_px, right_iris_px=own.right_iris_px)
+    return replace(
+        calibration,
+        mm_per_px=calibration.mm_per_px * ratio,
+        iris_diameter_px=own.iris_diameter_px,
+        left_iris_px=own.left_iris_px,
+        right_iris_px=own.right_iris_px,
+    )

@@ -52,16 +52,24 @@ class HairEvidence:
     notes: tuple[str, ...]
 
 
-def assess_hair(lab: np.ndarray, person: np.ndarray, work_face: Face, segmentation: HairSegmentation,
-                crop: HeadCrop) -> HairEvidence:
+def assess_hair(
+    lab: np.ndarray, person: np.ndarray, work_face: Face, segmentation: HairSegmentation, crop: HeadCrop
+) -> HairEvidence:
     """`lab`, `person` and `work_face` are in the working frame of `crop`. A claim needs its
     evidence (analysis.md § Statuses and claims): no top of the head in view is
     `uncertain`, not bald; a skin-coloured top is bald only when `scalp` finds a bare scalp."""
     probability = segmentation.probability
-    top = top_of_head(lab, person, work_face, crop.at_photo_top,
-                      probability[1] if probability is not None and probability[0] == crop.key else None)
+    top = top_of_head(
+        lab,
+        person,
+        work_face,
+        crop.at_photo_top,
+        probability[1] if probability is not None and probability[0] == crop.key else None,
+    )
     colours = top.colours
-    hair_delta_e = None if colours.hair_median is None else float(np.linalg.norm(colours.hair_median - colours.skin_median))
+    hair_delta_e = (
+        None if colours.hair_median is None else float(np.linalg.norm(colours.hair_median - colours.skin_median))
+    )
     low_contrast = hair_delta_e is None or hair_delta_e < LOW_CONTRAST_DELTA_E or top.light_hair
 
     def verdict(kind: Verdict, *notes: str) -> HairEvidence:

@@ -32,7 +32,9 @@ def measure_face(
     frame = FaceFrame.from_face(face)
     mm = calibration.mm_per_px
     height = lambda point: float(frame.to_frame(np.asarray(point))[0, 1])  # noqa: E731  (px up the midline)
-    glabella, subnasale, menton = (height(face.points[i]) for i in (LandmarkId.GLABELLA, LandmarkId.SUBNASALE, LandmarkId.MENTON))
+    glabella, subnasale, menton = (
+        height(face.points[i]) for i in (LandmarkId.GLABELLA, LandmarkId.SUBNASALE, LandmarkId.MENTON)
+    )
     middle = (glabella - subnasale) * mm
     lower = (subnasale - menton) * mm
     measurements: dict[str, Any] = {
@@ -108,6 +110,7 @@ def _width(hairline: Hairline, mm: float) -> float | None:
 def _recession(hairline: Hairline, trichion: float, height: Any, mm: float) -> dict[str, float | None]:
     """How far each temple point sits above the trichion level; 0 when it sits lower (a
     rounded hairline has no recession)."""
+
     def side(point: tuple[float, float] | None) -> float | None:
         return None if point is None else _mm(max(0.0, (height(point) - trichion) * mm))
 

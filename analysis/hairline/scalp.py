@@ -61,8 +61,7 @@ class TopOfHead:
     @property
     def bare_scalp(self) -> bool:
         """Skin where hair would be: skin-coloured, smooth as the face, no network sure of hair."""
-        return (self.colours.skin_coloured and not self.cut_off and self.smooth
-                and not self.network_sees_hair)
+        return self.colours.skin_coloured and not self.cut_off and self.smooth and not self.network_sees_hair
 
     @property
     def light_hair(self) -> bool:
@@ -70,8 +69,9 @@ class TopOfHead:
         return self.colours.skin_coloured and not self.bare_scalp
 
 
-def top_of_head(lab: np.ndarray, person: np.ndarray, face: Face, at_photo_top: bool,
-                probability: np.ndarray | None = None) -> TopOfHead:
+def top_of_head(
+    lab: np.ndarray, person: np.ndarray, face: Face, at_photo_top: bool, probability: np.ndarray | None = None
+) -> TopOfHead:
     """`lab`, `person` (bool), `face` and `probability` (the network's, or None) in one
     working frame; `at_photo_top`: that frame's row 0 is the photo's top edge."""
     colours = head_colours(lab, person, face)

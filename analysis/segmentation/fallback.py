@@ -78,7 +78,9 @@ def segment_hair(work: np.ndarray, face: Face, person_probability: np.ndarray) -
         return np.zeros(person.shape, bool)
     model_bg, model_fg = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
     cv2.setRNGSeed(0)  # GrabCut's GMM initialisation is random: results would vary run to run
-    cv2.grabCut(work, labels, (0, 0, 0, 0), model_bg, model_fg, GRABCUT_ITERATIONS, cv2.GC_INIT_WITH_MASK)  # rect unused with a mask
+    cv2.grabCut(
+        work, labels, (0, 0, 0, 0), model_bg, model_fg, GRABCUT_ITERATIONS, cv2.GC_INIT_WITH_MASK
+    )  # rect unused with a mask
     hair = ((labels == cv2.GC_FGD) | (labels == cv2.GC_PR_FGD)) & person
     return _connected_to(hair, seeds)
 

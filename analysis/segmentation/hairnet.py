@@ -64,8 +64,13 @@ class HairNetSegmenter:
         square = NetworkCrop.around(face, INPUT_SIZE)
         probability = hair_probability(self.network, square.cut(rgb), self.device)
         in_work = square.warp_into(probability, head.to_image_matrix, lab.shape[:2])
-        bald = HairSegmentation("hairnet", np.zeros(shape, bool), head.paste(person, shape), work=(head.key, work),
-                                probability=(head.key, in_work))
+        bald = HairSegmentation(
+            "hairnet",
+            np.zeros(shape, bool),
+            head.paste(person, shape),
+            work=(head.key, work),
+            probability=(head.key, in_work),
+        )
         top = top_of_head(lab, person, work_face, head.at_photo_top, in_work)
         if top.bare_scalp:
             return replace(bald, scalp_seen=True)

@@ -105,8 +105,9 @@ class HairNetwork(nn.Module):
         options = operator.options
         depthwise = operator.kind == "DEPTHWISE_CONV_2D"
         # CONV_2D weights are OHWI, DEPTHWISE [1, kh, kw, C]; torch wants O, I/groups, kh, kw
-        weight = self._constant(operator.inputs[1], (lambda t: t.permute(3, 0, 1, 2)) if depthwise
-                                else (lambda t: t.permute(0, 3, 1, 2)))
+        weight = self._constant(
+            operator.inputs[1], (lambda t: t.permute(3, 0, 1, 2)) if depthwise else (lambda t: t.permute(0, 3, 1, 2))
+        )
         bias = self._constant(operator.inputs[2])
         kernel_h, kernel_w = self._graph.tensors[operator.inputs[1]].shape[1:3]
         stride = (options["stride_h"], options["stride_w"])

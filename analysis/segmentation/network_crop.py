@@ -58,8 +58,9 @@ class NetworkCrop:
         # region px -> image px: p / shrink + origin
         region_to_image = np.array([[1 / shrink, 0, x0], [0, 1 / shrink, y0], [0, 0, 1]], np.float64)
         matrix = self.to_square @ region_to_image
-        return cv2.warpAffine(region, matrix, (self.size, self.size), flags=cv2.INTER_LINEAR,
-                              borderMode=cv2.BORDER_REPLICATE)
+        return cv2.warpAffine(
+            region, matrix, (self.size, self.size), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+        )
 
     def face_in_square(self, face: Face) -> Face:
         """The face's landmarks in square px (z scaled like x)."""
@@ -80,8 +81,10 @@ class NetworkCrop:
 
     def _image_box(self, width: int, height: int) -> tuple[int, int, int, int]:
         """x0, y0, x1, y1 of the square's bounding box in the image, clipped, 2 px margin."""
-        corners = cv2.invertAffineTransform(self.to_square) @ np.array(
-            [[0, 0, 1], [self.size, 0, 1], [0, self.size, 1], [self.size, self.size, 1]], np.float64).T
+        corners = (
+            cv2.invertAffineTransform(self.to_square)
+            @ np.array([[0, 0, 1], [self.size, 0, 1], [0, self.size, 1], [self.size, self.size, 1]], np.float64).T
+        )
         x0, y0 = np.clip(np.floor(corners.min(axis=1)) - 2, 0, [width - 1, height - 1]).astype(int)
         x1, y1 = np.clip(np.ceil(corners.max(axis=1)) + 2, [x0 + 1, y0 + 1], [width, height]).astype(int)
         return int(x0), int(y0), int(x1), int(y1)
@@ -91,6 +94,11 @@ class NetworkCrop:
         affine map to image px (`from_frame`, 2x3); 0 outside the square."""
         frame_to_image = np.vstack([from_frame, [0.0, 0.0, 1.0]])
         frame_to_square = self.to_square @ frame_to_image
-        return cv2.warpAffine(square_values.astype(np.float32), frame_to_square, (shape[1], shape[0]),
-                              flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
-                              borderMode=cv2.BORDER_CONSTANT, borderValue=(0.0,))
+        return cv2.warpAffine(
+            square_values.astype(np.float32),
+            frame_to_square,
+            (shape[1], shape[0]),
+            flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+            borderMode=cv2.BORDER_CONSTANT,
+            borderValue=(0.0,),
+        )

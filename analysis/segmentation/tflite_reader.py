@@ -107,11 +107,23 @@ class Graph:
 # builtin options tables: (field name, struct format, default) by field index (schema.fbs)
 _ACTIVATION = ("fused_activation_function", "b", 0)
 _OPTION_FIELDS: dict[str, tuple[tuple[str, str, int], ...]] = {
-    "CONV_2D": (("padding", "b", 0), ("stride_w", "i", 0), ("stride_h", "i", 0), _ACTIVATION,
-                ("dilation_w_factor", "i", 1), ("dilation_h_factor", "i", 1)),
-    "DEPTHWISE_CONV_2D": (("padding", "b", 0), ("stride_w", "i", 0), ("stride_h", "i", 0),
-                          ("depth_multiplier", "i", 0), _ACTIVATION,
-                          ("dilation_w_factor", "i", 1), ("dilation_h_factor", "i", 1)),
+    "CONV_2D": (
+        ("padding", "b", 0),
+        ("stride_w", "i", 0),
+        ("stride_h", "i", 0),
+        _ACTIVATION,
+        ("dilation_w_factor", "i", 1),
+        ("dilation_h_factor", "i", 1),
+    ),
+    "DEPTHWISE_CONV_2D": (
+        ("padding", "b", 0),
+        ("stride_w", "i", 0),
+        ("stride_h", "i", 0),
+        ("depth_multiplier", "i", 0),
+        _ACTIVATION,
+        ("dilation_w_factor", "i", 1),
+        ("dilation_h_factor", "i", 1),
+    ),
     "ADD": (_ACTIVATION,),
     "CONCATENATION": (("axis", "i", 0), _ACTIVATION),
     "PRELU": (),

@@ -122,4 +122,3 @@ def photos_dir() -> Path:
 def photo_labels(photos_dir: Path) -> list[dict[str, Any]]:
     """labels.json: one entry per photo (file, kind, trichion_row, tolerance_px, ...)."""
     return json.loads((photos_dir / "labels.json").read_text())
-

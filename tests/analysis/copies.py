@@ -24,8 +24,14 @@ def recoloured(rgb: np.ndarray, hair: np.ndarray, colour: str) -> np.ndarray:
     target_l, target_a, target_b = LIGHT_HAIR_LAB[colour]
     lightness = lab[..., 0]
     mean = float(lightness[hair].mean()) if hair.any() else 0.0
-    new = np.stack([np.clip(target_l + LIGHTNESS_SPREAD * (lightness - mean), 0, 255),
-                    np.full_like(lightness, target_a), np.full_like(lightness, target_b)], axis=-1)
+    new = np.stack(
+        [
+            np.clip(target_l + LIGHTNESS_SPREAD * (lightness - mean), 0, 255),
+            np.full_like(lightness, target_a),
+            np.full_like(lightness, target_b),
+        ],
+        axis=-1,
+    )
     weight = cv2.GaussianBlur(hair.astype(np.float32), (0, 0), FEATHER_PX)[..., None]
     mixed = (1 - weight) * lab + weight * new
     return cv2.cvtColor(np.clip(np.rint(mixed), 0, 255).astype(np.uint8), cv2.COLOR_Lab2RGB)

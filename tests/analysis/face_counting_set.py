@@ -33,8 +33,15 @@ PHOTOS_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "photos"
 # the labelled photos that show one person's whole head (the bald crops are tight)
 PRESS_PHOTOS = ("obama.jpg", "lacamoire.jpg", "rose_leslie.jpg", "tom_cruise.jpg", "biden2.jpg")
 # face width (mesh bounding box) over photo height, measured once on each source photo
-FACE_SHARE = {"astronaut": 0.178, "hopper": 0.303, "obama": 0.211, "lacamoire": 0.243, "rose_leslie": 0.306,
-              "tom_cruise": 0.511, "biden2": 0.376}
+FACE_SHARE = {
+    "astronaut": 0.178,
+    "hopper": 0.303,
+    "obama": 0.211,
+    "lacamoire": 0.243,
+    "rose_leslie": 0.306,
+    "tom_cruise": 0.511,
+    "biden2": 0.376,
+}
 FACE_PX = 150  # the main person's face width in every composed picture
 EXTRA_FACE_RATIO = 0.22  # a poster, drawing or statue in the backdrop: well under a third
 
@@ -97,16 +104,23 @@ def pair(first: Person, second: Person, ratio: float, align: str, second_left: b
     one, two = first.with_face_width(FACE_PX), second.with_face_width(FACE_PX * ratio)
     height = max(one.shape[0], two.shape[0])
     canvas = np.full((height, one.shape[1] + two.shape[1], 3), 110, np.uint8)
-    place = {"top": lambda picture: 0, "middle": lambda picture: (height - picture.shape[0]) // 2,
-             "bottom": lambda picture: height - picture.shape[0]}[align]
+    place = {
+        "top": lambda picture: 0,
+        "middle": lambda picture: (height - picture.shape[0]) // 2,
+        "bottom": lambda picture: height - picture.shape[0],
+    }[align]
     left, right = (two, one) if second_left else (one, two)
     paste(canvas, left, place(left), 0)
     paste(canvas, right, place(right), left.shape[1])
     return canvas
 
 
-def single_before(person: Person, backdrop: np.ndarray, extra: Person | None = None,
-                  look: Callable[[np.ndarray], np.ndarray] = lambda rgb: rgb) -> np.ndarray:
+def single_before(
+    person: Person,
+    backdrop: np.ndarray,
+    extra: Person | None = None,
+    look: Callable[[np.ndarray], np.ndarray] = lambda rgb: rgb,
+) -> np.ndarray:
     """The person in the middle of a busy picture twice as wide; optionally another face,
     `EXTRA_FACE_RATIO` times as wide and rendered by `look`, hung in the top-left corner."""
     picture = person.with_face_width(FACE_PX)
@@ -129,8 +143,13 @@ ALIGNMENTS = ("top", "middle", "bottom")
 
 
 def _backdrops() -> dict[str, Callable[[], np.ndarray]]:
-    return {"text": data.text, "page": data.page, "brick": data.brick, "rocket": data.rocket,
-            "hubble": data.hubble_deep_field}
+    return {
+        "text": data.text,
+        "page": data.page,
+        "brick": data.brick,
+        "rocket": data.rocket,
+        "hubble": data.hubble_deep_field,
+    }
 
 
 def cases(with_press_photos: bool) -> list[Case]:
@@ -138,9 +157,15 @@ def cases(with_press_photos: bool) -> list[Case]:
     people = [Person("astronaut", data.astronaut), Person("hopper", grace_hopper)]
     if with_press_photos:
         people += [Person(name.split(".")[0], lambda name=name: press_photo(name)) for name in PRESS_PHOTOS]
-    found = [Case(f"none_{name}", 0, lambda build=build: _rgb(build()))
-             for name, build in {"coffee": data.coffee, "cat": data.chelsea, "rocket": data.rocket,
-                                 "text": data.text}.items()]
+    found = [
+        Case(f"none_{name}", 0, lambda build=build: _rgb(build()))
+        for name, build in {
+            "coffee": data.coffee,
+            "cat": data.chelsea,
+            "rocket": data.rocket,
+            "text": data.text,
+        }.items()
+    ]
     backdrops = list(_backdrops().items())
     for index, person in enumerate(people):
         backdrop_name, backdrop = backdrops[index % len(backdrops)]
@@ -148,26 +173,46 @@ def cases(with_press_photos: bool) -> list[Case]:
         found += [
             Case(f"single_{person.name}_{backdrop_name}", 1, lambda p=person, b=backdrop: single_before(p, b())),
             Case(f"single_{person.name}_poster", 1, lambda p=person, o=other, b=backdrop: single_before(p, b(), o)),
-            Case(f"single_{person.name}_drawing", 1,
-                 lambda p=person, o=other, b=backdrop: single_before(p, b(), o, pencil_drawing)),
-            Case(f"single_{person.name}_statue", 1,
-                 lambda p=person, o=other, b=backdrop: single_before(p, b(), o, bronze)),
+            Case(
+                f"single_{person.name}_drawing",
+                1,
+                lambda p=person, o=other, b=backdrop: single_before(p, b(), o, pencil_drawing),
+            ),
+            Case(
+                f"single_{person.name}_statue",
+                1,
+                lambda p=person, o=other, b=backdrop: single_before(p, b(), o, bronze),
+            ),
         ]
     for index, person in enumerate(people):
         other = people[(index + 1) % len(people)]
         for ratio in (1.0, 0.8, 0.65, 0.5):
             for align in ALIGNMENTS:
-                found.append(Case(f"pair_{person.name}_{other.name}_{ratio}_{align}", 2,
-                                  lambda p=person, o=other, r=ratio, a=align: pair(p, o, r, a)))
-        found.append(Case(f"pair_{other.name}_left_of_{person.name}_0.65", 2,
-                          lambda p=person, o=other: pair(p, o, 0.65, "bottom", second_left=True)))
+                found.append(
+                    Case(
+                        f"pair_{person.name}_{other.name}_{ratio}_{align}",
+                        2,
+                        lambda p=person, o=other, r=ratio, a=align: pair(p, o, r, a),
+                    )
+                )
+        found.append(
+            Case(
+                f"pair_{other.name}_left_of_{person.name}_0.65",
+                2,
+                lambda p=person, o=other: pair(p, o, 0.65, "bottom", second_left=True),
+            )
+        )
     found.append(Case("group_three", 2, lambda: three(people[0], people[1], people[-1])))
     return found
 
 
 def three(first: Person, second: Person, third: Person) -> np.ndarray:
     """Three people in a row, faces 1 : 0.8 : 0.6, bottoms aligned."""
-    pictures = [first.with_face_width(FACE_PX), second.with_face_width(0.8 * FACE_PX), third.with_face_width(0.6 * FACE_PX)]
+    pictures = [
+        first.with_face_width(FACE_PX),
+        second.with_face_width(0.8 * FACE_PX),
+        third.with_face_width(0.6 * FACE_PX),
+    ]
     height = max(picture.shape[0] for picture in pictures)
     canvas = np.full((height, sum(picture.shape[1] for picture in pictures), 3), 110, np.uint8)
     left = 0

@@ -48,7 +48,9 @@ def constant_class_network(label: int) -> BiSeNet:
 
 def test_state_dict_matches_the_public_weights_manifest(network):
     manifest = json.loads(MANIFEST.read_text())
-    found = [[key, list(value.shape), str(value.dtype).removeprefix("torch.")] for key, value in network.state_dict().items()]
+    found = [
+        [key, list(value.shape), str(value.dtype).removeprefix("torch.")] for key, value in network.state_dict().items()
+    ]
     assert found == manifest["entries"]
     assert len(found) == manifest["n_entries"] == 191
     assert sum(parameter.numel() for parameter in network.parameters()) == manifest["n_params"] == 13_300_416

@@ -44,7 +44,9 @@ def test_vertical_diameter_is_ignored():
 
 
 def test_head_roll_does_not_change_the_scale():
-    assert calibrate(eyes(20.0, 22.0, turn_degrees=25.0)).mm_per_px == pytest.approx(calibrate(eyes(20.0, 22.0)).mm_per_px)
+    assert calibrate(eyes(20.0, 22.0, turn_degrees=25.0)).mm_per_px == pytest.approx(
+        calibrate(eyes(20.0, 22.0)).mm_per_px
+    )
 
 
 def test_uncertainty_shrinks_with_iris_size_and_grows_with_disagreement():

@@ -135,8 +135,11 @@ def test_image_writer_swaps_keys_at_any_depth(tmp_path: Path, astronaut: np.ndar
     from analysis.drawing.render import png_base64
 
     png = png_base64(astronaut[:8, :8])
-    data = {"results": [{"plan": "standard", "image_base64": png, "grown_image_base64": None}],
-            "mask_image_base64": png, "hair_area_ratio": 0.1}
+    data = {
+        "results": [{"plan": "standard", "image_base64": png, "grown_image_base64": None}],
+        "mask_image_base64": png,
+        "hair_area_ratio": 0.1,
+    }
     published = command.ImageWriter(str(tmp_path), "p.grow").publish(data)
     assert published["hair_area_ratio"] == 0.1 and published["results"][0]["grown_image_url"] is None
     first = png_file(published["results"][0]["image_url"])

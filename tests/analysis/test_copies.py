@@ -28,9 +28,13 @@ DEFAULT_RUN = {"obama.jpg", "biden2.jpg", "deepface_img1.jpg", "openface_adams.j
 # exactly the network's mask paints a new, sharp colour edge at the mask's own edge, which
 # the image-crossing view then confirms; where the network's edge sat off the label (fine
 # dark hairs below it left dark) the copy is confidently that far off
-KNOWN_NUMBER_MISSES = {("deepface_img7.jpg", "white"),
-                       ("deepface_img22.jpg", "white"), ("deepface_img33.jpg", "blonde"),
-                       ("deepface_img33.jpg", "white"), ("openface_carell.jpg", "blonde")}
+KNOWN_NUMBER_MISSES = {
+    ("deepface_img7.jpg", "white"),
+    ("deepface_img22.jpg", "white"),
+    ("deepface_img33.jpg", "blonde"),
+    ("deepface_img33.jpg", "white"),
+    ("openface_carell.jpg", "blonde"),
+}
 
 
 def _cases() -> list[Any]:
@@ -45,8 +49,9 @@ def _cases() -> list[Any]:
 
 
 @pytest.mark.parametrize("label, copy", _cases())
-def test_a_copy_makes_no_false_claim(label: dict[str, Any], copy: str, photos_dir: Path,
-                                     detector: FaceMeshDetector, hairnet: HairNetSegmenter) -> None:
+def test_a_copy_makes_no_false_claim(
+    label: dict[str, Any], copy: str, photos_dir: Path, detector: FaceMeshDetector, hairnet: HairNetSegmenter
+) -> None:
     rgb = load_photo(photos_dir, label["file"])
     face = detector.detect(rgb)
     segmentation = hairnet.segment(rgb, face)

@@ -17,16 +17,18 @@ def frame(face: Face) -> FaceFrame:
     return FaceFrame.from_face(face)
 
 
-def hairline_at(face: Face, frame: FaceFrame, calibration: Calibration, height_mm: float,
-                status: str = "ok", shape: str = "rounded") -> Hairline:
+def hairline_at(
+    face: Face, frame: FaceFrame, calibration: Calibration, height_mm: float, status: str = "ok", shape: str = "rounded"
+) -> Hairline:
     """A gently curved hairline whose midline point is `height_mm` above the glabella."""
     left, right = designs.canthal_u(face, frame)
     u = np.linspace(1.3 * left, 1.3 * right, 40)
     v = height_mm / calibration.mm_per_px + 0.15 * (u / right) ** 2 * abs(right)
     points = frame.to_image(np.stack([u, v], axis=1))
     trichion = frame.to_image(np.array([[0.0, height_mm / calibration.mm_per_px]]))[0]
-    return Hairline(status=status, points=points, trichion=(float(trichion[0]), float(trichion[1])),
-                    shape=shape, uncertainty_mm=2.0)  # type: ignore[arg-type]
+    return Hairline(
+        status=status, points=points, trichion=(float(trichion[0]), float(trichion[1])), shape=shape, uncertainty_mm=2.0
+    )  # type: ignore[arg-type]
 
 
 def midline_height_mm(design: designs.Design, frame: FaceFrame, calibration: Calibration) -> float:
@@ -59,8 +61,10 @@ def test_unknown_gender_follows_the_middle_third(face, frame, calibration) -> No
     middle = designs.middle_third_mm(face, frame, calibration)
     standard = min(max(middle, 60.0), 80.0)
     receded = hairline_at(face, frame, calibration, 100.0)
-    heights = [midline_height_mm(designs.plan_design(plan, face, receded, calibration, "unknown"), frame, calibration)
-               for plan in PLANS]
+    heights = [
+        midline_height_mm(designs.plan_design(plan, face, receded, calibration, "unknown"), frame, calibration)
+        for plan in PLANS
+    ]
     assert heights == pytest.approx([standard + 5, standard, standard - 5], abs=0.05)
 
 
@@ -98,8 +102,10 @@ def test_styles_pass_through_the_frontotemporal_points(face, frame, calibration,
 
 
 def test_styles_have_their_own_shapes(face, frame, calibration) -> None:
-    heights = {style: frame.to_frame(designs.style_design(style, face, NO_HAIRLINE, calibration, "male").points)[:, 1]
-               for style in STYLES}
+    heights = {
+        style: frame.to_frame(designs.style_design(style, face, NO_HAIRLINE, calibration, "male").points)[:, 1]
+        for style in STYLES
+    }
     temple = heights["rounded"][0]
     assert heights["m_shape"].max() > temple + 1  # recessions rise above the frontotemporal points
     assert heights["rounded"].max() == pytest.approx(temple)
@@ -126,7 +132,9 @@ def test_mark_by_drop_moves_the_hairline_down_the_midline(face, frame, calibrati
     design = designs.lowered_hairline(face, current, calibration, drop_mm)
     shift = design.points - current.points
     assert np.linalg.norm(shift, axis=1) == pytest.approx(np.full(len(shift), drop_mm / calibration.mm_per_px))
-    assert np.allclose(frame.to_frame(design.points)[:, 1], frame.to_frame(current.points)[:, 1] - drop_mm / calibration.mm_per_px)
+    assert np.allclose(
+        frame.to_frame(design.points)[:, 1], frame.to_frame(current.points)[:, 1] - drop_mm / calibration.mm_per_px
+    )
     if drop_mm:
         assert np.all(shift[:, 1] > 0)  # down in the image
 

@@ -35,8 +35,13 @@ from .images import encode, load_photo, rotated
 from .test_render import visible_share
 
 LIMITS = AnalysisSettings()
-NULL_WITHOUT_HAIRLINE = ("forehead_height_mm", "upper_third_mm", "thirds_ratio", "hairline_width_mm",
-                         "temple_recession_mm")
+NULL_WITHOUT_HAIRLINE = (
+    "forehead_height_mm",
+    "upper_third_mm",
+    "thirds_ratio",
+    "hairline_width_mm",
+    "temple_recession_mm",
+)
 
 
 @pytest.fixture(scope="module")
@@ -95,20 +100,35 @@ def assert_rounded(points: Any) -> None:
 
 def test_measure_returns_the_contract_fields(measured: dict[str, Any]) -> None:
     assert_plain_json(measured)
-    assert set(measured) == {"image", "face", "calibration", "hairline", "measurements", "assessment", "segmenter",
-                             "annotated_image_base64"}
+    assert set(measured) == {
+        "image",
+        "face",
+        "calibration",
+        "hairline",
+        "measurements",
+        "assessment",
+        "segmenter",
+        "annotated_image_base64",
+    }
     assert measured["image"] == {"width": 512, "height": 512}
     x, y, w, h = measured["face"]["bbox"]
     assert all(isinstance(value, int) for value in (x, y, w, h)) and 50 < w < 200 and 50 < h < 250
     pose = measured["face"]["pose"]
     assert set(pose) == {"yaw", "pitch", "roll"} and abs(pose["yaw"]) < 15
     assert measured["calibration"]["method"] == "iris" and 6 < measured["calibration"]["iris_diameter_px"] < 11
-    assert measured["calibration"]["mm_per_px"] == pytest.approx(11.7 / measured["calibration"]["iris_diameter_px"], rel=0.01)
+    assert measured["calibration"]["mm_per_px"] == pytest.approx(
+        11.7 / measured["calibration"]["iris_diameter_px"], rel=0.01
+    )
     assert measured["segmenter"] == "hairnet"  # the default install (issue 17)
     hairline = measured["hairline"]
     assert set(hairline) == {"status", "points", "trichion", "shape", "uncertainty_mm"}
     assert hairline["status"] in ("ok", "uncertain", "no_hairline", "occluded")
-    assert set(measured["measurements"]) >= {"forehead_height_mm", "middle_third_mm", "lower_third_mm", *NULL_WITHOUT_HAIRLINE}
+    assert set(measured["measurements"]) >= {
+        "forehead_height_mm",
+        "middle_third_mm",
+        "lower_third_mm",
+        *NULL_WITHOUT_HAIRLINE,
+    }
     assert set(measured["assessment"]) == {"forehead", "notes"}
     if hairline["status"] in ("no_hairline", "occluded"):
         assert hairline["points"] is None and hairline["trichion"] is None and hairline["shape"] is None
@@ -146,8 +166,9 @@ def turned_point(point: Any, degrees: float, shape: tuple[int, ...]) -> np.ndarr
 
 
 @pytest.mark.parametrize("degrees", [20, -24])  # her own roll is about -3°: -27° near the 30° limit
-def test_a_tilted_head_is_measured_upright_in_the_photos_pixels(models: Models, astronaut: np.ndarray,
-                                                                degrees: float) -> None:
+def test_a_tilted_head_is_measured_upright_in_the_photos_pixels(
+    models: Models, astronaut: np.ndarray, degrees: float
+) -> None:
     # issue 17: a 16° tilt was refused with 1008. Roll up to 30° is undone, not refused.
     # (The astronaut at 2x, a 16 px iris: grace_hopper's hairline is under her cap, occluded.)
     photo = cv2.resize(astronaut, (1024, 1024), interpolation=cv2.INTER_CUBIC)
@@ -174,8 +195,13 @@ def test_a_tilted_heads_mask_is_in_the_photos_pixels(models: Models, astronaut: 
 
 
 def test_a_photo_measured_just_past_a_pose_limit_gets_a_wider_band_and_a_note(face: Face) -> None:
-    hairline = Hairline(status="ok", points=np.array([[200.0, 70.0], [250.0, 70.0]]), trichion=(226.0, 70.0),
-                        shape="straight", uncertainty_mm=1.5)
+    hairline = Hairline(
+        status="ok",
+        points=np.array([[200.0, 70.0], [250.0, 70.0]]),
+        trichion=(226.0, 70.0),
+        shape="straight",
+        uncertainty_mm=1.5,
+    )
     calibration = calibrate(face)
     limits = AnalysisSettings()  # yaw ±15°, pitch ±20°
     within = _widened_for_pose(hairline, FrontalFace(face, Pose(14.0, 0.0, 0.0), 0.0), calibration, limits)
@@ -198,8 +224,9 @@ def test_a_face_rolled_past_the_limit_is_1008(models: Models, astronaut: np.ndar
 def test_a_phone_sized_photo_is_measured_in_its_own_pixels(models: Models, astronaut: np.ndarray) -> None:
     # issue 17: 4352-4600 px phone photos were refused with 1004 ("分辨率过高")
     small = call("measure", encode(astronaut, "PNG"), models)
-    large = cv2.copyMakeBorder(cv2.resize(astronaut, (2560, 2560), interpolation=cv2.INTER_CUBIC),
-                               0, 0, 1020, 1020, cv2.BORDER_REPLICATE)  # 4600 x 2560
+    large = cv2.copyMakeBorder(
+        cv2.resize(astronaut, (2560, 2560), interpolation=cv2.INTER_CUBIC), 0, 0, 1020, 1020, cv2.BORDER_REPLICATE
+    )  # 4600 x 2560
     data = call("measure", encode(large, "JPEG", quality=92), models)
     assert data["image"] == {"width": 4600, "height": 2560}
     assert png(data["annotated_image_base64"]).shape == (2560, 4600, 3)
@@ -249,8 +276,9 @@ def test_grow_draws_the_requested_plans(models: Models, astronaut_png: bytes) ->
         assert png(result["image_base64"]).shape == (512, 512, 3)
 
 
-def test_grow_returns_inpainting_masks_only_when_the_host_asks(models: Models, astronaut_png: bytes,
-                                                               astronaut: np.ndarray) -> None:
+def test_grow_returns_inpainting_masks_only_when_the_host_asks(
+    models: Models, astronaut_png: bytes, astronaut: np.ndarray
+) -> None:
     options = {**parse_options("grow", {"plans": ["standard"]}), INPAINT_MASK_OPTION: True}
     data = run_endpoint("grow", astronaut_png, options, models, LIMITS)
     mask = png(data["results"][0][INPAINT_MASK_KEY])
@@ -300,8 +328,17 @@ def test_hairline_styles_in_requested_order(models: Models, grace_hopper: np.nda
 def test_special_points_are_rounded_landmarks(models: Models, astronaut_png: bytes, astronaut: np.ndarray) -> None:
     data = call("special-points", astronaut_png, models)
     assert data["image"] == {"width": 512, "height": 512}
-    assert set(data["points"]) == {"trichion", "glabella", "nasion", "subnasale", "menton", "left_temple",
-                                   "right_temple", "left_iris_center", "right_iris_center"}
+    assert set(data["points"]) == {
+        "trichion",
+        "glabella",
+        "nasion",
+        "subnasale",
+        "menton",
+        "left_temple",
+        "right_temple",
+        "left_iris_center",
+        "right_iris_center",
+    }
     face = models.detector.detect(astronaut)
     assert data["points"]["trichion"] == pytest.approx(face.points[LandmarkId.MESH_TOP], abs=0.051)
     assert data["points"]["left_iris_center"][0] < data["points"]["right_iris_center"][0]
@@ -325,8 +362,9 @@ def labelled_photo(photos_dir: Path, name: str, scale: float = 1.0) -> bytes:
 
 
 @pytest.mark.parametrize("name", ["obama.jpg", "biden2.jpg", "tom_cruise.jpg", "astronaut", "grace_hopper"])
-def test_the_drawn_lines_stay_visible_on_real_photos(models: Models, photos_dir: Path, astronaut: np.ndarray,
-                                                     grace_hopper: np.ndarray, name: str) -> None:
+def test_the_drawn_lines_stay_visible_on_real_photos(
+    models: Models, photos_dir: Path, astronaut: np.ndarray, grace_hopper: np.ndarray, name: str
+) -> None:
     # issue 17: the legend covered a third of obama's drawn hairline (biden2: 34 %)
     rgb = {"astronaut": astronaut, "grace_hopper": grace_hopper}.get(name)
     if rgb is None:

@@ -48,8 +48,9 @@ def test_packaged_photos_are_counted_right(case: Case, detector: FaceMeshDetecto
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", REST, ids=_ids(REST))
-def test_the_rest_of_the_set_is_counted_right(case: Case, detector: FaceMeshDetector,
-                                              request: pytest.FixtureRequest) -> None:
+def test_the_rest_of_the_set_is_counted_right(
+    case: Case, detector: FaceMeshDetector, request: pytest.FixtureRequest
+) -> None:
     """The easier pairs, and every case built from ../shared/photos (skipped when absent)."""
     if case.name not in set(_ids(PACKAGED_ALL)):
         request.getfixturevalue("photos_dir")
@@ -57,8 +58,9 @@ def test_the_rest_of_the_set_is_counted_right(case: Case, detector: FaceMeshDete
 
 
 @pytest.mark.parametrize("hopper_first", [True, False])
-def test_hopper_and_the_astronaut_side_by_side_are_two(detector: FaceMeshDetector, astronaut: np.ndarray,
-                                                       hopper_first: bool) -> None:
+def test_hopper_and_the_astronaut_side_by_side_are_two(
+    detector: FaceMeshDetector, astronaut: np.ndarray, hopper_first: bool
+) -> None:
     # The report of issue 11: 1100×620, her face ~1.7× the astronaut's; the mesh saw only her.
     hopper, small = scaled_to_height(grace_hopper(), 620), scaled_to_height(astronaut, 620)
     pair = side_by_side(hopper, small) if hopper_first else side_by_side(small, hopper)
@@ -82,16 +84,19 @@ def test_a_face_under_a_third_of_the_largest_is_not_a_person() -> None:
     assert people([poster, main, second]) == [main, second]
 
 
-def confirming(detector: FaceMeshDetector, monkeypatch: pytest.MonkeyPatch, *, detected: set[float],
-               meshed: set[float]) -> None:
+def confirming(
+    detector: FaceMeshDetector, monkeypatch: pytest.MonkeyPatch, *, detected: set[float], meshed: set[float]
+) -> None:
     """The second opinions on crops, by box width: which the detector confirms and which mesh."""
     monkeypatch.setattr(detector, "_detected_in_box", lambda rgb, box: box.width in detected)
-    monkeypatch.setattr(detector, "_mesh_in_box",
-                        lambda rgb, box: np.full((478, 3), box.width) if box.width in meshed else None)
+    monkeypatch.setattr(
+        detector, "_mesh_in_box", lambda rgb, box: np.full((478, 3), box.width) if box.width in meshed else None
+    )
 
 
 def test_a_second_mesh_the_detector_does_not_confirm_is_not_a_person(
-        detector: FaceMeshDetector, astronaut: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
+    detector: FaceMeshDetector, astronaut: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
     main = CountedFace(Box(0, 0, 150, 150), mesh=0, detected=True)
     drawing = CountedFace(Box(400, 0, 140, 140), mesh=1, detected=False)
     confirming(detector, monkeypatch, detected=set(), meshed=set())
@@ -100,15 +105,17 @@ def test_a_second_mesh_the_detector_does_not_confirm_is_not_a_person(
     assert detector._people(astronaut, [main, drawing])[0] == [main, drawing]
 
 
-def test_the_mesh_is_trusted_for_one_face(detector: FaceMeshDetector, astronaut: np.ndarray,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_mesh_is_trusted_for_one_face(
+    detector: FaceMeshDetector, astronaut: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
     alone = CountedFace(Box(0, 0, 150, 150), mesh=0, detected=False)
     confirming(detector, monkeypatch, detected=set(), meshed=set())
     assert detector._people(astronaut, [alone])[0] == [alone]
 
 
 def test_a_detection_that_does_not_mesh_is_dropped_and_smaller_faces_count_again(
-        detector: FaceMeshDetector, astronaut: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
+    detector: FaceMeshDetector, astronaut: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
     helmet = CountedFace(Box(300, 300, 400, 400), mesh=None, detected=True)  # a badge taken for a face
     main = CountedFace(Box(0, 0, 150, 150), mesh=0, detected=True)
     small = CountedFace(Box(0, 300, 60, 60), mesh=None, detected=True)  # under a third of the helmet
@@ -125,13 +132,14 @@ def test_tiles_cover_the_picture_and_hold_every_face_whole(shape: tuple[int, int
     covered = np.zeros(shape, bool)
     for top, left, side in found:
         assert 0 <= top <= height - side and 0 <= left <= width - side
-        covered[top:top + side, left:left + side] = True
+        covered[top : top + side, left : left + side] = True
     assert covered.all()
     # any face-sized square lies whole inside some tile
     rng = np.random.default_rng(0)
     for y, x in zip(rng.integers(0, height - face, 200), rng.integers(0, width - face, 200)):
-        assert any(top <= y and y + face <= top + side and left <= x and x + face <= left + side
-                   for top, left, side in found)
+        assert any(
+            top <= y and y + face <= top + side and left <= x and x + face <= left + side for top, left, side in found
+        )
 
 
 @pytest.mark.parametrize("size", [256, 1024, 2048, 4096])

@@ -82,7 +82,9 @@ def test_astronaut_mirrored(astronaut: np.ndarray, detector: FaceMeshDetector, s
 
 
 def _jpeg_q30(rgb: np.ndarray) -> np.ndarray:
-    return cv2.cvtColor(cv2.imdecode(np.frombuffer(encode(rgb, "JPEG", quality=30), np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    return cv2.cvtColor(
+        cv2.imdecode(np.frombuffer(encode(rgb, "JPEG", quality=30), np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB
+    )
 
 
 def _rotated_point(x: float, y: float, degrees: float, centre: float = 255.5) -> tuple[float, float]:
@@ -112,7 +114,9 @@ def test_astronaut_fringe_survives_everyday_edits(
     assert NOTE_FRINGE in hairline.notes
 
 
-def test_grace_hopper_runs_and_says_something_allowed(grace_hopper: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter) -> None:
+def test_grace_hopper_runs_and_says_something_allowed(
+    grace_hopper: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter
+) -> None:
     # Known limit of the fallback: her cap is taken for hair (no hat label without BiSeNet).
     face = detector.detect(grace_hopper)
     segmentation = segmenter.segment(grace_hopper, face)
@@ -122,27 +126,37 @@ def test_grace_hopper_runs_and_says_something_allowed(grace_hopper: np.ndarray, 
 
 
 @pytest.mark.parametrize("edit", ["as is", "mirrored", "half size", "jpeg q30"])
-def test_a_caps_band_taken_for_hair_is_occluded(edit: str, grace_hopper: np.ndarray, detector: FaceMeshDetector,
-                                                hairnet: HairNetSegmenter) -> None:
+def test_a_caps_band_taken_for_hair_is_occluded(
+    edit: str, grace_hopper: np.ndarray, detector: FaceMeshDetector, hairnet: HairNetSegmenter
+) -> None:
     """The hair network takes Grace Hopper's black cap band for hair; traced, it was a fringe
     on the cap's edge (`uncertain`) and the preview grew the cap down her forehead."""
-    rgb = {"as is": grace_hopper, "mirrored": mirrored(grace_hopper),
-           "half size": cv2.resize(grace_hopper, (256, 300), interpolation=cv2.INTER_AREA),
-           "jpeg q30": cv2.cvtColor(cv2.imdecode(np.frombuffer(encode(grace_hopper, "JPEG", quality=30), np.uint8),
-                                                 cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)}[edit]
+    rgb = {
+        "as is": grace_hopper,
+        "mirrored": mirrored(grace_hopper),
+        "half size": cv2.resize(grace_hopper, (256, 300), interpolation=cv2.INTER_AREA),
+        "jpeg q30": cv2.cvtColor(
+            cv2.imdecode(np.frombuffer(encode(grace_hopper, "JPEG", quality=30), np.uint8), cv2.IMREAD_COLOR),
+            cv2.COLOR_BGR2RGB,
+        ),
+    }[edit]
     face = detector.detect(rgb)
     hairline = trace_hairline(rgb, face, hairnet.segment(rgb, face), calibrate(face))
     assert hairline.status == "occluded" and hairline.notes == (NOTE_HAT,)
     assert hairline.trichion is None and hairline.points is None
 
 
-def m_shaped_edge(columns: np.ndarray, centre_x: float, centre_row: float, temple_rise: float, half_width: float) -> np.ndarray:
+def m_shaped_edge(
+    columns: np.ndarray, centre_x: float, centre_row: float, temple_rise: float, half_width: float
+) -> np.ndarray:
     """Lower edge of a receding hairline: lowest on the midline, rising to both temples."""
     t = np.clip(np.abs(columns - centre_x) / half_width, 0, 1)
     return centre_row - temple_rise * np.sin(0.5 * np.pi * t) ** 2
 
 
-def test_painted_receding_hairline_is_traced(astronaut: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter) -> None:
+def test_painted_receding_hairline_is_traced(
+    astronaut: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter
+) -> None:
     """A clean synthetic hair mask (real photo, landmarks and person mask) with a known M-shaped
     lower edge: the trace follows it and both temples read as receded."""
     rgb = cv2.resize(astronaut, (1024, 1024), interpolation=cv2.INTER_CUBIC)
@@ -151,7 +165,9 @@ def test_painted_receding_hairline_is_traced(astronaut: np.ndarray, detector: Fa
     centre_x = face.points[8][0]
     columns = np.arange(rgb.shape[1])
     # 34 mm-ish forehead would be a fringe; put the edge 70 px above the mesh top instead
-    edge = m_shaped_edge(columns, centre_x, face.points[10][1] - 20, 35.0, 0.55 * (face.points[454][0] - face.points[234][0]))
+    edge = m_shaped_edge(
+        columns, centre_x, face.points[10][1] - 20, 35.0, 0.55 * (face.points[454][0] - face.points[234][0])
+    )
     rows = np.arange(rgb.shape[0])[:, None]
     hair = real.person & (rows <= edge[None, :])
     calibration = calibrate(face)
@@ -161,11 +177,15 @@ def test_painted_receding_hairline_is_traced(astronaut: np.ndarray, detector: Fa
     error = np.abs(traced[:, 1] - np.interp(traced[:, 0], columns, edge))
     assert error.mean() <= 2.0
     assert hairline.shape in ("m_shape", "receding")
-    recession = measure_face(face, hairline, calibration, "female", AnalysisSettings())["measurements"]["temple_recession_mm"]
+    recession = measure_face(face, hairline, calibration, "female", AnalysisSettings())["measurements"][
+        "temple_recession_mm"
+    ]
     assert recession["left"] > 0 and recession["right"] > 0
 
 
-def test_painted_bald_head_has_no_hairline(astronaut: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter) -> None:
+def test_painted_bald_head_has_no_hairline(
+    astronaut: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter
+) -> None:
     """Her hair repainted with her own forehead skin (shaded, noisy): the bald check must fire
     before any mask is trusted, and no forehead number may come out."""
     face = detector.detect(astronaut)
@@ -184,7 +204,9 @@ def test_painted_bald_head_has_no_hairline(astronaut: np.ndarray, detector: Face
     assert result["measurements"]["forehead_height_mm"] is None
 
 
-def test_hat_label_means_occluded(astronaut: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter) -> None:
+def test_hat_label_means_occluded(
+    astronaut: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter
+) -> None:
     """A segmenter that can tell hats (BiSeNet) marks the top of the head as hat."""
     face = detector.detect(astronaut)
     real = segmenter.segment(astronaut, face)
@@ -196,7 +218,9 @@ def test_hat_label_means_occluded(astronaut: np.ndarray, detector: FaceMeshDetec
     assert NOTE_HAT in hairline.notes
 
 
-def test_hair_down_to_the_brows_is_occluded(grace_hopper: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter) -> None:
+def test_hair_down_to_the_brows_is_occluded(
+    grace_hopper: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter
+) -> None:
     face = detector.detect(grace_hopper)
     real = segmenter.segment(grace_hopper, face)
     brow_top = face.points[[70, 63, 105, 66, 107, 300, 293, 334, 296, 336], 1].max()
@@ -207,7 +231,9 @@ def test_hair_down_to_the_brows_is_occluded(grace_hopper: np.ndarray, detector: 
     assert hairline.trichion is None
 
 
-def test_an_empty_mask_is_a_status_not_a_crash(astronaut: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter) -> None:
+def test_an_empty_mask_is_a_status_not_a_crash(
+    astronaut: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter
+) -> None:
     face = detector.detect(astronaut)
     real = segmenter.segment(astronaut, face)
     empty = HairSegmentation("bisenet", np.zeros_like(real.hair), real.person)
@@ -228,35 +254,119 @@ NETWORK, COLOUR = False, True  # where the mask came from: the hair network, or 
 # forehead, low contrast, mask from colour) -> (shift of the point in rows, band's disagreement, note)
 EDGE_CASES = {
     "sharp, near, halves agree: snap": (_edge(101.5, SHARP), (101.0, 102.0), 100.0, False, NETWORK, (1.5, 0.5, None)),
-    "sharp, too far: the crossing, band back to the mask": (_edge(104.0, SHARP), (104.0, 104.0), 100.0, False,
-                                                            NETWORK, (4.0, 4.0, NOTE_SNAP)),
+    "sharp, too far: the crossing, band back to the mask": (
+        _edge(104.0, SHARP),
+        (104.0, 104.0),
+        100.0,
+        False,
+        NETWORK,
+        (4.0, 4.0, NOTE_SNAP),
+    ),
     "sharp, halves split but the crossing is on the mask: tilted line": (
-        _edge(100.5, SHARP), (98.5, 102.0), 100.0, False, NETWORK, (0.5, 1.75, None)),
-    "sharp, halves split and the crossing off the mask": (_edge(102.0, SHARP), (100.0, 104.0), 100.0, False, NETWORK,
-                                                          (2.0, 2.0, NOTE_SNAP)),
+        _edge(100.5, SHARP),
+        (98.5, 102.0),
+        100.0,
+        False,
+        NETWORK,
+        (0.5, 1.75, None),
+    ),
+    "sharp, halves split and the crossing off the mask": (
+        _edge(102.0, SHARP),
+        (100.0, 104.0),
+        100.0,
+        False,
+        NETWORK,
+        (2.0, 2.0, NOTE_SNAP),
+    ),
     "soft, all three views agree: middle of mask and crossing": (
-        _edge(101.0, SOFT), (100.8, 101.2), 98.0, False, NETWORK, (0.5, 0.5, None)),
+        _edge(101.0, SOFT),
+        (100.8, 101.2),
+        98.0,
+        False,
+        NETWORK,
+        (0.5, 0.5, None),
+    ),
     "soft, forehead skin runs 8 mm into the mask: middle of skin top and mask": (
-        _edge(100.0, SOFT), (100.0, 100.0), 92.0, False, NETWORK, (-4.0, 4.0, NOTE_SOFT)),
+        _edge(100.0, SOFT),
+        (100.0, 100.0),
+        92.0,
+        False,
+        NETWORK,
+        (-4.0, 4.0, NOTE_SOFT),
+    ),
     "soft, skin ends 4 mm below the mask (baby hairs): band to the far end of the ramp": (
-        _edge(101.0, SOFT), (101.0, 101.0), 104.0, False, NETWORK, (0.0, 3.0, NOTE_SOFT)),
+        _edge(101.0, SOFT),
+        (101.0, 101.0),
+        104.0,
+        False,
+        NETWORK,
+        (0.0, 3.0, NOTE_SOFT),
+    ),
     "soft, halves split": (_edge(101.0, SOFT), (99.0, 104.0), 100.0, False, NETWORK, (0.0, 3.0, NOTE_SOFT)),
     "soft, hair close to skin colour, the network's mask and the crossing agree: their middle, trusted": (
-        _edge(101.4, SOFT, width_px=6.0), (101.0, 102.0), 80.0, True, NETWORK, (0.7, 0.7, None)),
+        _edge(101.4, SOFT, width_px=6.0),
+        (101.0, 102.0),
+        80.0,
+        True,
+        NETWORK,
+        (0.7, 0.7, None),
+    ),
     "soft, hair close to skin colour, agreeing but the halves split": (
-        _edge(101.4, SOFT, width_px=6.0), (99.0, 104.0), 80.0, True, NETWORK, (0.7, 3.7, NOTE_SOFT)),
+        _edge(101.4, SOFT, width_px=6.0),
+        (99.0, 104.0),
+        80.0,
+        True,
+        NETWORK,
+        (0.7, 3.7, NOTE_SOFT),
+    ),
     "soft, hair close to skin colour: middle of mask and crossing, band over the ramp": (
-        _edge(102.0, SOFT, width_px=6.0), (102.0, 102.0), 80.0, True, NETWORK, (1.0, 4.0, NOTE_SOFT)),
+        _edge(102.0, SOFT, width_px=6.0),
+        (102.0, 102.0),
+        80.0,
+        True,
+        NETWORK,
+        (1.0, 4.0, NOTE_SOFT),
+    ),
     "soft, hair close to skin colour, GrabCut's mask agreeing: not a second view": (
-        _edge(101.4, SOFT, width_px=6.0), (101.0, 102.0), 80.0, True, COLOUR, (1.4, 3.0, NOTE_SOFT)),
+        _edge(101.4, SOFT, width_px=6.0),
+        (101.0, 102.0),
+        80.0,
+        True,
+        COLOUR,
+        (1.4, 3.0, NOTE_SOFT),
+    ),
     "sharp, hair close to skin colour, the network's mask and the crossing agree: their middle, trusted": (
-        _edge(101.0, SHARP), (101.0, 101.0), 80.0, True, NETWORK, (0.5, 0.5, None)),
+        _edge(101.0, SHARP),
+        (101.0, 101.0),
+        80.0,
+        True,
+        NETWORK,
+        (0.5, 0.5, None),
+    ),
     "soft, hair close to skin colour, agreeing but too faint to see (a strip of shine at the mask edge)": (
-        _edge(101.0, 1.0, width_px=4.0), (101.0, 101.0), 80.0, True, NETWORK, (0.5, 2.5, NOTE_SOFT)),
+        _edge(101.0, 1.0, width_px=4.0),
+        (101.0, 101.0),
+        80.0,
+        True,
+        NETWORK,
+        (0.5, 2.5, NOTE_SOFT),
+    ),
     "sharp, hair close to skin colour, 2 mm apart: their middle, not snapped": (
-        _edge(102.0, SHARP), (102.0, 102.0), 80.0, True, NETWORK, (1.0, 2.0, NOTE_SNAP)),
+        _edge(102.0, SHARP),
+        (102.0, 102.0),
+        80.0,
+        True,
+        NETWORK,
+        (1.0, 2.0, NOTE_SNAP),
+    ),
     "soft, hair close to skin colour, GrabCut's mask: the crossing": (
-        _edge(102.0, SOFT, width_px=6.0), (102.0, 102.0), 80.0, True, COLOUR, (2.0, 3.0, NOTE_SOFT)),
+        _edge(102.0, SOFT, width_px=6.0),
+        (102.0, 102.0),
+        80.0,
+        True,
+        COLOUR,
+        (2.0, 3.0, NOTE_SOFT),
+    ),
 }
 
 
@@ -272,11 +382,20 @@ def test_the_image_edge_is_weighed_against_the_mask_and_the_forehead(case: str) 
 def test_a_tilted_line_is_weighed_half_by_half() -> None:
     """Hair swept to one side tilts the line: the halves' crossings lie 8 rows apart, but each
     sits 1 row below its own half of the mask (deepface_img22)."""
-    tilted = weigh_edges(100.0, _edge(101.0, SHARP), (_edge(97.0, SHARP), _edge(105.0, SHARP)), 100.0, 1.0,
-                         False, NETWORK, mask_halves=(96.0, 104.0))
+    tilted = weigh_edges(
+        100.0,
+        _edge(101.0, SHARP),
+        (_edge(97.0, SHARP), _edge(105.0, SHARP)),
+        100.0,
+        1.0,
+        False,
+        NETWORK,
+        mask_halves=(96.0, 104.0),
+    )
     assert tilted == (pytest.approx(1.0), pytest.approx(0.0), None)
-    level_mask = weigh_edges(100.0, _edge(101.0, SHARP), (_edge(97.0, SHARP), _edge(105.0, SHARP)), 100.0, 1.0,
-                             False, NETWORK)
+    level_mask = weigh_edges(
+        100.0, _edge(101.0, SHARP), (_edge(97.0, SHARP), _edge(105.0, SHARP)), 100.0, 1.0, False, NETWORK
+    )
     assert level_mask[2] == NOTE_SNAP  # the same crossings against a level mask edge: split
 
 
@@ -299,8 +418,9 @@ def test_a_mask_edge_the_image_does_not_show_is_not_trusted() -> None:
     assert weigh_edges(100.0, None, (None, None), None, 1.0, False, False) == (0.0, 0.0, NOTE_NO_IMAGE_EDGE)
 
 
-def test_a_face_too_small_for_a_confident_line_is_uncertain(astronaut: np.ndarray, detector: FaceMeshDetector,
-                                                           segmenter: FallbackSegmenter) -> None:
+def test_a_face_too_small_for_a_confident_line_is_uncertain(
+    astronaut: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter
+) -> None:
     """A photo pixel over 1.5 mm is half the 3 mm an `ok` must hold (deepface_img37 at half
     size: an 8 px iris, a barely sharp edge snapped 3.2 mm off, answered `ok`)."""
     answers = {}
@@ -313,8 +433,9 @@ def test_a_face_too_small_for_a_confident_line_is_uncertain(astronaut: np.ndarra
     assert answers[0.5].uncertainty_mm >= 5.0
 
 
-def test_the_photos_calibration_holds_on_a_resized_copy(astronaut: np.ndarray, detector: FaceMeshDetector,
-                                                        segmenter: FallbackSegmenter) -> None:
+def test_the_photos_calibration_holds_on_a_resized_copy(
+    astronaut: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter
+) -> None:
     """The endpoints turn a rolled head upright on a smaller canvas and pass the photo's own
     calibration: the millimetre gates and the band must not shrink with the canvas (a 4600 px
     photo read its 58 mm forehead as < 40 mm)."""

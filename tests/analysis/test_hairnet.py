@@ -35,8 +35,14 @@ def test_the_reader_finds_every_operator_and_the_weights() -> None:
     graph = read_graph(hairnet_graph.MODEL_FILE.read_bytes())
     kinds = [operator.kind for operator in graph.operators]
     assert {kind: kinds.count(kind) for kind in set(kinds)} == {
-        "CONV_2D": 90, "DEPTHWISE_CONV_2D": 28, "PRELU": 100, "ADD": 28, "CONCATENATION": 2,
-        "MaxPoolingWithArgmax2D": 3, "MaxUnpooling2D": 3, "Convolution2DTransposeBias": 5,
+        "CONV_2D": 90,
+        "DEPTHWISE_CONV_2D": 28,
+        "PRELU": 100,
+        "ADD": 28,
+        "CONCATENATION": 2,
+        "MaxPoolingWithArgmax2D": 3,
+        "MaxUnpooling2D": 3,
+        "Convolution2DTransposeBias": 5,
     }
     (source,), (target,) = graph.inputs, graph.outputs
     assert (graph.tensors[source].name, graph.tensors[source].shape) == ("input_1", (1, 512, 512, 4))
@@ -90,7 +96,9 @@ def test_cuda_computes_what_the_cpu_computes(network: HairNetwork) -> None:
     assert torch.abs(cpu - gpu).max().item() <= 1e-3
 
 
-def test_the_astronauts_hair_is_found_and_nothing_else(astronaut: np.ndarray, face: Face, hairnet: HairNetSegmenter) -> None:
+def test_the_astronauts_hair_is_found_and_nothing_else(
+    astronaut: np.ndarray, face: Face, hairnet: HairNetSegmenter
+) -> None:
     result = hairnet.segment(astronaut, face)
     assert result.segmenter == "hairnet"
     assert result.hair.shape == result.person.shape == astronaut.shape[:2] and result.hair.dtype == bool

@@ -129,7 +129,9 @@ def test_other_formats_are_1002(portrait, limits, format):
     assert "JPEG" in error.message and "WebP" in error.message
 
 
-@pytest.mark.parametrize("data", [b"", b"not an image at all", b"\x89PNG\r\n\x1a\n"], ids=["empty", "text", "png-magic-only"])
+@pytest.mark.parametrize(
+    "data", [b"", b"not an image at all", b"\x89PNG\r\n\x1a\n"], ids=["empty", "text", "png-magic-only"]
+)
 def test_junk_is_1002(limits, data):
     assert refusal(data, limits).code == Code.UNSUPPORTED_IMAGE
 
@@ -201,8 +203,16 @@ def test_long_image_is_1004_without_decoding(limits, no_decoding):
 
 @pytest.mark.parametrize(
     "width, height, accepted",
-    [(480, 480, True), (479, 4096, False), (8192, 480, True), (8193, 1000, False), (640, 479, False),
-     (4352, 2903, True), (3061, 4600, True), (8192, 6144, True)],  # phone photos are normal input
+    [
+        (480, 480, True),
+        (479, 4096, False),
+        (8192, 480, True),
+        (8193, 1000, False),
+        (640, 479, False),
+        (4352, 2903, True),
+        (3061, 4600, True),
+        (8192, 6144, True),
+    ],  # phone photos are normal input
 )
 def test_resolution_rule_edges(limits, width, height, accepted):
     if accepted:

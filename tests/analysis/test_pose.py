@@ -42,8 +42,9 @@ def rotation(yaw: float, pitch: float, roll: float) -> np.ndarray:
     return rz @ rx @ ry
 
 
-def photographed(yaw: float, pitch: float, roll: float, noise_px: float = 0.0, seed: int = 0,
-                 looking: bool = False) -> Face:
+def photographed(
+    yaw: float, pitch: float, roll: float, noise_px: float = 0.0, seed: int = 0, looking: bool = False
+) -> Face:
     """The canonical face turned by the angles, then seen the way MediaPipe reports it:
     pixels with y down, z growing away from the camera, ~25 px per cm, centred at (320, 240).
     With `looking`, the angles count from a face looking at the camera (the model's own
@@ -71,7 +72,17 @@ def test_model_data_loads():
 
 @pytest.mark.parametrize(
     "yaw, pitch, roll",
-    [(0, 0, 0), (12, 0, 0), (-25, 0, 0), (0, 18, 0), (0, -15, 0), (0, 0, 30), (0, 0, -40), (10, -12, 7), (-20, 15, -25)],
+    [
+        (0, 0, 0),
+        (12, 0, 0),
+        (-25, 0, 0),
+        (0, 18, 0),
+        (0, -15, 0),
+        (0, 0, 30),
+        (0, 0, -40),
+        (10, -12, 7),
+        (-20, 15, -25),
+    ],
 )
 def test_synthetic_rotations_are_recovered(yaw, pitch, roll):
     recovered = angles(canonical_pose(photographed(yaw, pitch, roll, noise_px=0.5)))
@@ -184,8 +195,9 @@ def test_a_stable_pose_just_past_a_limit_is_measured(limits, yaw, pitch, past):
 
 def test_far_past_a_limit_is_1008_even_when_stable(limits):
     with pytest.raises(ContractError) as caught:
-        check_pose(Pose(yaw_degrees=15.0 + NEAR_LIMIT_DEGREES + 1.2, pitch_degrees=0.0, roll_degrees=0.0), limits,
-                   stable=True)
+        check_pose(
+            Pose(yaw_degrees=15.0 + NEAR_LIMIT_DEGREES + 1.2, pitch_degrees=0.0, roll_degrees=0.0), limits, stable=True
+        )
     assert "左右转头 21°，允许 ±15°" in caught.value.message
 
 
@@ -243,8 +255,10 @@ def _upside_down_photos(astronaut: np.ndarray, photos_dir) -> dict[str, np.ndarr
     exif[EXIF_ORIENTATION] = 3
     wrongly_turned = decode_image(encode(astronaut, "JPEG", quality=95, exif=exif.tobytes()), AnalysisSettings())
     biden = load_photo(photos_dir, "biden2.jpg")
-    return {"astronaut, EXIF 3 applied wrongly": wrongly_turned,
-            "biden2 turned 180°": np.ascontiguousarray(biden[::-1, ::-1])}
+    return {
+        "astronaut, EXIF 3 applied wrongly": wrongly_turned,
+        "biden2 turned 180°": np.ascontiguousarray(biden[::-1, ::-1]),
+    }
 
 
 def test_an_upside_down_face_is_refused(detector, astronaut, photos_dir, limits):
@@ -257,7 +271,9 @@ def test_an_upside_down_face_is_refused(detector, astronaut, photos_dir, limits)
         assert "人脸倒置" in caught.value.message, name
 
 
-def test_an_upright_face_is_not_taken_for_an_upside_down_one(detector, astronaut, grace_hopper, photos_dir, photo_labels):
+def test_an_upright_face_is_not_taken_for_an_upside_down_one(
+    detector, astronaut, grace_hopper, photos_dir, photo_labels
+):
     photos = {"astronaut": astronaut, "grace_hopper": grace_hopper}
     photos |= {entry["file"]: load_photo(photos_dir, entry["file"]) for entry in photo_labels}
     turned = [name for name, rgb in photos.items() if detector.upside_down(rgb, detector.detect(rgb))]

@@ -78,8 +78,9 @@ _PREVIEWS: dict[tuple[int, bytes, float | None], np.ndarray | None] = {}  # a pu
 def _preview(photo: Analysed, plan: designs.Design) -> np.ndarray | None:
     key = (id(photo), np.asarray(plan.points).tobytes(), plan.drop_mm)
     if key not in _PREVIEWS:
-        _PREVIEWS[key] = grow_preview(photo.rgb, photo.face, photo.hairline, photo.segmentation.hair, plan,
-                                      photo.calibration)
+        _PREVIEWS[key] = grow_preview(
+            photo.rgb, photo.face, photo.hairline, photo.segmentation.hair, plan, photo.calibration
+        )
     return _PREVIEWS[key]
 
 
@@ -90,8 +91,11 @@ def _band(photo: Analysed, plan: designs.Design) -> np.ndarray:
     edge = grown_edge(photo.face, photo.hairline, plan, photo.calibration)
     assert edge is not None
     frame = FaceFrame.from_face(photo.face)
-    current = frame.to_image(np.stack([frame.to_frame(edge)[:, 0],
-                                       designs.current_heights(photo.hairline, frame, frame.to_frame(edge)[:, 0])], 1))
+    current = frame.to_image(
+        np.stack(
+            [frame.to_frame(edge)[:, 0], designs.current_heights(photo.hairline, frame, frame.to_frame(edge)[:, 0])], 1
+        )
+    )
     polygon = np.concatenate([edge, current[::-1]])
     cv2.fillPoly(band, [np.round(polygon).astype(np.int32)], 1)
     return band
@@ -201,7 +205,12 @@ def _hair_within_10_mm(photo: Analysed) -> np.ndarray:
     above = uv[:, 1] - designs.current_heights(photo.hairline, frame, uv[:, 0])
     hair_points = np.asarray(photo.hairline.points)
     span = frame.to_frame(hair_points)[:, 0]
-    near = (above >= 0) & (above <= 10.0 / photo.calibration.mm_per_px) & (uv[:, 0] >= span.min()) & (uv[:, 0] <= span.max())
+    near = (
+        (above >= 0)
+        & (above <= 10.0 / photo.calibration.mm_per_px)
+        & (uv[:, 0] >= span.min())
+        & (uv[:, 0] <= span.max())
+    )
     return near.reshape(height - 1, width - 1) & photo.segmentation.hair[:-1, :-1]
 
 

@@ -43,24 +43,57 @@ KNOWN_MISSES: dict[str, str] = {}
 # network's scalp cap) stay `uncertain`.
 # Pinned so that a change of status is a decision, not an accident.
 EXPECTED_STATUS = {
-    "obama.jpg": "ok", "lacamoire.jpg": "ok", "rose_leslie.jpg": "ok", "tom_cruise.jpg": "ok",
-    "biden2.jpg": "ok", "statham_big.png": "uncertain",
-    "willis_white.png": "no_hairline", "diesel_dark.png": "no_hairline", "deepface_img21.jpg": "no_hairline",
-    "deepface_img1.jpg": "ok", "deepface_img4.jpg": "ok", "deepface_img7.jpg": "ok", "deepface_img10.jpg": "ok",
-    "deepface_img13.jpg": "ok", "deepface_img16.jpg": "ok", "deepface_img19.jpg": "ok",
-    "deepface_img22.jpg": "ok", "deepface_img26.jpg": "uncertain", "deepface_img30.jpg": "ok",
-    "deepface_img33.jpg": "uncertain", "deepface_img37.jpg": "uncertain", "deepface_img40.jpg": "ok",
-    "deepface_img43.jpg": "ok", "deepface_img46.jpg": "ok", "deepface_img49.jpg": "ok",
-    "deepface_img54.jpg": "uncertain", "deepface_img57.jpg": "ok", "deepface_img62.jpg": "ok",
+    "obama.jpg": "ok",
+    "lacamoire.jpg": "ok",
+    "rose_leslie.jpg": "ok",
+    "tom_cruise.jpg": "ok",
+    "biden2.jpg": "ok",
+    "statham_big.png": "uncertain",
+    "willis_white.png": "no_hairline",
+    "diesel_dark.png": "no_hairline",
+    "deepface_img21.jpg": "no_hairline",
+    "deepface_img1.jpg": "ok",
+    "deepface_img4.jpg": "ok",
+    "deepface_img7.jpg": "ok",
+    "deepface_img10.jpg": "ok",
+    "deepface_img13.jpg": "ok",
+    "deepface_img16.jpg": "ok",
+    "deepface_img19.jpg": "ok",
+    "deepface_img22.jpg": "ok",
+    "deepface_img26.jpg": "uncertain",
+    "deepface_img30.jpg": "ok",
+    "deepface_img33.jpg": "uncertain",
+    "deepface_img37.jpg": "uncertain",
+    "deepface_img40.jpg": "ok",
+    "deepface_img43.jpg": "ok",
+    "deepface_img46.jpg": "ok",
+    "deepface_img49.jpg": "ok",
+    "deepface_img54.jpg": "uncertain",
+    "deepface_img57.jpg": "ok",
+    "deepface_img62.jpg": "ok",
     "facenet_paul_rudd.jpg": "ok",
     # issue 27: swept red hair was "bald" (colour alone), curls cut by the frame's top
     # edge "bald"; the blonde must keep its hairline
-    "openface_adams.jpg": "ok", "openface_carell.jpg": "uncertain", "openface_lennon-1.jpg": "occluded",
-    "openface_lennon-2.jpg": "occluded", "gfpgan_blake_lively_right.png": "uncertain",
+    "openface_adams.jpg": "ok",
+    "openface_carell.jpg": "uncertain",
+    "openface_lennon-1.jpg": "occluded",
+    "openface_lennon-2.jpg": "occluded",
+    "gfpgan_blake_lively_right.png": "uncertain",
 }
 # one photo of each failure kind in the default run; the whole set with `-m slow` (~1.5 min)
-DEFAULT_RUN = {"openface_adams.jpg", "openface_lennon-1.jpg", "obama.jpg", "rose_leslie.jpg", "biden2.jpg", "statham_big.png", "deepface_img26.jpg", "deepface_img46.jpg",
-               "deepface_img54.jpg", "willis_white.png", "(photos absent)"}
+DEFAULT_RUN = {
+    "openface_adams.jpg",
+    "openface_lennon-1.jpg",
+    "obama.jpg",
+    "rose_leslie.jpg",
+    "biden2.jpg",
+    "statham_big.png",
+    "deepface_img26.jpg",
+    "deepface_img46.jpg",
+    "deepface_img54.jpg",
+    "willis_white.png",
+    "(photos absent)",
+}
 OK_WITHIN_MM = 3.0  # an `ok` trichion is within max(3 mm, the label's tolerance)
 BALD_MASK_SHARE = 0.005  # a bald or shaved head's mask: at most a stubble rim
 
@@ -94,8 +127,12 @@ def _marks(name: str) -> list[pytest.MarkDecorator]:
     return marks if name in DEFAULT_RUN else [*marks, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("label", [pytest.param(entry, id=entry["file"], marks=_marks(entry["file"])) for entry in _labels()])
-def test_labelled_photo(label: dict[str, Any], photos_dir: Path, detector: FaceMeshDetector, hairnet: HairNetSegmenter) -> None:
+@pytest.mark.parametrize(
+    "label", [pytest.param(entry, id=entry["file"], marks=_marks(entry["file"])) for entry in _labels()]
+)
+def test_labelled_photo(
+    label: dict[str, Any], photos_dir: Path, detector: FaceMeshDetector, hairnet: HairNetSegmenter
+) -> None:
     """The rule of issues 11 and 17: every `ok` within max(3 mm, its tolerance); every larger
     miss `uncertain` with a band that covers it and a note; bald heads `no_hairline`."""
     face, calibration, hairline = _answer(photos_dir, label["file"], detector, hairnet)
@@ -119,8 +156,9 @@ def test_labelled_photo(label: dict[str, Any], photos_dir: Path, detector: FaceM
     if hairline.status == "ok":
         assert error_mm <= max(OK_WITHIN_MM, tolerance_mm), f"ok but {error_mm:.1f} mm off"
     else:
-        assert error_mm <= max(tolerance_mm, hairline.uncertainty_mm), \
+        assert error_mm <= max(tolerance_mm, hairline.uncertainty_mm), (
             f"uncertain, {error_mm:.1f} mm off, band {hairline.uncertainty_mm:.1f} mm"
+        )
         assert hairline.notes  # an uncertain answer says why
         if NOTE_LOW_CONTRAST in hairline.notes:  # nothing but the mask placed it
             assert hairline.uncertainty_mm >= 10.0
@@ -134,8 +172,9 @@ def test_most_hairlines_get_a_confident_number(photos_dir: Path, photo_labels: l
 
 
 @pytest.mark.slow
-def test_mean_trichion_error_on_the_labelled_hairlines(photos_dir: Path, photo_labels: list[dict[str, Any]],
-                                                        detector: FaceMeshDetector, hairnet: HairNetSegmenter) -> None:
+def test_mean_trichion_error_on_the_labelled_hairlines(
+    photos_dir: Path, photo_labels: list[dict[str, Any]], detector: FaceMeshDetector, hairnet: HairNetSegmenter
+) -> None:
     errors_mm = []
     for entry in photo_labels:
         # issue 17's goal on its 26 hairlines; the photos added by issue 27 (openface_carell's
@@ -148,8 +187,13 @@ def test_mean_trichion_error_on_the_labelled_hairlines(photos_dir: Path, photo_l
 
 
 @pytest.mark.parametrize("segmenter_name", ["hairnet", "segmenter"])
-def test_bald_heads_have_an_empty_hair_mask(segmenter_name: str, request: pytest.FixtureRequest, photos_dir: Path,
-                                            photo_labels: list[dict[str, Any]], detector: FaceMeshDetector) -> None:
+def test_bald_heads_have_an_empty_hair_mask(
+    segmenter_name: str,
+    request: pytest.FixtureRequest,
+    photos_dir: Path,
+    photo_labels: list[dict[str, Any]],
+    detector: FaceMeshDetector,
+) -> None:
     """The network marks a ring or cap of scalp skin as hair on bald heads; the skin
     evidence must empty it (a stubble rim may count)."""
     segmenter = request.getfixturevalue(segmenter_name)
@@ -161,9 +205,14 @@ def test_bald_heads_have_an_empty_hair_mask(segmenter_name: str, request: pytest
 
 
 @pytest.mark.parametrize("name", ["willis_white.png", "diesel_dark.png", "deepface_img21.jpg", "statham_big.png"])
-def test_the_networks_scalp_ring_alone_marks_a_bald_head(name: str, photos_dir: Path, photo_labels: list[dict[str, Any]],
-                                                         detector: FaceMeshDetector, hairnet: HairNetSegmenter,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_networks_scalp_ring_alone_marks_a_bald_head(
+    name: str,
+    photos_dir: Path,
+    photo_labels: list[dict[str, Any]],
+    detector: FaceMeshDetector,
+    hairnet: HairNetSegmenter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Two independent bald cues: with the colour test switched off, the ring geometry (a thin
     band under the outline, the forehead's skin running into it) still empties a bald head's
     mask, and leaves the receded stubble head (non-skin between forehead and band) its hair."""
@@ -174,8 +223,9 @@ def test_the_networks_scalp_ring_alone_marks_a_bald_head(name: str, photos_dir: 
     assert (np.count_nonzero(hair) / hair.size <= BALD_MASK_SHARE) == bald
 
 
-def test_a_haired_heads_mask_holds_its_hair_and_nothing_else(photos_dir: Path, detector: FaceMeshDetector,
-                                                             hairnet: HairNetSegmenter) -> None:
+def test_a_haired_heads_mask_holds_its_hair_and_nothing_else(
+    photos_dir: Path, detector: FaceMeshDetector, hairnet: HairNetSegmenter
+) -> None:
     """tom_cruise (issue 17): the fallback missed the hair on the image-left side and spilled
     over the person behind him and his suit."""
     rgb = load_photo(photos_dir, "tom_cruise.jpg")
@@ -199,12 +249,18 @@ def test_a_haired_heads_mask_holds_its_hair_and_nothing_else(photos_dir: Path, d
 def test_same_photo_same_numbers(photos_dir: Path, detector: FaceMeshDetector, hairnet: HairNetSegmenter) -> None:
     first = _hairline(photos_dir, "tom_cruise.jpg", detector, hairnet)[2]
     again = _hairline(photos_dir, "tom_cruise.jpg", detector, hairnet)[2]
-    assert (first.status, first.trichion, first.uncertainty_mm, first.notes) == \
-        (again.status, again.trichion, again.uncertainty_mm, again.notes)
+    assert (first.status, first.trichion, first.uncertainty_mm, first.notes) == (
+        again.status,
+        again.trichion,
+        again.uncertainty_mm,
+        again.notes,
+    )
     np.testing.assert_array_equal(first.points, again.points)
 
 
-def test_bald_heads_never_get_a_forehead_number(photos_dir: Path, photo_labels: list[dict[str, Any]], detector: FaceMeshDetector, segmenter: FallbackSegmenter) -> None:
+def test_bald_heads_never_get_a_forehead_number(
+    photos_dir: Path, photo_labels: list[dict[str, Any]], detector: FaceMeshDetector, segmenter: FallbackSegmenter
+) -> None:
     bald = [entry for entry in photo_labels if entry["kind"] == "no_hairline"]
     assert bald, "labels.json lists no bald head"
     for entry in bald:
@@ -245,7 +301,13 @@ PAINTED_KNOWN_MISSES = {
 @pytest.mark.parametrize(
     "label",
     [
-        pytest.param(entry, id=entry["file"], marks=[pytest.mark.xfail(strict=True, reason=PAINTED_KNOWN_MISSES[entry["file"]])] if entry["file"] in PAINTED_KNOWN_MISSES else [])
+        pytest.param(
+            entry,
+            id=entry["file"],
+            marks=[pytest.mark.xfail(strict=True, reason=PAINTED_KNOWN_MISSES[entry["file"]])]
+            if entry["file"] in PAINTED_KNOWN_MISSES
+            else [],
+        )
         for entry in _labels()
         if entry["kind"] in ("no_hairline", "absent")
     ],
@@ -264,7 +326,9 @@ def test_painted_receding_hairline_on_a_bald_head(
     assert hairline.status in ("ok", "uncertain") and hairline.points is not None, hairline
     expected = np.interp(hairline.points[:, 0], edge[:, 0], edge[:, 1])
     assert np.abs(hairline.points[:, 1] - expected).mean() <= 2.0
-    recession = measure_face(face, hairline, calibration, "male", AnalysisSettings())["measurements"]["temple_recession_mm"]
+    recession = measure_face(face, hairline, calibration, "male", AnalysisSettings())["measurements"][
+        "temple_recession_mm"
+    ]
     assert recession["left"] > 0 and recession["right"] > 0, recession
 
 
@@ -284,8 +348,9 @@ def test_a_painted_receding_hairline_is_not_taken_for_the_networks_scalp_ring(
 
 
 @pytest.mark.slow
-def test_a_rolled_large_photo_is_judged_at_the_photos_scale(photos_dir: Path, detector: FaceMeshDetector,
-                                                           hairnet: HairNetSegmenter) -> None:
+def test_a_rolled_large_photo_is_judged_at_the_photos_scale(
+    photos_dir: Path, detector: FaceMeshDetector, hairnet: HairNetSegmenter
+) -> None:
     """deepface_img40 (4600 px, roll 7.8 degrees): the endpoints analyse it upright on a smaller
     canvas with the photo's calibration; it read its 58 mm forehead as < 40 mm (`uncertain`)
     there while the direct call said `ok`. Both must agree."""
@@ -309,11 +374,19 @@ KNOWN_COPY_MISSES = {(1.5, True): {"deepface_img57.jpg"}}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scale, mirror", [(1.0, True), (0.7, False), (0.7, True), (1.5, True)],
-                         ids=["mirrored", "0.7x", "mirrored 0.7x", "mirrored 1.5x"])
-def test_a_copy_of_each_photo_is_never_confidently_wrong(scale: float, mirror: bool, photos_dir: Path,
-                                                         photo_labels: list[dict[str, Any]], detector: FaceMeshDetector,
-                                                         hairnet: HairNetSegmenter) -> None:
+@pytest.mark.parametrize(
+    "scale, mirror",
+    [(1.0, True), (0.7, False), (0.7, True), (1.5, True)],
+    ids=["mirrored", "0.7x", "mirrored 0.7x", "mirrored 1.5x"],
+)
+def test_a_copy_of_each_photo_is_never_confidently_wrong(
+    scale: float,
+    mirror: bool,
+    photos_dir: Path,
+    photo_labels: list[dict[str, Any]],
+    detector: FaceMeshDetector,
+    hairnet: HairNetSegmenter,
+) -> None:
     """The same rules on the photo mirrored and smaller: every `ok` within 3 mm (or the
     label's tolerance), every miss covered by its band, bald heads still `no_hairline`
     (statham_big mirrored at 0.7x was a 9.6 mm miss under an 8.4 mm band), but for the
@@ -338,13 +411,25 @@ def test_a_copy_of_each_photo_is_never_confidently_wrong(scale: float, mirror: b
     assert set(misses) == KNOWN_COPY_MISSES.get((scale, mirror), set())
 
 
-SCALP_DEFAULT_RUN = {"openface_adams.jpg", "openface_lennon-1.jpg", "willis_white.png", "deepface_img21.jpg", "biden2.jpg"}
+SCALP_DEFAULT_RUN = {
+    "openface_adams.jpg",
+    "openface_lennon-1.jpg",
+    "willis_white.png",
+    "deepface_img21.jpg",
+    "biden2.jpg",
+}
 
 
-@pytest.mark.parametrize("label", [pytest.param(entry, id=entry["file"], marks=[] if entry["file"] in SCALP_DEFAULT_RUN
-                                                else [pytest.mark.slow]) for entry in _labels()])
-def test_bare_scalp_is_claimed_on_evidence_of_skin_only(label: dict[str, Any], photos_dir: Path,
-                                                        detector: FaceMeshDetector, hairnet: HairNetSegmenter) -> None:
+@pytest.mark.parametrize(
+    "label",
+    [
+        pytest.param(entry, id=entry["file"], marks=[] if entry["file"] in SCALP_DEFAULT_RUN else [pytest.mark.slow])
+        for entry in _labels()
+    ],
+)
+def test_bare_scalp_is_claimed_on_evidence_of_skin_only(
+    label: dict[str, Any], photos_dir: Path, detector: FaceMeshDetector, hairnet: HairNetSegmenter
+) -> None:
     """Issue 27: swept-back red hair (openface_adams) and curls cut by the photo's top edge
     (openface_lennon-1) were "bald": colour alone called their tops skin. The segmenter now
     sees bare scalp exactly on the bald heads, and the evidence says why."""
@@ -354,8 +439,13 @@ def test_bare_scalp_is_claimed_on_evidence_of_skin_only(label: dict[str, Any], p
     assert segmentation.scalp_seen == (label["kind"] == "no_hairline")
     crop = HeadCrop.around(face)
     assert segmentation.probability is not None and segmentation.probability[0] == crop.key
-    top = top_of_head(to_lab(crop.cut(rgb)), crop.mask_in_work(segmentation.person) >= 0.5, crop.face_in_work(face),
-                      crop.at_photo_top, segmentation.probability[1])
+    top = top_of_head(
+        to_lab(crop.cut(rgb)),
+        crop.mask_in_work(segmentation.person) >= 0.5,
+        crop.face_in_work(face),
+        crop.at_photo_top,
+        segmentation.probability[1],
+    )
     if label["file"] == "openface_adams.jpg":  # skin-coloured, but strands and a sure network
         assert top.colours.skin_coloured and top.light_hair and not top.smooth and top.network_sees_hair
     if label["file"] == "openface_lennon-1.jpg":  # the frame's edge runs through the curls

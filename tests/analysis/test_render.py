@@ -15,8 +15,12 @@ from analysis.types import Hairline
 pytestmark = pytest.mark.filterwarnings("error")
 
 MEASURE_DATA = {
-    "measurements": {"forehead_height_mm": 61.5, "upper_third_mm": 61.5, "middle_third_mm": 63.0,
-                     "lower_third_mm": 64.2},
+    "measurements": {
+        "forehead_height_mm": 61.5,
+        "upper_third_mm": 61.5,
+        "middle_third_mm": 63.0,
+        "lower_third_mm": 64.2,
+    },
     "assessment": {"forehead": "normal", "notes": ["虹膜较小"]},  # non-ASCII must not reach putText as such
     "segmenter": "fallback",
 }
@@ -27,8 +31,15 @@ def hairline() -> Hairline:
     """A rounded hairline across the astronaut's forehead, trichion at (226, 60)."""
     x = np.linspace(190, 262, 25)
     points = np.stack([x, 60 + 0.01 * (x - 226) ** 2], axis=1)
-    return Hairline(status="ok", points=points, trichion=(226.0, 60.0), shape="rounded", uncertainty_mm=2.1,
-                    left_temple=(195.0, 73.0), right_temple=(256.0, 75.0))
+    return Hairline(
+        status="ok",
+        points=points,
+        trichion=(226.0, 60.0),
+        shape="rounded",
+        uncertainty_mm=2.1,
+        left_temple=(195.0, 73.0),
+        right_temple=(256.0, 75.0),
+    )
 
 
 def decoded(png: bytes, flags: int = cv2.IMREAD_UNCHANGED) -> np.ndarray:
@@ -55,8 +66,11 @@ def test_measurement_annotation_at_input_size(astronaut, face, hairline, calibra
 
 
 def test_annotation_of_a_face_without_hairline(astronaut, face, calibration) -> None:
-    data = {"measurements": {"middle_third_mm": 63.0, "lower_third_mm": 64.2, "forehead_height_mm": None},
-            "assessment": {"forehead": None}, "segmenter": "bisenet"}
+    data = {
+        "measurements": {"middle_third_mm": 63.0, "lower_third_mm": 64.2, "forehead_height_mm": None},
+        "assessment": {"forehead": None},
+        "segmenter": "bisenet",
+    }
     annotated = render.annotate_measurement(astronaut.copy(), face, Hairline(status="no_hairline"), calibration, data)
     assert annotated.shape == astronaut.shape and np.any(annotated != astronaut)
 
@@ -84,8 +98,15 @@ HOSTILE = np.array([[-1e9, -5.0], [1e12, 3e11], [np.nan, 20.0], [600.0, -40.0], 
 
 def test_points_outside_the_image_never_raise_nor_resize(astronaut, face, calibration) -> None:
     before = astronaut.copy()
-    outside = Hairline(status="uncertain", points=HOSTILE, trichion=(-80.0, 9e9), shape="straight", uncertainty_mm=9.0,
-                       left_temple=(-1e6, 5.0), right_temple=(1e6, np.nan))
+    outside = Hairline(
+        status="uncertain",
+        points=HOSTILE,
+        trichion=(-80.0, 9e9),
+        shape="straight",
+        uncertainty_mm=9.0,
+        left_temple=(-1e6, 5.0),
+        right_temple=(1e6, np.nan),
+    )
     annotated = render.annotate_measurement(astronaut.copy(), face, outside, calibration, MEASURE_DATA)
     design = designs.Design("mark", HOSTILE.copy(), None)
     marked = render.draw_design(astronaut, outside, design, "x" * 500)  # a caption wider than the image

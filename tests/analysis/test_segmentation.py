@@ -6,13 +6,14 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 from analysis.face.landmarks import FaceMeshDetector
 from analysis.segmentation.fallback import FallbackSegmenter
 
 
-def test_astronaut_masks_are_full_size_and_find_her_hair(astronaut: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter) -> None:
+def test_astronaut_masks_are_full_size_and_find_her_hair(
+    astronaut: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter
+) -> None:
     face = detector.detect(astronaut)
     result = segmenter.segment(astronaut, face)
     assert result.segmenter == "fallback"
@@ -27,7 +28,9 @@ def test_astronaut_masks_are_full_size_and_find_her_hair(astronaut: np.ndarray, 
     assert result.person[150, 226]
 
 
-def test_same_photo_gives_the_identical_mask_twice(astronaut: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter) -> None:
+def test_same_photo_gives_the_identical_mask_twice(
+    astronaut: np.ndarray, detector: FaceMeshDetector, segmenter: FallbackSegmenter
+) -> None:
     face = detector.detect(astronaut)
     first = segmenter.segment(astronaut, face)
     second = FallbackSegmenter().segment(astronaut, face)
