@@ -11,6 +11,13 @@ connection's handling ends that connection, never the process.
 - A request with both Content-Length and Transfer-Encoding is refused with 400 and its
   connection closed before the app sees it (RFC 9112 §6.1): two parties can read its body
   two ways, which is how a request is smuggled behind another.
+- An answer that ends before its request's body was read (a body over the limit, a refusal
+  before the body) is followed by the rest of that body, read and dropped, then the
+  connection serves on: a client that writes its whole body before reading (one told
+  `100 Continue`, a chunked body whose size shows only as it arrives) reads its answer
+  instead of a broken pipe. Bounded: `DRAIN_LIMIT_BYTES` read since the request's head,
+  `DRAIN_LIMIT_SECONDS` after its answer began; past either the connection is closed. An
+  answer that says `Connection: close` is closed on as before.
 - A WebSocket upgrade is refused the same way (neither service has a WebSocket endpoint):
   under `/api/` HTTP 200 and the contract's 1001 envelope, like any refusal there,
   elsewhere 400. Hypercorn's WebSocket path is never entered: in it every app-level error
@@ -48,10 +55,20 @@ import hypercorn.trio.run
 import trio
 from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData
+from hypercorn.protocol.events import EndBody
+from hypercorn.protocol.events import Event as StreamEvent
+from hypercorn.protocol.events import Response as StreamResponse
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
 
-from shared.contract import API_PREFIX, HEADER_REQUEST_ID, MSG_WEBSOCKET_NOT_SERVED, Code, envelope, request_id_from_header
+from shared.contract import (
+    API_PREFIX,
+    HEADER_REQUEST_ID,
+    MSG_WEBSOCKET_NOT_SERVED,
+    Code,
+    envelope,
+    request_id_from_header,
+)
 from shared.logs import FailureLog
 
 log = logging.getLogger("hypercorn.error")
@@ -59,6 +76,10 @@ log = logging.getLogger("hypercorn.error")
 ALPN_PROTOCOLS = ["http/1.1"]
 SEND_LIMIT_SECONDS = 300.0  # one write: a whole 15 MB answer to a 0.5 Mbit/s reader takes 240 s
 SEND_PIECE_BYTES = 64 * 1024  # what the socket took is counted in pieces this size
+# A refused body is drained to this (the gateway's own drain, edge.web.refusals, has the
+# same bounds): past its whole 21 MB limit at the default settings, 3x the GPU host's.
+DRAIN_LIMIT_BYTES = 64 * 1024 * 1024
+DRAIN_LIMIT_SECONDS = 10.0
 HTTP1_VERSIONS = frozenset({b"1.0", b"1.1"})
 MSG_HTTP2_REFUSED = "HTTP/2 is not served here: send HTTP/1.1"
 MSG_AMBIGUOUS_BODY = "a request may carry Content-Length or Transfer-Encoding, not both (RFC 9112 section 6.1)"
@@ -92,14 +113,92 @@ class _Refusal(Exception):
 
 
 class HTTP1Protocol(H11Protocol):
-    """Hypercorn's HTTP/1.1 protocol that never switches protocols (HTTP/2, WebSocket) and
-    refuses an ambiguous body."""
+    """Hypercorn's HTTP/1.1 protocol that never switches protocols (HTTP/2, WebSocket),
+    refuses an ambiguous body and drains a body its answer left unread."""
+
+    _request_bytes = 0  # read since this request's head (a pipelined next one's bytes too)
+    _answered_at = 0.0  # when this request's answer began (trio clock)
+    _drain: trio.CancelScope | None = None  # the drain's deadline task, while one runs
 
     async def handle(self, event: Event) -> None:
         try:
-            await super().handle(event)
+            if isinstance(event, RawData):
+                self._request_bytes += len(event.data)
+            if self._drain is None:
+                await super().handle(event)
+            elif isinstance(event, RawData):
+                await self._drain_body(event.data)
+            else:  # closed: by the client, the drain's deadline, the server's stop
+                self._end_drain()
+                await super().handle(event)
         except _Refusal as refusal:
             await self._refuse(refusal)
+
+    async def _create_stream(self, request: h11.Request) -> None:
+        self._request_bytes = 0
+        await super()._create_stream(request)
+
+    async def stream_send(self, event: StreamEvent) -> None:
+        if isinstance(event, StreamResponse) and event.status_code >= 200:
+            self._answered_at = trio.current_time()
+        await super().stream_send(event)
+        if isinstance(event, EndBody) and self._drain is None and self._body_left_unread():
+            # From here the app gets no more of its body (it has answered): drained, dropped
+            deadline = self._answered_at + DRAIN_LIMIT_SECONDS
+            if self._request_bytes > DRAIN_LIMIT_BYTES or trio.current_time() >= deadline:
+                # closed now, not when the app is done: by then the app reads no more of the
+                # body, and Hypercorn, still handing it over, would wait on it forever
+                await self.send(Closed())
+                return
+            self._drain = trio.CancelScope(deadline=deadline)
+            self.task_group.spawn(self._close_when_drain_overdue, self._drain)
+
+    def _body_left_unread(self) -> bool:
+        connection = self.connection
+        return (
+            isinstance(connection, h11.Connection)
+            and connection.our_state is h11.DONE
+            and connection.their_state is h11.SEND_BODY
+            and not self.context.terminated.is_set()
+        )
+
+    async def _maybe_recycle(self) -> None:
+        if self._drain is not None:  # the app is done, its body not yet: the connection waits for it
+            await self._close_stream()
+            return
+        await super()._maybe_recycle()
+
+    async def _drain_body(self, data: bytes) -> None:
+        connection = cast(h11.Connection, self.connection)
+        if self._request_bytes > DRAIN_LIMIT_BYTES:
+            await self.send(Closed())
+            return
+        connection.receive_data(data)
+        while True:
+            try:
+                event = connection.next_event()
+            except h11.RemoteProtocolError:  # a broken body: nothing to answer, its answer went
+                await self.send(Closed())
+                return
+            if isinstance(event, h11.EndOfMessage):
+                break
+            if event is h11.NEED_DATA or isinstance(event, h11.ConnectionClosed):
+                return  # more to come, or the client's close (`Closed` follows)
+        self._end_drain()
+        if self.stream is None:  # the app finished first: the next request may follow at once
+            await super()._maybe_recycle()
+            await self._handle_events()
+
+    def _end_drain(self) -> None:
+        if self._drain is not None:
+            self._drain.cancel()
+            self._drain = None
+
+    async def _close_when_drain_overdue(self, drain: trio.CancelScope) -> None:
+        with drain:
+            await trio.sleep_forever()
+        if self._drain is drain:  # the deadline fired, not the body's end
+            await self.send(Closed())
 
     async def _check_protocol(self, event: h11.Request) -> None:
         # Replaces Hypercorn's, which answers `Upgrade: h2c` with 101 and the preface with
