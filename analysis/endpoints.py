@@ -204,7 +204,7 @@ def grow(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: Analy
         [render.draw_design(rgb, found.hairline, plan, _plan_caption(plan)) for plan in plans]
     )
     results = []
-    for plan, picture in zip(plans, pictures):
+    for plan, picture in zip(plans, pictures, strict=True):
         result: dict[str, Any] = {
             "plan": plan.name,
             "hairline_drop_mm": None if plan.drop_mm is None else _round(plan.drop_mm),
@@ -237,7 +237,8 @@ def mark(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: Analy
     elif not designs.has_hairline(found.hairline):
         raise ContractError(
             Code.INVALID_PARAMETER,
-            f"未检测到可下移的发际线（状态：{found.hairline.status}），无法使用 drop_mm；请改用 hairline_points 标记发际线",
+            f"未检测到可下移的发际线（状态：{found.hairline.status}），无法使用 drop_mm；"
+            "请改用 hairline_points 标记发际线",
         )
     else:
         design = designs.lowered_hairline(found.face, found.hairline, found.calibration, options["drop_mm"])
@@ -261,7 +262,9 @@ def hairline(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: A
         [render.draw_design(rgb, found.hairline, style, f"style {style.name}") for style in styles]
     )
     return {
-        "hairline_images": [{"style": style.name, "image_base64": picture} for style, picture in zip(styles, pictures)]
+        "hairline_images": [
+            {"style": style.name, "image_base64": picture} for style, picture in zip(styles, pictures, strict=True)
+        ]
     }
 
 

@@ -12,6 +12,7 @@ copying out its own 4-byte pixels); everything else by Pillow.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import warnings
@@ -147,10 +148,8 @@ def _upright(rgb: np.ndarray, orientation: int) -> np.ndarray:
 
 def _apply_orientation(image: Image.Image) -> Image.Image:
     # in place: without it Pillow copies every upright photo (36 MB at 12 MP) to return it
-    try:
+    with contextlib.suppress(Exception):  # unreadable EXIF: the pixels are fine, show them as stored
         ImageOps.exif_transpose(image, in_place=True)
-    except Exception:  # unreadable EXIF: the pixels are fine, show them as stored
-        pass
     return image
 
 
@@ -164,7 +163,7 @@ def _to_rgb8(image: Image.Image) -> np.ndarray:
         # Composite over white: what an image viewer shows for transparent pixels, instead of
         # whatever colour the encoder left under alpha 0.
         rgba = image.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, _WHITE + (255,))
+        background = Image.new("RGBA", rgba.size, (*_WHITE, 255))
         image = Image.alpha_composite(background, rgba)
     rgb = image if image.mode == "RGB" else image.convert("RGB")  # convert() copies even RGB
     return np.array(rgb, dtype=np.uint8)  # a copy: Pillow's own array view is read-only

@@ -103,7 +103,7 @@ def canthal_u(face: Face, frame: FaceFrame) -> tuple[float, float]:
 def style_curve(style: Style, frame: FaceFrame, canthal: tuple[float, float], trichion_v: float) -> np.ndarray:
     """(N, 2) image px: the style's curve through the design trichion on the midline and
     the frontotemporal points on the canthal lines."""
-    ts, ks = zip(*_STYLE_PROFILES[style])
+    ts, ks = zip(*_STYLE_PROFILES[style], strict=True)
     profile = PchipInterpolator(np.concatenate([-np.array(ts[:0:-1]), ts]), np.concatenate([ks[:0:-1], ks]))
     t = np.linspace(-1.0, 1.0, CURVE_SAMPLES)
     u = np.where(t < 0, -t * canthal[0], t * canthal[1])  # piecewise: the midline need not be centred

@@ -130,7 +130,7 @@ class Pen:
 
     def text_size(self, lines: Sequence[str]) -> tuple[int, int]:
         """(width, height) px of a text block with its backing."""
-        left, top, right, bottom = ImageDraw.Draw(Image.new("L", (1, 1))).multiline_textbbox(
+        _left, _top, right, bottom = ImageDraw.Draw(Image.new("L", (1, 1))).multiline_textbbox(
             (0, 0), "\n".join(_latin1(line) for line in lines), font=self.font, spacing=self._spacing
         )
         return int(right) + 2 * self.pad, int(bottom) + 2 * self.pad
@@ -228,7 +228,7 @@ def _draw_thirds(pen: Pen, face: Face, frame: FaceFrame, trichion: Any, measurem
     for level in v:
         pen.polyline(frame.to_image(np.array([[left - half, level], [right + half, level]])), THIRDS, pen.thin)
     gap = 0.05 * _face_width(face)
-    for name, key, top, bottom in zip(names, keys, v[:-1], v[1:]):
+    for name, key, top, bottom in zip(names, keys, v[:-1], v[1:], strict=True):
         text = f"{name} {_mm(measurements.get(key))}"
         width, height = pen.text_size([text])
         middle = (top + bottom) / 2

@@ -93,7 +93,7 @@ def tiles(height: int, width: int, face_width: float) -> Iterator[tuple[int, int
 def _starts(length: int, side: int, stride: int) -> list[int]:
     """Evenly spread starts from 0 to length - side, no further apart than `stride`."""
     count = int(np.ceil((length - side) / stride)) + 1
-    return sorted({int(round(start)) for start in np.linspace(0, length - side, count)})
+    return sorted({round(start) for start in np.linspace(0, length - side, count)})
 
 
 def needs_tiles(height: int, width: int, largest_width: float) -> bool:

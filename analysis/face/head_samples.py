@@ -104,11 +104,11 @@ class ColourModel:
 
 def skin_mask(shape: tuple[int, ...], face: Face) -> np.ndarray:
     """Small disks on the cheeks and the nose bridge: the face's own skin."""
-    radius = max(2, int(round(0.04 * face_width_px(face))))
+    radius = max(2, round(0.04 * face_width_px(face)))
     mask = np.zeros(shape, np.uint8)
     for index in SKIN_LANDMARKS:
         x, y = face.points[index]
-        cv2.circle(mask, (int(round(x)), int(round(y))), radius, (1,), -1)
+        cv2.circle(mask, (round(x), round(y)), radius, (1,), -1)
     return mask.astype(bool)
 
 

@@ -180,7 +180,7 @@ def _resized(rgb: np.ndarray, scale: float) -> np.ndarray:
 
     height, width = rgb.shape[:2]
     size = (int(width * scale), int(height * scale))
-    factor = int(round(1 / scale))
+    factor = round(1 / scale)
     # whole blocks only: the area fast path needs the source to be size × factor exactly
     return cv2.resize(rgb[: size[1] * factor, : size[0] * factor], size, interpolation=cv2.INTER_AREA)
 

@@ -49,7 +49,7 @@ class Upright:
         top, chin = face.points[LandmarkId.MESH_TOP], face.points[LandmarkId.MENTON]
         face_height = max(1.0, float(np.linalg.norm(top - chin)))
         scale = min(1.0, CANVAS_FACE_PX / face_height)
-        side = int(math.ceil(CANVAS_FACE_HEIGHTS * face_height * scale))
+        side = math.ceil(CANVAS_FACE_HEIGHTS * face_height * scale)
         linear = scale * np.array([[-b, a], [-a, -b]])
         centre = (top + chin) / 2
         offset = np.array([side / 2, side / 2 + 0.25 * face_height * scale]) - linear @ centre

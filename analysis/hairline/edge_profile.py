@@ -46,7 +46,7 @@ def midline_edge_profile(
 ) -> EdgeProfile | None:
     """None when there is no forehead to compare with (fringe to the brows) or no crossing."""
     height = face_height_px(face)
-    edge = int(round(edge_row))
+    edge = round(edge_row)
     hair_rows = slice(max(0, edge - max(2, int(HAIR_BAND * height))), max(1, edge))
     skin_rows = slice(int((edge_row + brow_row) / 2), int(brow_row) - 2)
     if skin_rows.stop - skin_rows.start < 3 or hair_rows.stop <= hair_rows.start:

@@ -60,7 +60,7 @@ def trace_edges(hair: np.ndarray, person: np.ndarray, face: Face) -> Trace:
     run[: MIN_RUN_PX - 1] = False
     searchable = (rows <= brow_rows[None, :]) & (rows - (MIN_RUN_PX - 1) >= outline[None, :])
     lowest = np.where(run & searchable, rows, -1).max(axis=0)
-    edges = np.array([_subpixel_edge(hair[:, x], r, b) for x, r, b in zip(columns, lowest, brow_rows)])
+    edges = np.array([_subpixel_edge(hair[:, x], r, b) for x, r, b in zip(columns, lowest, brow_rows, strict=True)])
     points = np.stack([columns.astype(float), edges], axis=1)
     frame = FaceFrame.from_face(face)
     uv = frame.to_frame(np.nan_to_num(points))

@@ -189,7 +189,7 @@ class HairNetwork(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         values: dict[int, torch.Tensor] = {self._graph.inputs[0]: x}
         for step, inputs, outputs in self._steps:
-            for index, value in zip(outputs, step([values[i] for i in inputs])):
+            for index, value in zip(outputs, step([values[i] for i in inputs]), strict=True):
                 values[index] = value
         return values[self._graph.outputs[0]]
 

@@ -51,7 +51,7 @@ def test_frame_is_the_facial_midline(face: Face, frame: FaceFrame) -> None:
 @pytest.mark.parametrize("gender, targets", [("male", (85, 80, 75)), ("female", (65, 60, 55))])
 def test_plans_reach_their_target_heights(face, frame, calibration, gender, targets) -> None:
     receded = hairline_at(face, frame, calibration, 100.0)
-    for plan, target in zip(PLANS, targets):
+    for plan, target in zip(PLANS, targets, strict=True):
         design = designs.plan_design(plan, face, receded, calibration, gender)
         assert midline_height_mm(design, frame, calibration) == pytest.approx(target, abs=0.05)
         assert design.drop_mm == pytest.approx(100.0 - target, abs=0.05)

@@ -162,7 +162,7 @@ def turned_point(point: Any, degrees: float, shape: tuple[int, ...]) -> np.ndarr
     centre = (np.array([shape[1], shape[0]], dtype=np.float64) - 1) / 2
     x, y = np.asarray(point, dtype=np.float64) - centre
     angle = np.radians(degrees)
-    return centre + [x * np.cos(angle) + y * np.sin(angle), -x * np.sin(angle) + y * np.cos(angle)]
+    return centre + np.array([x * np.cos(angle) + y * np.sin(angle), -x * np.sin(angle) + y * np.cos(angle)])
 
 
 @pytest.mark.parametrize("degrees", [20, -24])  # her own roll is about -3°: -27° near the 30° limit

@@ -136,7 +136,7 @@ def test_tiles_cover_the_picture_and_hold_every_face_whole(shape: tuple[int, int
     assert covered.all()
     # any face-sized square lies whole inside some tile
     rng = np.random.default_rng(0)
-    for y, x in zip(rng.integers(0, height - face, 200), rng.integers(0, width - face, 200)):
+    for y, x in zip(rng.integers(0, height - face, 200), rng.integers(0, width - face, 200), strict=True):
         assert any(
             top <= y and y + face <= top + side and left <= x and x + face <= left + side for top, left, side in found
         )

@@ -44,7 +44,7 @@ def test_image_left_and_right_landmarks(detector, astronaut):
 
 def test_grace_hopper_is_one_face(detector, grace_hopper):
     face = detector.detect(grace_hopper)
-    x, y, w, h = face.bbox
+    _x, _y, w, h = face.bbox
     assert (face.image_width, face.image_height) == (512, 600)
     assert 150 < w < 350 and 200 < h < 400  # her face, not the whole picture
 

@@ -59,7 +59,7 @@ def test_named_weights_load_bisenet(weights_file):
 
 
 def test_missing_weights_file_says_not_found(tmp_path):
-    with pytest.raises(ModelLoadError, match="weights file not found: .*absent.pth"):
+    with pytest.raises(ModelLoadError, match=r"weights file not found: .*absent\.pth"):
         load_models(str(tmp_path / "absent.pth"), device="cpu")
 
 
@@ -73,7 +73,7 @@ def test_unreadable_weights_say_why(tmp_path):
 def test_wrong_network_weights_name_the_key(tmp_path):
     wrong = tmp_path / "resnet.pth"
     torch.save({"conv1.weight": torch.zeros(64, 3, 7, 7)}, wrong)
-    with pytest.raises(ModelLoadError, match="cp.resnet.conv1.weight"):
+    with pytest.raises(ModelLoadError, match=r"cp\.resnet\.conv1\.weight"):
         load_models(str(wrong), device="cpu")
 
 

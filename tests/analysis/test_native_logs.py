@@ -32,7 +32,7 @@ def test_known_chatter_is_recognised_and_nothing_else() -> None:
 
 
 def test_a_process_keeps_real_lines_in_order_up_to_its_exit() -> None:
-    interleaved = b"".join(line + b"\n" for pair in zip(CHATTER, KEPT) for line in pair)
+    interleaved = b"".join(line + b"\n" for pair in zip(CHATTER, KEPT, strict=False) for line in pair)
     script = (
         "import os, sys\n"
         "from analysis.native_logs import quiet_native_logs\n"

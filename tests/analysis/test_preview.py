@@ -239,7 +239,7 @@ def test_the_grown_band_keeps_the_hairs_texture(
     # band's down/across detail over that of the hair it is lent from: the stretching
     # preview read median 0.72 (worst 0.44) on these photos, the repeating one 0.82 (0.63).
     ratios = []
-    for name, photo, plan, grown in _grown_plans(analysed, photo_labels):
+    for _name, photo, plan, grown in _grown_plans(analysed, photo_labels):
         core = _core(photo, _band(photo, plan))[:-1, :-1]
         if core.sum() < MIN_CORE_PX:
             continue

@@ -293,8 +293,10 @@ def paint_receding_hair(rgb: np.ndarray, face: Face, person: np.ndarray) -> tupl
 
 
 PAINTED_KNOWN_MISSES = {
-    "diesel_dark.png": "right canthal line meets the side of the dome: shadowed skin on a dark background passes for hair, right temple reads 0 mm",
-    "deepface_img21.jpg": "the last columns on the image-right side are traced ~25 px off the painted edge (the hair network: ~56 px); the other side within 1 px",
+    "diesel_dark.png": "right canthal line meets the side of the dome: shadowed skin on a dark background "
+    "passes for hair, right temple reads 0 mm",
+    "deepface_img21.jpg": "the last columns on the image-right side are traced ~25 px off the painted edge "
+    "(the hair network: ~56 px); the other side within 1 px",
 }
 
 

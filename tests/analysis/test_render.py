@@ -149,7 +149,7 @@ def test_the_legend_never_covers_the_hairline(astronaut, face, hairline, calibra
 def test_a_legend_with_nowhere_free_covers_the_least() -> None:
     pen = render.Pen(np.zeros((200, 300, 3), np.uint8))
     pen.protect_hull(np.array([[0, 0], [300, 0], [300, 120], [0, 120]], dtype=np.float64))  # the top 60 %
-    x, y = pen.place(pen.text_size(["a legend"]), [(0, 0)])
+    _x, y = pen.place(pen.text_size(["a legend"]), [(0, 0)])
     assert y >= 120  # below the subject, not over it
 
 
