@@ -165,7 +165,8 @@ def supervise(cluster: DevCluster, photo: Path | None) -> int:
 
 
 def _wait_ready(cluster: DevCluster, ended: threading.Event) -> bool:
-    """Poll until every host is ready and the gateway counts them all (no event to wait on); False if a service ended."""
+    """Poll until every host is ready and the gateway counts them all (no event to wait on);
+    False if a service ended."""
     warn_at = time.monotonic() + READY_WARN_AFTER_SECONDS
     with httpx.Client(timeout=2, headers={HEADER_TOKEN: cluster.token}) as client:
         waiting = list(cluster.services)

@@ -142,7 +142,8 @@ class Process:
             return "".join(self._lines or [])
 
     def _read(self, echo: bool, on_exit: Callable[[Process], None] | None) -> None:
-        log: BinaryIO | None = open(self.log_path, "ab") if self.log_path else None
+        # closed in the finally below, before the wait and the ended event: not a `with` around it all
+        log: BinaryIO | None = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
         prefix = f"{self.name:<11}| ".encode()
         assert self.process.stdout is not None  # started with stdout=PIPE
         try:

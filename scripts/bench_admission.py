@@ -105,7 +105,8 @@ async def bench_redis(count: int) -> None:
 def _record(chance: random.Random) -> RequestRecord:
     return RequestRecord(
         ts="", request_id="r", method="POST", path=chance.choice(PATHS), client_ip="127.0.0.1",
-        worker=chance.randrange(8), attempts=1, queue_ms=chance.expovariate(1.0), duration_ms=chance.lognormvariate(5, 0.5),
+        worker=chance.randrange(8), attempts=1, queue_ms=chance.expovariate(1.0),
+        duration_ms=chance.lognormvariate(5, 0.5),
         http_status=200, code=chance.choice([0, 0, 0, 1005, 1007]), bytes_in=1, bytes_out=1,
         idempotent_replay=chance.random() < 0.05, rate_limited=chance.random() < 0.02,
     )  # fmt: skip

@@ -10,7 +10,8 @@ does not depend on them). Targets (analysis.md / the task): the whole measure en
 the 512 px astronaut with the fallback segmenter <= 250 ms on a 2-core CPU; the 12 MP one
 <= 2x the 512 px one (analysis.md § Rendering), both timed in turns. The benchmark photo is
 an upscale, smoother than a camera's: a real 12 MP photo's PNG costs ~1.5x more to encode
-(render.py). Also printed: the size of each annotated PNG, the pose, iris calibration and interpupillary distance of each real face
+(render.py). Also printed: the size of each annotated PNG, the pose, iris calibration and
+interpupillary distance of each real face
 shipped with the packages (the astronaut and matplotlib's Grace Hopper), and the time to
 refuse a 30000×30000 PNG decompression bomb.
 Timings on a shared machine are noisy: compare medians, not single runs.
@@ -82,7 +83,6 @@ def stage_timings(upload: bytes, models: Models, bisenet: Models | None, runs: i
     hairline = trace_hairline(rgb, face, segmentation, calibration)
     result = measure_face(face, hairline, calibration, "female", limits)
     annotated = render.annotate_measurement(rgb.copy(), face, hairline, calibration, result)
-    options = {"gender": "female"}
     timings = {
         "decode": median_ms(lambda: decode_image(upload, limits), runs),
         "landmarks": median_ms(lambda: models.detector.detect(rgb), runs),

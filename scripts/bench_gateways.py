@@ -127,7 +127,8 @@ async def run(args: argparse.Namespace, directory: Path) -> int:
 def report(args: argparse.Namespace, results: dict[tuple[str, str], dict[str, Any]]) -> int:
     missed = 0
     print(
-        f"busy-refusing hosts, {args.service_ms:g} ms jobs, {args.clients_per_host} clients per host, {args.seconds:g} s"
+        f"busy-refusing hosts, {args.service_ms:g} ms jobs, {args.clients_per_host} clients per host, "
+        f"{args.seconds:g} s"
     )
     print(f"    {'layout':7} {'shared':6} {'served':>6} {'ideal':>6} {'busy':>6} {'/100':>6} {'failed':>6} "
           f"{'overlaps':>8} {'p50 ms':>7} {'p95 ms':>7}  verdict")  # fmt: skip

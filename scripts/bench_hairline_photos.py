@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Hairline accuracy and timing of a segmenter (default: the hair network) on the labelled photos.
 
-    .venv/bin/python scripts/bench_hairline_photos.py [--runs 3] [--photos ../shared/photos] [--segmenter hairnet|fallback]
+    .venv/bin/python scripts/bench_hairline_photos.py [--runs 3] [--photos ../shared/photos]
+        [--segmenter hairnet|fallback]
 
 For each photo in labels.json (plus the astronaut, whose fringe edge is at row 81.6): the
 expected and traced trichion row, the error in px and mm, the status, the ± band in mm,

@@ -88,7 +88,8 @@ async def main(args: argparse.Namespace) -> None:
     )
     for name in CLASSES:
         print(
-            f"    {name:<12} CPU {statistics.median(cpu[name]):7.1f} us/request   wall {statistics.median(wall[name]):7.1f} us/request"
+            f"    {name:<12} CPU {statistics.median(cpu[name]):7.1f} us/request   "
+            f"wall {statistics.median(wall[name]):7.1f} us/request"
         )
 
 

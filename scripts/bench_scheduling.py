@@ -33,6 +33,7 @@ include that load. Exit status 1 when a target is missed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 import tempfile
@@ -148,10 +149,8 @@ async def departure(bench: Bench) -> dict[str, Any]:
     (fake,) = await bench.fakes(1, latency_ms_by_path={GROW: 3000, MEASURE: 50}, refuse_when_busy=True)
     gateway, _ = bench.gateway("departure", [fake], ON)
     async with httpx.AsyncClient(base_url=gateway.url, timeout=0.5) as leaving:
-        try:
+        with contextlib.suppress(httpx.TimeoutException):  # the client gave up: httpx closed its connection
             await leaving.post(GROW, json=BODY, headers={"X-Request-ID": "leaves"})
-        except httpx.TimeoutException:
-            pass  # the client gave up: httpx closed its connection
     left_at = time.monotonic()
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
         response, next_seconds = await post(client, MEASURE, headers={"X-Request-ID": "next"})
@@ -362,7 +361,8 @@ def report(
     retry_after = early["retry_after"]
     verdicts.check("queue_wait 1 s: 1007 in < 0.25 s, Retry-After 3",
                    early["refused_code"] == 1007 and early["refused_s"] < 0.25 and retry_after == "3",
-                   f"code {early['refused_code']} in {early['refused_s']:.3f} s, Retry-After {retry_after}")  # fmt: skip
+                   f"code {early['refused_code']} in {early['refused_s']:.3f} s, "
+                   f"Retry-After {retry_after}")  # fmt: skip
     verdicts.check("queue_wait 3 s: waits and is served", early["waited_ok"], f"served in {early['waited_s']:.3f} s")
     print("(d) capabilities: jobs per host [comfyui down, comfyui ok]")
     verdicts.check("8 of 8 generations to the ok host", capable["one_down_generations"] == [0, 8],
@@ -373,7 +373,8 @@ def report(
     slot_on, slot_off = slots
     print("(e) the slot: max_inflight 6, 3 hosts, 10 queued 2 s generations, then a measurement")
     verdicts.check("measurement < 1 s (reservation on)", slot_on["measure_ok"] and slot_on["measure_s"] < 1,
-                   f"{slot_on['measure_s']:.3f} s (reservation 0, offset 0: {slot_off['measure_s']:.3f} s)")  # fmt: skip
+                   f"{slot_on['measure_s']:.3f} s "
+                   f"(reservation 0, offset 0: {slot_off['measure_s']:.3f} s)")  # fmt: skip
     print(
         f"(f) early refusal replayed: {args.replay_seeds} seeded runs of {args.replay_seconds:g} s, "
         f"{REPLAY_HOSTS} hosts, queue_wait {REPLAY_QUEUE_WAIT:g} s, {replayed['requests']} requests"
