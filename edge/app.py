@@ -10,13 +10,13 @@ envelope of every refusal under `/api/`) is in `edge.web.refusals`; the request 
 
 from __future__ import annotations
 
+from quart_trio import QuartTrio
+
 from edge.gateway import Gateway
 from edge.web.admin import admin_blueprint
 from edge.web.api_routes import api_blueprint
-from quart_trio import QuartTrio
-
-from edge.web.openapi import openapi_blueprint
 from edge.web.http import AUDIT, BODY_IDLE_TIMEOUT, REQUEST_LOG, GatewayConnection, GatewayRequest
+from edge.web.openapi import openapi_blueprint
 from edge.web.pages import pages_blueprint
 from edge.web.refusals import register_refusals
 from shared.settings import Settings

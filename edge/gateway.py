@@ -16,23 +16,23 @@ import httpx
 import trio
 
 from edge.admission.gate import Admission
+from edge.admission.idempotency import Idempotency
+from edge.admission.rate_limit import ClientKeys, build_rate_limiter
+from edge.annotations.rewrite import ImageStore
 from edge.audit.trail import AuditTrail, build_audit
 from edge.forwarding.service import ApiService
-from edge.pool.dispatch import Dispatcher
-from edge.pool.host_leases import build_host_leases
 from edge.local.face_workers import FaceWorkers
 from edge.local.features import Features
-from edge.pool.failures import RetryPolicy
-from edge.pool.upstream import Upstream
-from edge.admission.idempotency import Idempotency
+from edge.local.special_points import SpecialPoints
 from edge.observe.metrics import GatewayMetrics, pool_gauges
+from edge.observe.request_log import RequestLog
+from edge.observe.stats import RequestStats
+from edge.pool.dispatch import Dispatcher
+from edge.pool.failures import RetryPolicy
+from edge.pool.host_leases import build_host_leases
 from edge.pool.pool import Pool, Thresholds
 from edge.pool.scheduling import SchedulingPolicy
-from edge.admission.rate_limit import ClientKeys, build_rate_limiter
-from edge.observe.request_log import RequestLog
-from edge.annotations.rewrite import ImageStore
-from edge.local.special_points import SpecialPoints
-from edge.observe.stats import RequestStats
+from edge.pool.upstream import Upstream
 from edge.web.api_routes import API_PATHS
 from shared.secrets_file import SecretsSource
 from shared.settings import Settings

@@ -19,19 +19,19 @@ from typing import Any
 import hypercorn.trio
 import trio
 from hypercorn.config import Config
-
-from edge.gateway import Gateway, build_gateway
-from edge.app import create_app
 from quart_trio import QuartTrio
-from edge.web.server import GatewayConfig
+
 from edge.admission.idempotency import IdempotencyUnavailable, open_idempotency
+from edge.admission.shared_state import redis_client
+from edge.annotations.static_cleanup import StaticCleanup
+from edge.app import create_app
+from edge.gateway import Gateway, build_gateway
 from edge.observe.metrics import metrics_app
 from edge.pool.prober import Prober
 from edge.reload import reload_settings
-from edge.admission.shared_state import redis_client
-from edge.annotations.static_cleanup import StaticCleanup
-from shared.secrets_file import SecretsSource, is_header_safe
+from edge.web.server import GatewayConfig
 from shared.logs import configure_logging
+from shared.secrets_file import SecretsSource, is_header_safe
 from shared.settings import ENV_SHARED_PASSWORD, Settings, SettingsError, load_settings
 
 log = logging.getLogger("edge")
@@ -87,12 +87,12 @@ def load_edge_settings(config: str, secrets: str | None, bind: str | None) -> Se
 def check_edge_settings(settings: Settings) -> None:
     """What the strict model cannot know: the gateway's own must-haves."""
     if not settings.auth.shared_password:
-        raise SettingsError(
-            "auth.shared_password is empty: set it in the secrets file or HAIRGATE_SHARED_PASSWORD"
-        )
+        raise SettingsError("auth.shared_password is empty: set it in the secrets file or HAIRGATE_SHARED_PASSWORD")
     if not is_header_safe(settings.auth.shared_password):
         # it travels as a header value: a stray space or newline would fail every forward
-        raise SettingsError("auth.shared_password must be printable ASCII without spaces (check for a trailing newline)")
+        raise SettingsError(
+            "auth.shared_password must be printable ASCII without spaces (check for a trailing newline)"
+        )
     if not settings.edge.pool.workers:
         raise SettingsError("edge.pool.workers is empty: the gateway needs at least one worker URL")
     for key, bind in (("edge.bind", settings.edge.bind), ("edge.metrics_bind", settings.edge.metrics_bind or "x:1")):
@@ -169,7 +169,11 @@ async def serve(
 
 
 async def _serve(
-    app: Any, config: Config, stopping: trio.Event, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+    app: Any,
+    config: Config,
+    stopping: trio.Event,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     try:
         await hypercorn.trio.serve(app, config, shutdown_trigger=stopping.wait, task_status=task_status)

@@ -20,12 +20,12 @@ from typing import Any, Literal
 
 import trio
 from pydantic import BaseModel
+from quart_trio import QuartTrio
 
+from edge.admission.rate_limit import ClientKeys, build_rate_limiter
 from edge.app import configure_limits
 from edge.gateway import Gateway, image_store, retry_policy, scheduling_policy, thresholds
 from edge.pool.prober import Prober
-from edge.admission.rate_limit import ClientKeys, build_rate_limiter
-from quart_trio import QuartTrio
 from shared.settings import Settings
 
 log = logging.getLogger("edge.reload")
@@ -125,7 +125,12 @@ def apply_settings(gateway: Gateway, app: QuartTrio, prober: Prober, new: Settin
     gateway.features.limits = gateway.special_points.limits = settings.analysis
     configure_limits(app, settings)  # the rest reads `gateway.settings` when it needs it
     stats = gateway.pool.statistics()
-    log.info("SIGHUP：配置已重新加载 | 总数=%d | 在线=%d | 主worker=%d", stats.workers_total, stats.workers_healthy, stats.workers_primary_total)
+    log.info(
+        "SIGHUP：配置已重新加载 | 总数=%d | 在线=%d | 主worker=%d",
+        stats.workers_total,
+        stats.workers_healthy,
+        stats.workers_primary_total,
+    )
 
 
 def _get(section: BaseModel, dotted: str) -> Any:

@@ -31,7 +31,9 @@ from shared.settings import token_fingerprint
 
 ACCEPT_PASSWORDS_KEY = "auth.accept_passwords"
 MSG_BAD_BODY = f'body must be {{"add": "<token of at least {MIN_TOKEN_CHARS} printable ASCII characters>"}} or {{"remove": "<fingerprint>"}}'
-MSG_FROM_ENVIRONMENT = "the accepted tokens come from the environment ({variable}) and cannot be persisted; nothing changed"
+MSG_FROM_ENVIRONMENT = (
+    "the accepted tokens come from the environment ({variable}) and cannot be persisted; nothing changed"
+)
 MSG_LAST_TOKEN = "refusing to remove the last accepted token"
 MSG_OWN_TOKEN = "refusing to remove the token this request authenticated with"
 MSG_AMBIGUOUS = "several accepted tokens have this fingerprint; nothing changed"
@@ -84,7 +86,9 @@ class HostTokens:
         return [
             {
                 "fingerprint": token_fingerprint(token),
-                "last_used_seconds_ago": None if token not in self._last_used else round(now - self._last_used[token], 3),
+                "last_used_seconds_ago": None
+                if token not in self._last_used
+                else round(now - self._last_used[token], 3),
             }
             for token in self._tokens
         ]

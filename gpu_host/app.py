@@ -36,17 +36,18 @@ from gpu_host import admin
 from gpu_host.auth import TokenGuard
 from gpu_host.checks import HostChecks, no_checks
 from gpu_host.comfyui import ComfyUIClient, draw_grown, grown_targets
-from gpu_host.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, GENERATION_FAILED, GENERATION_NO_HAIR, HostMetrics
+from gpu_host.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gpu_host.metrics import GENERATION_FAILED, GENERATION_NO_HAIR, HostMetrics
 from gpu_host.model_process import ModelBusy, ModelProcess, ModelUnavailable
 from gpu_host.supervisor import Phase
 from shared.contract import (
     API_PREFIX,
     GPU_ENDPOINT_PATHS,
-    HEALTH_LOADING,
     HEADER_EXECUTION_ID,
     HEADER_REQUEST_ID,
     HEADER_REQUEST_TIMEOUT_MS,
     HEADER_TOKEN,
+    HEALTH_LOADING,
     MSG_BACKEND_UNAVAILABLE,
     MSG_BODY_TOO_LARGE,
     MSG_DEADLINE_EXCEEDED,
@@ -161,7 +162,9 @@ def _http_error_as_contract(error: HTTPException, failed: Request) -> tuple[Code
         return Code.TOO_LARGE, MSG_BODY_TOO_LARGE.format(limit_bytes=failed.max_content_length)
     if isinstance(error, MethodNotAllowed):
         allowed = ", ".join(sorted(error.valid_methods or ()))
-        return Code.INVALID_PARAMETER, MSG_METHOD_NOT_ALLOWED.format(path=failed.path, method=failed.method, allowed=allowed)
+        return Code.INVALID_PARAMETER, MSG_METHOD_NOT_ALLOWED.format(
+            path=failed.path, method=failed.method, allowed=allowed
+        )
     if error.code == 404:
         return Code.INVALID_PARAMETER, MSG_UNKNOWN_ENDPOINT.format(method=failed.method, path=failed.path)
     if error.code is not None and error.code >= 500:  # an exception outside the handlers (logged by Quart)
@@ -286,7 +289,9 @@ async def _run(endpoint: str, host: _Host, request_id: str, deadline: float) -> 
     except RequestEntityTooLarge:
         raise ContractError(Code.TOO_LARGE, MSG_BODY_TOO_LARGE.format(limit_bytes=request.max_content_length)) from None
     # In a thread: megabytes of base64 take ~10 ms to decode, and /health must keep answering.
-    checked = await trio.to_thread.run_sync(read_request, endpoint, body, request.headers.get("Content-Type"), host.limits)
+    checked = await trio.to_thread.run_sync(
+        read_request, endpoint, body, request.headers.get("Content-Type"), host.limits
+    )
     # A thread is waited for through a cancellation: a gateway that left during the check
     # is seen here, before the model's slot is taken for nobody.
     await trio.lowlevel.checkpoint()
@@ -300,7 +305,9 @@ async def _run(endpoint: str, host: _Host, request_id: str, deadline: float) -> 
     masked = [bool(target.get(INPAINT_MASK_KEY)) for target in grown_targets(data)]
     if host.comfyui is not None:
         left = deadline - trio.current_time()  # none left: the ComfyUI wait ends at once (generator null)
-        data = await draw_grown(host.comfyui, checked.image, data, timeout_seconds=None if math.isinf(left) else max(left, 0))
+        data = await draw_grown(
+            host.comfyui, checked.image, data, timeout_seconds=None if math.isinf(left) else max(left, 0)
+        )
     for target, had_mask in zip(grown_targets(data), masked, strict=True):
         host.metrics.count_generation(target["generator"] or (GENERATION_FAILED if had_mask else GENERATION_NO_HAIR))
     return data

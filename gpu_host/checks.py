@@ -257,4 +257,3 @@ class HostChecks:
 def no_checks() -> HostChecks:
     """Checks that never report a problem (an app under test without the background tasks)."""
     return HostChecks(WrittenPaths([]), 0)
-

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 from gpu_host.protocol import ChildConfig, Failure, Infer, LoadFailed, Ping, Pong, Ready, Result
-from shared.contract import Code, ContractError, DEFAULT_MESSAGES
+from shared.contract import DEFAULT_MESSAGES, Code, ContractError
 from shared.logs import configure_logging
 
 log = logging.getLogger("gpu_host.child")

@@ -199,10 +199,16 @@ class ComfyUIClient:
         prompt_id: str | None = None
         try:
             mask_name = await self._upload(mask, f"hairgate-{image_digest.hex()[:16]}-{_digest(mask)}-mask.png")
-            graph = fill_placeholders(self._workflow, {
-                "image": image_name, "mask": mask_name, "prompt": PROMPT,
-                "negative_prompt": NEGATIVE_PROMPT, "seed": _seed(image_digest, plan),
-            })
+            graph = fill_placeholders(
+                self._workflow,
+                {
+                    "image": image_name,
+                    "mask": mask_name,
+                    "prompt": PROMPT,
+                    "negative_prompt": NEGATIVE_PROMPT,
+                    "seed": _seed(image_digest, plan),
+                },
+            )
             prompt_id = await self._queue(graph)
             return await self._fetch(await self._outputs(prompt_id))
         except trio.Cancelled:
@@ -250,9 +256,14 @@ class ComfyUIClient:
         for node_id in sorted(outputs, key=_node_order):
             for picture in outputs[node_id].get("images") or []:
                 if picture.get("type", "output") == "output" and picture.get("filename"):
-                    response = await self._http.get("/view", params={
-                        "filename": picture["filename"], "subfolder": picture.get("subfolder", ""), "type": "output",
-                    })
+                    response = await self._http.get(
+                        "/view",
+                        params={
+                            "filename": picture["filename"],
+                            "subfolder": picture.get("subfolder", ""),
+                            "type": "output",
+                        },
+                    )
                     response.raise_for_status()
                     return response.content
         raise ComfyUIFailure("the prompt finished without an output image")
@@ -276,8 +287,11 @@ async def draw_grown(
     hair to grow from). The masks never leave the host. `image`: the uploaded bytes;
     `timeout_seconds`: what is left of the request's deadline, if it has one."""
     targets = grown_targets(data)
-    masks = {target.get("plan", "mark"): base64.b64decode(target.pop(INPAINT_MASK_KEY))
-             for target in targets if target.get(INPAINT_MASK_KEY)}
+    masks = {
+        target.get("plan", "mark"): base64.b64decode(target.pop(INPAINT_MASK_KEY))
+        for target in targets
+        if target.get(INPAINT_MASK_KEY)
+    }
     drawn = await client.draw(image, masks, timeout_seconds=timeout_seconds) if masks else {}
     for target in targets:
         target.pop(INPAINT_MASK_KEY, None)

@@ -46,7 +46,9 @@ class _ModelCollector:
         yield CounterMetricFamily(
             "hairgate_host_model_restarts", "Model processes replaced since the host started", value=stats.restarts
         )
-        yield GaugeMetricFamily("hairgate_host_busy", "1 while the model process runs a request", value=float(stats.busy))
+        yield GaugeMetricFamily(
+            "hairgate_host_busy", "1 while the model process runs a request", value=float(stats.busy)
+        )
 
 
 class _ChecksCollector:

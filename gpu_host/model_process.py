@@ -181,7 +181,11 @@ class ModelProcess:
             raise
         if waiting.cancelled_caught:
             job.departed = True
-            log.warning("inference over the request's deadline (%.1f s), answer dropped | request_id=%s", wait_seconds, request_id)
+            log.warning(
+                "inference over the request's deadline (%.1f s), answer dropped | request_id=%s",
+                wait_seconds,
+                request_id,
+            )
             raise ContractError(Code.SYSTEM_ERROR, MSG_DEADLINE_EXCEEDED.format(seconds=round(wait_seconds, 1)))
         return job.outcome()
 

@@ -18,9 +18,10 @@ beyond the `request_id` sanity check. Closing the parent's end (EOF) tells the c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Literal, Union
+from typing import Any, Literal, Union
 
 from shared.settings import AnalysisSettings
 

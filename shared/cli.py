@@ -39,28 +39,37 @@ def build_parser() -> argparse.ArgumentParser:
     analyze = commands.add_parser("analyze", help="run the analysis of one endpoint on a photo, in-process")
     analyze.add_argument("photo", help="path of a JPEG, PNG or WebP photo")
     analyze.add_argument("--endpoint", choices=ENDPOINTS, default="measure")
-    analyze.add_argument("--out", default=None, help="folder for the PNG images (default: a new temporary folder, named on stderr)")
+    analyze.add_argument(
+        "--out", default=None, help="folder for the PNG images (default: a new temporary folder, named on stderr)"
+    )
     analyze.add_argument("--gender", choices=("male", "female", "unknown"), default="unknown")
     analyze.add_argument("--drop-mm", type=float, default=None, help="mark: lower the hairline by this much")
     analyze.add_argument("--points", default=None, help='mark: hairline polyline as JSON, e.g. "[[x,y],[x,y],[x,y]]"')
     analyze.add_argument("--plans", default=None, help="grow: comma-separated plans")
     analyze.add_argument("--styles", default=None, help="hairline: comma-separated styles")
     analyze.add_argument("--config", default=None, help="settings TOML for the analysis limits")
-    analyze.add_argument("--bisenet-weights", default=None, help="BiSeNet state dict (default: the bundled hair network)")
+    analyze.add_argument(
+        "--bisenet-weights", default=None, help="BiSeNet state dict (default: the bundled hair network)"
+    )
 
     dev = commands.add_parser("dev", help="the whole system on this machine: N GPU hosts + one gateway")
     dev.add_argument("--workers", type=int, default=2, help="number of GPU hosts (default: %(default)s)")
     dev.add_argument(
-        "--config", default="settings.toml",
+        "--config",
+        default="settings.toml",
         help="base settings TOML, copied to var/dev/settings.toml with the dev pool, binds, URLs and limits (default: %(default)s)",
     )
     dev.add_argument("--port", type=int, default=8080, help="gateway port (default: %(default)s)")
     dev.add_argument(
-        "--first-worker-port", type=int, default=28187,
+        "--first-worker-port",
+        type=int,
+        default=28187,
         help="port of the first GPU host; the others take the next ones (default: %(default)s)",
     )
     dev.add_argument(
-        "--metrics-port", type=int, default=9464,
+        "--metrics-port",
+        type=int,
+        default=9464,
         help="gateway Prometheus /metrics port on 127.0.0.1, 0: no metrics listener (default: %(default)s)",
     )
 

@@ -127,7 +127,9 @@ Coordinate = Annotated[
     BeforeValidator(_coordinate),
     WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "string", "pattern": NUMBER_TEXT}]}),
 ]
-Point = Annotated[tuple[Coordinate, Coordinate], Field(description="[x, y]: pixels of the upright photo, origin top-left")]
+Point = Annotated[
+    tuple[Coordinate, Coordinate], Field(description="[x, y]: pixels of the upright photo, origin top-left")
+]
 
 
 def _choices(kind: Any, allowed: tuple[str, ...], what: str) -> Any:
@@ -206,10 +208,14 @@ class MarkFields(Fields):
     model_config = ConfigDict(
         json_schema_extra={
             "oneOf": [
-                {"required": ["hairline_points"],
-                 "properties": {"hairline_points": {"type": "array"}, "drop_mm": {"type": "null"}}},
-                {"required": ["drop_mm"],
-                 "properties": {"drop_mm": {"type": "number"}, "hairline_points": {"type": "null"}}},
+                {
+                    "required": ["hairline_points"],
+                    "properties": {"hairline_points": {"type": "array"}, "drop_mm": {"type": "null"}},
+                },
+                {
+                    "required": ["drop_mm"],
+                    "properties": {"drop_mm": {"type": "number"}, "hairline_points": {"type": "null"}},
+                },
             ]
         }
     )
@@ -225,7 +231,9 @@ class MarkFields(Fields):
         ]
         | None
     ) = None
-    drop_mm: Annotated[Number, Field(ge=0, le=MAX_DROP_MM, description="lower the detected hairline by this many mm")] | None = None
+    drop_mm: (
+        Annotated[Number, Field(ge=0, le=MAX_DROP_MM, description="lower the detected hairline by this many mm")] | None
+    ) = None
 
     def options(self) -> dict[str, Any]:
         points = None if self.hairline_points is None else [list(point) for point in self.hairline_points]
@@ -271,8 +279,10 @@ _LEGACY = "legacy spelling, accepted for old clients; prefer the JSON value. "
 def _choice_text_pattern(allowed: Sequence[str]) -> str:
     word = f"({'|'.join(allowed)})"
     quoted = f'"{word}"'
-    return (rf"^\s*({word}(\s*,\s*{word})*"
-            rf"|\[{_JSON_SPACE}{quoted}({_JSON_SPACE},{_JSON_SPACE}{quoted})*{_JSON_SPACE}\])\s*$")
+    return (
+        rf"^\s*({word}(\s*,\s*{word})*"
+        rf"|\[{_JSON_SPACE}{quoted}({_JSON_SPACE},{_JSON_SPACE}{quoted})*{_JSON_SPACE}\])\s*$"
+    )
 
 
 _POINT_TEXT = rf"\[{_JSON_SPACE}{_JSON_NUMBER}{_JSON_SPACE},{_JSON_SPACE}{_JSON_NUMBER}{_JSON_SPACE}\]"
@@ -280,21 +290,46 @@ _BLANK = {"type": "string", "pattern": BLANK_TEXT, "description": "blank: absent
 _ABSENT = [{"type": "null"}, {"type": "string", "pattern": NULL_TEXT, "description": "blank or null: absent"}]
 _TEXT_SCHEMAS: dict[str, list[dict[str, Any]]] = {
     "gender": [
-        {"type": "string", "pattern": rf"^\s*({'|'.join(_any_case(gender) for gender in GENDERS)})\s*$",
-         "description": _LEGACY + "any case, spaces around it ignored"},
-        _BLANK, {"type": "null"}],
-    **{name: [{"type": "string", "pattern": _choice_text_pattern(allowed),
-               "description": _LEGACY + "comma-separated or JSON text of the list, its values distinct"},
-              _BLANK, {"type": "null"}]
-       for name, allowed in (("plans", PLANS), ("styles", STYLES))},
+        {
+            "type": "string",
+            "pattern": rf"^\s*({'|'.join(_any_case(gender) for gender in GENDERS)})\s*$",
+            "description": _LEGACY + "any case, spaces around it ignored",
+        },
+        _BLANK,
+        {"type": "null"},
+    ],
+    **{
+        name: [
+            {
+                "type": "string",
+                "pattern": _choice_text_pattern(allowed),
+                "description": _LEGACY + "comma-separated or JSON text of the list, its values distinct",
+            },
+            _BLANK,
+            {"type": "null"},
+        ]
+        for name, allowed in (("plans", PLANS), ("styles", STYLES))
+    },
     "hairline_points": [
-        {"type": "string", "pattern": (rf"^\s*\[{_JSON_SPACE}{_POINT_TEXT}({_JSON_SPACE},{_JSON_SPACE}{_POINT_TEXT})"
-                                       rf"{{{MIN_HAIRLINE_POINTS - 1},{MAX_HAIRLINE_POINTS - 1}}}{_JSON_SPACE}\]\s*$"),
-         "contentMediaType": "application/json", "description": _LEGACY + "the list as JSON text"},
-        *_ABSENT],
+        {
+            "type": "string",
+            "pattern": (
+                rf"^\s*\[{_JSON_SPACE}{_POINT_TEXT}({_JSON_SPACE},{_JSON_SPACE}{_POINT_TEXT})"
+                rf"{{{MIN_HAIRLINE_POINTS - 1},{MAX_HAIRLINE_POINTS - 1}}}{_JSON_SPACE}\]\s*$"
+            ),
+            "contentMediaType": "application/json",
+            "description": _LEGACY + "the list as JSON text",
+        },
+        *_ABSENT,
+    ],
     "drop_mm": [
-        {"type": "string", "pattern": NUMBER_TEXT, "description": _LEGACY + f"the number as text, 0–{MAX_DROP_MM:g} too"},
-        *_ABSENT],
+        {
+            "type": "string",
+            "pattern": NUMBER_TEXT,
+            "description": _LEGACY + f"the number as text, 0–{MAX_DROP_MM:g} too",
+        },
+        *_ABSENT,
+    ],
 }
 
 
@@ -311,8 +346,10 @@ def _legacy_spellings(schema: dict[str, Any], model: type[Any]) -> None:
     pair = model.exactly_one_of
     if pair is not None:
         absent = {"anyOf": _ABSENT}
-        schema["oneOf"] = [{"required": [given], "properties": {given: {"not": absent}, other: absent}}
-                           for given, other in (pair, pair[::-1])]
+        schema["oneOf"] = [
+            {"required": [given], "properties": {given: {"not": absent}, other: absent}}
+            for given, other in (pair, pair[::-1])
+        ]
 
 
 def _with_image(fields: type[Fields], name: str, image: Any, annotation: Any) -> type[Fields]:
@@ -320,12 +357,27 @@ def _with_image(fields: type[Fields], name: str, image: Any, annotation: Any) ->
     namespace = {"__annotations__": {name: annotation}, name: image, "__module__": __name__, "__doc__": fields.__doc__}
     if name == IMAGE_BASE64_FIELD:
         namespace["model_config"] = ConfigDict(json_schema_extra=_legacy_spellings)
-    return type(f"{fields.__name__.removesuffix('Fields')}{'Json' if name == IMAGE_BASE64_FIELD else 'Form'}", (fields,), namespace)
+    return type(
+        f"{fields.__name__.removesuffix('Fields')}{'Json' if name == IMAGE_BASE64_FIELD else 'Form'}",
+        (fields,),
+        namespace,
+    )
 
 
-_Base64 = Annotated[str, Field(min_length=1, description="the photo (JPEG, PNG or WebP) as standard base64; a data:image/…;base64, prefix is allowed")]
-_File = Annotated[bytes, Field(json_schema_extra={"format": "binary", "contentMediaType": "application/octet-stream"},
-                               description="the photo: a JPEG, PNG or WebP file")]
+_Base64 = Annotated[
+    str,
+    Field(
+        min_length=1,
+        description="the photo (JPEG, PNG or WebP) as standard base64; a data:image/…;base64, prefix is allowed",
+    ),
+]
+_File = Annotated[
+    bytes,
+    Field(
+        json_schema_extra={"format": "binary", "contentMediaType": "application/octet-stream"},
+        description="the photo: a JPEG, PNG or WebP file",
+    ),
+]
 # The request body of each endpoint per media type (the document's `requestBody`); the JSON
 # one also validates JSON bodies (its image checked for presence and type only: its size and
 # format are `shared.uploads`').
@@ -498,8 +550,7 @@ def _number_message(name: str, kind: str, given: Any) -> str:
 def _points_message(rest: tuple[int | str, ...], kind: str, given: Any) -> str:
     if not rest:
         if kind in ("too_short", "too_long"):
-            return (f"参数 hairline_points 需要 {MIN_HAIRLINE_POINTS}–{MAX_HAIRLINE_POINTS} 个点，"
-                    f"收到 {len(given)} 个")
+            return f"参数 hairline_points 需要 {MIN_HAIRLINE_POINTS}–{MAX_HAIRLINE_POINTS} 个点，收到 {len(given)} 个"
         return f"参数 hairline_points 必须是点的列表，{_POINTS_SHAPE}"
     index = int(rest[0])
     if len(rest) == 1 or kind == "missing":  # the point itself, or a coordinate short
@@ -665,7 +716,9 @@ DATA: dict[str, type[BaseModel]] = {
     "special-points": SpecialPointsData,
 }
 
-RequestId = Annotated[str, Field(description="the client's X-Request-ID when it is 1–64 of A-Z a-z 0-9 . _ -, else the gateway's")]
+RequestId = Annotated[
+    str, Field(description="the client's X-Request-ID when it is 1–64 of A-Z a-z 0-9 . _ -, else the gateway's")
+]
 
 
 class Refusal(_Answer):
@@ -673,8 +726,10 @@ class Refusal(_Answer):
 
     code: Annotated[
         Literal[tuple(int(code) for code in Code if code is not Code.OK)],  # type: ignore[valid-type]
-        Field(description="1001 parameter, 1002 format, 1003 too large, 1004 resolution, 1005 no face, "
-                          "1006 several faces, 1007 system (retry later), 1008 not frontal"),
+        Field(
+            description="1001 parameter, 1002 format, 1003 too large, 1004 resolution, 1005 no face, "
+            "1006 several faces, 1007 system (retry later), 1008 not frontal"
+        ),
     ]
     message: str
     request_id: RequestId

@@ -313,7 +313,10 @@ class Settings(_Section):
             )
         if host.comfyui_url:
             generation = host.inference_timeout_seconds + host.comfyui_timeout_seconds
-            if generation + timeout_margin_seconds(dispatch.slow_request_timeout_seconds) > dispatch.slow_request_timeout_seconds:
+            if (
+                generation + timeout_margin_seconds(dispatch.slow_request_timeout_seconds)
+                > dispatch.slow_request_timeout_seconds
+            ):
                 raise ValueError(
                     f"gpu_host.inference_timeout_seconds + gpu_host.comfyui_timeout_seconds ({generation:g}) must be "
                     f"at least {timeout_margin_seconds(dispatch.slow_request_timeout_seconds):g} s below "
@@ -407,8 +410,7 @@ def load_settings(
     for key in _SECRET_KEYS:
         if _has_key(raw, key):
             raise SettingsError(
-                f"{'.'.join(key)} is a secret: put it in the secrets file or the environment, "
-                f"not in {config_path.name}"
+                f"{'.'.join(key)} is a secret: put it in the secrets file or the environment, not in {config_path.name}"
             )
     if secrets_path is not None:
         raw = _merge(raw, _read_toml(Path(secrets_path), "secrets"))

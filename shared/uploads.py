@@ -171,7 +171,9 @@ def _parse_multipart(body: bytes, boundary: str) -> Upload:
     except _MultipartError as error:
         raise ContractError(Code.INVALID_PARAMETER, error.message) from None
     form = MultiDict(
-        (part.name, part.data.decode("utf-8", "replace")) for part in parts if part.filename is None and part.name != IMAGE_FIELD
+        (part.name, part.data.decode("utf-8", "replace"))
+        for part in parts
+        if part.filename is None and part.name != IMAGE_FIELD
     )
     images = [part for part in parts if part.name == IMAGE_FIELD]
     if not any(part.filename is not None for part in images):
@@ -253,20 +255,27 @@ def _parts(body: bytes, boundary: str) -> list[FormPart]:
             if fields_bytes > FIELDS_ALLOWANCE_BYTES:
                 raise _MultipartError(_MSG_TOO_MANY_FIELDS)
         content_type = headers.get(b"content-type")
-        parts.append(FormPart(
-            options[b"name"].decode("utf-8", "replace"),
-            None if filename is None else filename.decode("utf-8", "replace"),
-            None if content_type is None else content_type.decode("latin-1"),
-            data,
-        ))
+        parts.append(
+            FormPart(
+                options[b"name"].decode("utf-8", "replace"),
+                None if filename is None else filename.decode("utf-8", "replace"),
+                None if content_type is None else content_type.decode("latin-1"),
+                data,
+            )
+        )
 
     def on_end() -> None:
         nonlocal ended
         ended = True
 
     callbacks = {
-        "on_header_field": on_header_field, "on_header_value": on_header_value, "on_header_end": on_header_end,
-        "on_part_begin": on_part_begin, "on_part_data": on_part_data, "on_part_end": on_part_end, "on_end": on_end,
+        "on_header_field": on_header_field,
+        "on_header_value": on_header_value,
+        "on_header_end": on_header_end,
+        "on_part_begin": on_part_begin,
+        "on_part_data": on_part_data,
+        "on_part_end": on_part_end,
+        "on_end": on_end,
     }
     try:
         parser = MultipartParser(boundary.encode("latin-1"), callbacks)  # type: ignore[arg-type]
@@ -288,8 +297,9 @@ def _parts_by_werkzeug(body: bytes, boundary: str) -> list[FormPart]:
     current: Field | File | None = None
     chunks: list[bytes] = []
     try:
-        decoder = MultipartDecoder(boundary.encode("latin-1"), max_form_memory_size=FIELDS_ALLOWANCE_BYTES,
-                                   max_parts=_MAX_FORM_PARTS)
+        decoder = MultipartDecoder(
+            boundary.encode("latin-1"), max_form_memory_size=FIELDS_ALLOWANCE_BYTES, max_parts=_MAX_FORM_PARTS
+        )
         decoder.receive_data(body)
         decoder.receive_data(None)
         while not isinstance(event := decoder.next_event(), NeedData):
@@ -301,7 +311,9 @@ def _parts_by_werkzeug(body: bytes, boundary: str) -> list[FormPart]:
                 chunks.append(event.data)
                 if not event.more_data:
                     filename = current.filename if isinstance(current, File) else None
-                    parts.append(FormPart(current.name, filename, current.headers.get("content-type"), b"".join(chunks)))
+                    parts.append(
+                        FormPart(current.name, filename, current.headers.get("content-type"), b"".join(chunks))
+                    )
     except RequestEntityTooLarge:
         raise _MultipartError(_MSG_TOO_MANY_FIELDS) from None
     except (ValueError, UnicodeEncodeError):

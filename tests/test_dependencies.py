@@ -80,7 +80,9 @@ def test_opencv_is_the_build_mediapipe_pulls_and_never_a_second_one() -> None:
 def test_the_wheel_holds_every_sub_package_and_the_data_files_without_setuptools_warnings(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(REPO)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "absent from the" not in result.stdout + result.stderr  # "… packages configuration"
@@ -96,15 +98,22 @@ def test_the_wheel_holds_every_sub_package_and_the_data_files_without_setuptools
 def test_make_test_type_checks_first_and_says_why_tests_skipped() -> None:
     if shutil.which("make") is None:
         pytest.skip("make is not installed here")
-    result = subprocess.run(["make", "-n", "-o", ".venv/.installed", "test"], cwd=REPO,
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "test"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     mypy = next(index for index, line in enumerate(lines) if line.endswith("/bin/mypy"))
     pytest_line = next(index for index, line in enumerate(lines) if "-m pytest" in line)
     assert mypy < pytest_line and " -rs" in lines[pytest_line]
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert "mypy" in {canonicalize_name(Requirement(text).name) for text in project["project"]["optional-dependencies"]["test"]}
+    assert "mypy" in {
+        canonicalize_name(Requirement(text).name) for text in project["project"]["optional-dependencies"]["test"]
+    }
     assert project["tool"]["mypy"]["packages"]  # `mypy` alone checks the configured packages
 
 
@@ -114,9 +123,18 @@ def test_make_install_installs_the_lock_hash_checked_with_the_torch_build_asked_
     cpu_index = "https://download.pytorch.org/whl/cpu"
     fresh = f"VENV={tmp_path / 'venv'}"  # no venv yet: no CPU build to keep
     commands = {}
-    for name, variables in (("default", [fresh]), ("cpu", [fresh, f"TORCH_INDEX={cpu_index}"]), ("asked", [fresh, "TORCH=cpu"])):
-        result = subprocess.run(["make", "-n", "-B", "install", *variables], cwd=REPO,
-                                capture_output=True, text=True, timeout=30)
+    for name, variables in (
+        ("default", [fresh]),
+        ("cpu", [fresh, f"TORCH_INDEX={cpu_index}"]),
+        ("asked", [fresh, "TORCH=cpu"]),
+    ):
+        result = subprocess.run(
+            ["make", "--no-print-directory", "-n", "-B", "install", *variables],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert result.returncode == 0, result.stderr
         lines = result.stdout.splitlines()
         hash_checked = [line for line in lines if "--require-hashes" in line]
@@ -138,9 +156,17 @@ def test_make_lint_runs_ruff_with_the_houses_rules() -> None:
     assert {"E", "F", "W", "I", "B", "UP", "SIM"} <= set(lint["select"])
     # Chinese text's full-width punctuation is not an ambiguous character
     assert {"RUF001", "RUF002", "RUF003"} <= set(lint["ignore"]) or "RUF" not in lint["select"]
-    assert "ruff" in {canonicalize_name(Requirement(text).name) for text in project["project"]["optional-dependencies"]["test"]}
+    assert "ruff" in {
+        canonicalize_name(Requirement(text).name) for text in project["project"]["optional-dependencies"]["test"]
+    }
     if shutil.which("make") is None:
         pytest.skip("make is not installed here")
-    result = subprocess.run(["make", "-n", "-o", ".venv/.installed", "lint"], cwd=REPO, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "lint"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 0, result.stderr
     assert [line.split("/")[-1] for line in result.stdout.splitlines()] == ["ruff check .", "ruff format --check ."]

@@ -40,7 +40,8 @@ def _text(path: Path) -> str:
 def test_no_document_sends_the_reader_outside_the_repository(document: Path) -> None:
     text = _text(document)
     outside = [
-        line.strip() for line in text.splitlines()
+        line.strip()
+        for line in text.splitlines()
         if re.search(r"\.\./(shared|seeds)", line) and OUTSIDE_ALLOWED not in line
     ]
     assert not outside, f"{document.name} points outside the checkout:\n" + "\n".join(outside)
@@ -93,9 +94,13 @@ def test_the_api_reference_quotes_the_messages_a_client_acts_on() -> None:
     text = _text(API)
     shipped = load_settings(REPO / "settings.toml", environ={})
     messages = [
-        contract.MSG_BACKEND_UNAVAILABLE, contract.MSG_BACKEND_BUSY, contract.MSG_RATE_LIMITED,
-        contract.MSG_IDEMPOTENCY_KEY_REUSED, contract.MSG_IDEMPOTENCY_KEY_INVALID,
-        contract.MSG_FEATURES_NOT_CONFIGURED, contract.MSG_FEATURES_UNAVAILABLE,
+        contract.MSG_BACKEND_UNAVAILABLE,
+        contract.MSG_BACKEND_BUSY,
+        contract.MSG_RATE_LIMITED,
+        contract.MSG_IDEMPOTENCY_KEY_REUSED,
+        contract.MSG_IDEMPOTENCY_KEY_INVALID,
+        contract.MSG_FEATURES_NOT_CONFIGURED,
+        contract.MSG_FEATURES_UNAVAILABLE,
         contract.MSG_MODEL_PROCESS_DIED,
         contract.MSG_INFERENCE_TIMED_OUT.format(seconds=shipped.gpu_host.inference_timeout_seconds),
         contract.MSG_BODY_TOO_LARGE.format(limit_bytes=shipped.edge.max_body_bytes),
@@ -115,8 +120,12 @@ def test_the_api_reference_documents_every_endpoint_field_and_value() -> None:
         assert f"`{value}`" in text, value
     assert f"0–{options.MAX_DROP_MM:g}" in text
     assert f"{options.MIN_HAIRLINE_POINTS}–{options.MAX_HAIRLINE_POINTS} points" in text
-    for header in (contract.HEADER_REQUEST_ID, contract.HEADER_IDEMPOTENCY_KEY,
-                   contract.HEADER_IDEMPOTENCY_REPLAYED, contract.HEADER_RETRY_AFTER):
+    for header in (
+        contract.HEADER_REQUEST_ID,
+        contract.HEADER_IDEMPOTENCY_KEY,
+        contract.HEADER_IDEMPOTENCY_REPLAYED,
+        contract.HEADER_RETRY_AFTER,
+    ):
         assert f"`{header}" in text, header
     for key in ("annotated_image_url", "image_url", "grown_image_url", "marked_image_url", "mask_image_url"):
         assert f"`{key}`" in text, key
@@ -270,8 +279,12 @@ def _exported_metric_names() -> set[str]:
         state=Phase.READY, message=None, device="cpu", segmenter="fallback", busy=False, pid=None, restarts=0
     )
     host = HostMetrics(lambda: statistics)
-    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
-                "gauge": ("",), "summary": ("", "_sum", "_count", "_created")}
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "histogram": ("_bucket", "_sum", "_count", "_created"),
+        "gauge": ("",),
+        "summary": ("", "_sum", "_count", "_created"),
+    }
     names: set[str] = set()
     for registry in (gateway.registry, host.registry):
         for family in registry.collect():
@@ -302,10 +315,18 @@ def test_the_dashboard_queries_only_metrics_the_services_export() -> None:
 
 def test_the_dashboard_covers_what_an_operator_starts_from() -> None:
     queried = " ".join(_expressions(_dashboard()))
-    for metric in ("hairgate_worker_up", "hairgate_worker_busy", "hairgate_worker_ejections_total",
-                   "hairgate_queue_length", "hairgate_queue_wait_seconds_bucket", "hairgate_requests_total",
-                   "hairgate_host_inference_seconds_bucket", "hairgate_idempotency_total",
-                   "hairgate_rate_limited_total", "hairgate_host_generation_total"):
+    for metric in (
+        "hairgate_worker_up",
+        "hairgate_worker_busy",
+        "hairgate_worker_ejections_total",
+        "hairgate_queue_length",
+        "hairgate_queue_wait_seconds_bucket",
+        "hairgate_requests_total",
+        "hairgate_host_inference_seconds_bucket",
+        "hairgate_idempotency_total",
+        "hairgate_rate_limited_total",
+        "hairgate_host_generation_total",
+    ):
         assert metric in queried, metric
     assert "histogram_quantile(0.5" in queried and "histogram_quantile(0.99" in queried
 
@@ -319,7 +340,9 @@ def test_the_dashboard_is_importable_as_is() -> None:
     for panel in panels:
         grid = panel["gridPos"]
         assert grid["x"] + grid["w"] <= 24, panel["title"]
-        area = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"]) for y in range(grid["y"], grid["y"] + grid["h"])}
+        area = {
+            (x, y) for x in range(grid["x"], grid["x"] + grid["w"]) for y in range(grid["y"], grid["y"] + grid["h"])
+        }
         assert not area & cells, f"{panel['title']} overlaps another panel"
         cells |= area
         if panel["type"] != "row":

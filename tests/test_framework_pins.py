@@ -97,6 +97,12 @@ PINNED = [
         ("self", "event"),
         why="HTTP1Protocol replaces it (shared/http_server.py): no HTTP/2, no WebSocket, no ambiguous body",
     ),
+    Pin(
+        H11Protocol,
+        "_maybe_recycle",
+        ("self",),
+        why="HTTP1Protocol waits for a body its answer left unread before recycling (shared/http_server.py)",
+    ),
     # quart-trio's and Quart's ASGI connection (edge/web/http.py)
     Pin(
         TrioASGIHTTPConnection,

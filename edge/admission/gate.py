@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 
 import trio
 
-from edge.exchange import ApiResponse, Exchange, LogFacts, encode
 from edge.admission.idempotency import (
     Idempotency,
     IdempotencyUnavailable,
@@ -30,8 +29,9 @@ from edge.admission.idempotency import (
     fingerprint,
     validate_key,
 )
-from edge.observe.metrics import GatewayMetrics
 from edge.admission.rate_limit import ClientKeys, RateLimiter, scoped_key
+from edge.exchange import ApiResponse, Exchange, LogFacts, encode
+from edge.observe.metrics import GatewayMetrics
 from shared.contract import (
     HEADER_IDEMPOTENCY_KEY,
     HEADER_IDEMPOTENCY_REPLAYED,
@@ -127,7 +127,9 @@ class Admission:
             produced: list[ApiResponse] = []
             outcome = await self._idempotency.execute(key, print_, lambda: _run(handle, produced, request.request_id))
         except IdempotencyUnavailable:  # never run a keyed request unprotected
-            return _envelope(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_UNAVAILABLE, STORE_DOWN_RETRY_AFTER_SECONDS)
+            return _envelope(
+                request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_UNAVAILABLE, STORE_DOWN_RETRY_AFTER_SECONDS
+            )
         self._metrics.observe_idempotency(outcome.result.value)
         if outcome.result is Result.MISMATCH:
             return _envelope(request.request_id, Code.INVALID_PARAMETER, MSG_IDEMPOTENCY_KEY_REUSED)

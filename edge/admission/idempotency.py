@@ -41,8 +41,8 @@ from edge.admission.idempotency_stores import (
     State,
     StoredResponse,
 )
-from shared.logs import FailureLog
 from shared.contract import MSG_IDEMPOTENCY_KEY_INVALID, Code, ContractError
+from shared.logs import FailureLog
 from shared.settings import IdempotencySettings
 from shared.uploads import multipart_parts
 
@@ -270,7 +270,9 @@ class Idempotency:
             if await self._settle(stored):
                 return Outcome(Result.STORED, produced.response)
         else:
-            released = self.store.release(key, self._owner, flight.fingerprint, produced.response, RELEASED_LINGER_SECONDS)
+            released = self.store.release(
+                key, self._owner, flight.fingerprint, produced.response, RELEASED_LINGER_SECONDS
+            )
             await self._settle(released)
         return Outcome(Result.UNSTORED, produced.response)
 

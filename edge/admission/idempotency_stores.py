@@ -222,7 +222,9 @@ class SqliteStore:
         if response is None:
             await self._call(self._delete_owned, key, owner)
         else:
-            await self._call(self._store, key, owner, fingerprint, response, State.RELEASED, linger_seconds, self._clock())
+            await self._call(
+                self._store, key, owner, fingerprint, response, State.RELEASED, linger_seconds, self._clock()
+            )
 
     def _store(
         self,
@@ -244,8 +246,17 @@ class SqliteStore:
                 return
             self._connection.execute(
                 "INSERT OR REPLACE INTO idempotency VALUES (?, ?, '', ?, ?, ?, ?, ?, ?, ?)",
-                (key, state.value, fingerprint, now, now + keep, response.status, _headers_json(response),
-                 response.body, response.code),
+                (
+                    key,
+                    state.value,
+                    fingerprint,
+                    now,
+                    now + keep,
+                    response.status,
+                    _headers_json(response),
+                    response.body,
+                    response.code,
+                ),
             )
             if max_entries:
                 self._trim(max_entries)  # bounded on insert, not only at the next purge
@@ -261,7 +272,9 @@ class SqliteStore:
 
     def _delete_owned(self, key: str, owner: str) -> None:
         with _transaction(self._connection):
-            self._connection.execute("DELETE FROM idempotency WHERE key = ? AND state = 'P' AND owner = ?", (key, owner))
+            self._connection.execute(
+                "DELETE FROM idempotency WHERE key = ? AND state = 'P' AND owner = ?", (key, owner)
+            )
 
     async def purge(self, max_entries: int) -> None:
         await self._call(self._purge, max_entries, self._clock())

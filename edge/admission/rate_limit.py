@@ -73,9 +73,7 @@ class ClientKeys:
         self._trusted_addresses = frozenset(str(n.network_address) for n in networks if n.num_addresses == 1)
         self._trusted_networks = tuple(n for n in networks if n.num_addresses > 1)
 
-    def keys(
-        self, peer: str, forwarded_for: str | None = None, key_header_value: str | None = None
-    ) -> tuple[str, ...]:
+    def keys(self, peer: str, forwarded_for: str | None = None, key_header_value: str | None = None) -> tuple[str, ...]:
         """The buckets a request takes a token from: its IP's, then its API key's (if any)."""
         by_ip = IP_PREFIX + self.client_ip(peer, forwarded_for)
         if self.key_header and key_header_value:

@@ -146,7 +146,10 @@ class ImageStore:
         fields = list(_image_fields(body))
         values = [parent[key] for parent, key in fields]
         names = await trio.to_thread.run_sync(self._write_all, values, images, limiter=self._limiter)
-        urls = {(id(parent), key): None if name is None else self._url_prefix + name for (parent, key), name in zip(fields, names)}
+        urls = {
+            (id(parent), key): None if name is None else self._url_prefix + name
+            for (parent, key), name in zip(fields, names)
+        }
         for parent in {id(parent): parent for parent, _ in fields}.values():
             items = list(parent.items())
             parent.clear()  # rebuilt in the same key order, each image key by its URL twin
@@ -187,7 +190,9 @@ class ImageStore:
                 raise ImageWriteError(f"{type(error).__name__}: {error}") from error
             raise
         if self._cap is not None:
-            self._cap.wrote([(name, size) for name, size in zip(names, images.sizes) if name is not None and size is not None])
+            self._cap.wrote(
+                [(name, size) for name, size in zip(names, images.sizes) if name is not None and size is not None]
+            )
         return names
 
     @staticmethod

@@ -53,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
     audit = settings.edge.audit
     store = open_store(audit.path, settings.audit.postgres_dsn)
     if isinstance(store, SqliteAuditStore) and not Path(audit.path).exists():
-        print(f"hairgate audit: no audit file at {audit.path} (edge.audit.path): has a gateway run here?",
-              file=sys.stderr)
+        print(
+            f"hairgate audit: no audit file at {audit.path} (edge.audit.path): has a gateway run here?", file=sys.stderr
+        )
         return 1
     try:
         if args.question == "show":

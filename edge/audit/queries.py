@@ -26,7 +26,7 @@ _FINAL = ", ".join(f"'{state}'" for state in FINAL_STATES)
 
 
 def parse_since(text: str) -> timedelta:
-    """"90s", "30m", "1h", "7d" → a duration; ValueError otherwise."""
+    """ "90s", "30m", "1h", "7d" → a duration; ValueError otherwise."""
     match = _DURATION.fullmatch(text.strip())
     if match is None:
         raise ValueError(f"--since must be a number with s, m, h or d (e.g. 1h), got {text!r}")
@@ -76,8 +76,12 @@ def failures(store: AuditStore, since: timedelta) -> dict[str, list[dict[str, An
             f" WHERE created_at >= ? AND status IN ({_FINAL}) GROUP BY {group} ORDER BY 3 DESC, 2 DESC"
         )
         answer[group] = [
-            {group: _json(value), "executions": int(total), "failed": int(failed),
-             "share": round(int(failed) / int(total), 4)}
+            {
+                group: _json(value),
+                "executions": int(total),
+                "failed": int(failed),
+                "share": round(int(failed) / int(total), 4),
+            }
             for value, total, failed in store.query(sql, (cutoff,))
         ]
     return answer

@@ -76,9 +76,8 @@ MIGRATIONS = {"sqlite": [_SQLITE_V1], "postgresql": [_POSTGRES_V1]}
 SCHEMA_VERSION = 1
 
 _UPDATED = [column for column in COLUMNS if column not in ("execution_id", "request_id", "endpoint", "created_at")]
-_UPSERT = (
-    "INSERT INTO audit_log ({columns}) VALUES ({values}) ON CONFLICT (execution_id) DO UPDATE SET "
-    + ", ".join(f"{column} = excluded.{column}" for column in _UPDATED)
+_UPSERT = "INSERT INTO audit_log ({columns}) VALUES ({values}) ON CONFLICT (execution_id) DO UPDATE SET " + ", ".join(
+    f"{column} = excluded.{column}" for column in _UPDATED
 )
 
 

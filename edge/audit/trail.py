@@ -256,9 +256,16 @@ class AuditTrail:
         while True:
             cutoff = datetime.now(UTC) - timedelta(days=self._retention_days)
             try:
-                while await trio.to_thread.run_sync(
-                    self.store.delete_older, cutoff, RETENTION_BATCH_ROWS, limiter=self._writer, abandon_on_cancel=True
-                ) >= RETENTION_BATCH_ROWS:
+                while (
+                    await trio.to_thread.run_sync(
+                        self.store.delete_older,
+                        cutoff,
+                        RETENTION_BATCH_ROWS,
+                        limiter=self._writer,
+                        abandon_on_cancel=True,
+                    )
+                    >= RETENTION_BATCH_ROWS
+                ):
                     await trio.sleep(RETENTION_PAUSE_SECONDS)
             except AuditStoreError as error:
                 self._failures.report(error)

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 
 import trio
 
+from edge.annotations.rewrite import BadImage, DecodedImages, ImageStore, ImageWriteError, has_images
 from edge.audit.trail import AuditTrail
 from edge.exchange import encode
+from edge.observe.metrics import GatewayMetrics
 from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal, Unavailable
-from edge.pool.host_leases import NO_HOST_LEASES, HostLeasing
 from edge.pool.failures import (
     FailureKind,
     RequestNotSent,
@@ -30,9 +31,8 @@ from edge.pool.failures import (
     WorkerFailure,
     WorkerRefusal,
 )
+from edge.pool.host_leases import NO_HOST_LEASES, HostLeasing
 from edge.pool.upstream import ForwardRequest, Upstream
-from edge.observe.metrics import GatewayMetrics
-from edge.annotations.rewrite import BadImage, DecodedImages, ImageStore, ImageWriteError, has_images
 from shared.contract import (
     DEFAULT_MESSAGES,
     MSG_BACKEND_BUSY,
@@ -127,7 +127,9 @@ class ApiService:
             pool = self._dispatcher.pool
             retry_after = BUSY_RETRY_AFTER_SECONDS
             if not pool.any_online():  # after ejections: not before their cooldown ends
-                retry_after = math.ceil(pool.seconds_until_one_may_return(trio.current_time(), self._probe_interval_seconds))
+                retry_after = math.ceil(
+                    pool.seconds_until_one_may_return(trio.current_time(), self._probe_interval_seconds)
+                )
         return ApiAnswer(encode(envelope(code, request_id, None, message)), int(code), retry_after, gateway_made=True)
 
     async def handle(self, request: ForwardRequest) -> ApiAnswer:
@@ -152,7 +154,11 @@ class ApiService:
         except Unavailable:
             answer = self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_UNAVAILABLE)
         progress.wait_ended()  # a wait that ended in Busy or Unavailable still counts
-        answer.worker, answer.attempts, answer.queue_seconds = progress.worker, progress.attempts, progress.queue_seconds
+        answer.worker, answer.attempts, answer.queue_seconds = (
+            progress.worker,
+            progress.attempts,
+            progress.queue_seconds,
+        )
         answer.failed_workers = tuple(progress.failed_workers)
         return answer
 
@@ -180,18 +186,25 @@ class ApiService:
                 progress.failed_workers.append(progress.worker)
                 log.warning(
                     "转发失败 | request_id=%s | worker=%s | 第%d次 | 原因=%s",
-                    request.request_id, progress.worker, progress.attempts, failure,
+                    request.request_id,
+                    progress.worker,
+                    progress.attempts,
+                    failure,
                 )
                 if not self._policy.allows_retry(failure, request.path, progress.attempts):
                     return self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_UNAVAILABLE)
                 self._metrics.observe_retry(failure.kind.value)
                 continue
             except WorkerRefusal as refusal:
-                log.warning("后端拒绝请求 | request_id=%s | worker=%s | %s", request.request_id, progress.worker, refusal)
+                log.warning(
+                    "后端拒绝请求 | request_id=%s | worker=%s | %s", request.request_id, progress.worker, refusal
+                )
                 code = Code.TOO_LARGE if refusal.status == 413 else Code.INVALID_PARAMETER
                 return self.gateway_failure(request.request_id, code, MSG_REFUSED_BY_HOST.format(status=refusal.status))
             except RequestNotSent as unsent:  # the gateway's or the client's fault: nobody is ejected
-                log.warning("请求无法发往后端 | request_id=%s | worker=%s | %s", request.request_id, progress.worker, unsent)
+                log.warning(
+                    "请求无法发往后端 | request_id=%s | worker=%s | %s", request.request_id, progress.worker, unsent
+                )
                 return self.gateway_failure(request.request_id, unsent.code, unsent.message)
             return await self._finish(request, answer, images)
 
@@ -219,7 +232,9 @@ class ApiService:
                 with lease.forwarding(timeout_seconds):
                     async with self._host_leases.hold(lease.url, timeout_seconds):
                         answer = await self._audit.forwarding(
-                            request.execution_id, lease.index, self._upstream.forward(lease.url, request, timeout_seconds)
+                            request.execution_id,
+                            lease.index,
+                            self._upstream.forward(lease.url, request, timeout_seconds),
                         )
                     # the host's own 1007 (its inference timeout, a restart) is no service time
                     lease.timed = answer.envelope.get("code") != Code.SYSTEM_ERROR

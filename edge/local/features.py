@@ -111,8 +111,10 @@ def strict_schema(model: type[BaseModel]) -> dict[str, Any]:
     return inline(schema)
 
 
-RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": SCHEMA_NAME, "strict": True,
-                                                          "schema": strict_schema(FaceFeatures)}}
+RESPONSE_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": SCHEMA_NAME, "strict": True, "schema": strict_schema(FaceFeatures)},
+}
 
 
 def chat_request(model: str, jpeg: bytes) -> dict[str, Any]:
@@ -122,10 +124,13 @@ def chat_request(model: str, jpeg: bytes) -> dict[str, Any]:
         "model": model,
         "messages": [
             {"role": "system", "content": _PROMPT},
-            {"role": "user", "content": [
-                {"type": "text", "text": "请分析这张照片中的人脸。"},
-                {"type": "image_url", "image_url": {"url": photo_url}},
-            ]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "请分析这张照片中的人脸。"},
+                    {"type": "image_url", "image_url": {"url": photo_url}},
+                ],
+            },
         ],
         "response_format": RESPONSE_FORMAT,
         "temperature": 0,

@@ -23,19 +23,17 @@ from prometheus_client.asgi import make_asgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from edge.observe.request_log import RequestRecord
+from edge.observe.stats import DEFAULT_KNOWN_PATHS, NO_CODE, endpoint_label
 from edge.pool.dispatch import DispatchCounters
 from edge.pool.pool import Pool
 from edge.pool.scheduling import QUEUE_CLASSES, all_fast, queue_class
-from edge.observe.request_log import RequestRecord
-from edge.observe.stats import DEFAULT_KNOWN_PATHS, NO_CODE, endpoint_label
 
 # The idempotency outcomes gateway.md names; an unstored run is none of them.
 IDEMPOTENCY_RESULTS = ("stored", "replayed", "waited", "mismatch")
 
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 180, 300, 600)
 _QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600)
-
-
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,9 @@ class _PoolCollector:
                 family.add_metric([str(index)], float(value))
             yield family
         yield GaugeMetricFamily("hairgate_workers_online", "Workers online", value=sum(gauges.up))
-        yield GaugeMetricFamily("hairgate_queue_length", "Requests waiting for a slot or a worker", value=gauges.queue_length)
+        yield GaugeMetricFamily(
+            "hairgate_queue_length", "Requests waiting for a slot or a worker", value=gauges.queue_length
+        )
         counters = gauges.counters
         yield CounterMetricFamily(
             "hairgate_early_refusals",
@@ -107,7 +107,9 @@ class GatewayMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._known_paths = frozenset(known_paths)
         self._by_path_code: dict[tuple[str, int | None], tuple[Any, Any]] = {}
-        self._requests = Counter("hairgate_requests", "Answered /api/ requests", ["path", "code"], registry=self.registry)
+        self._requests = Counter(
+            "hairgate_requests", "Answered /api/ requests", ["path", "code"], registry=self.registry
+        )
         self._duration = Histogram(
             "hairgate_request_duration_seconds", "Time to answer an /api/ request", ["path"],
             buckets=_DURATION_BUCKETS, registry=self.registry,
@@ -123,11 +125,15 @@ class GatewayMetrics:
             "hairgate_worker_ejections", "Workers taken out after a failed request", ["worker", "reason"],
             registry=self.registry,
         )  # fmt: skip
-        self._retries = Counter("hairgate_retries", "Requests retried on another worker", ["reason"], registry=self.registry)
+        self._retries = Counter(
+            "hairgate_retries", "Requests retried on another worker", ["reason"], registry=self.registry
+        )
         self._idempotency = Counter(
             "hairgate_idempotency", "Keyed requests by outcome", ["result"], registry=self.registry
         )
-        self._rate_limited = Counter("hairgate_rate_limited", "Requests refused by the rate limit", registry=self.registry)
+        self._rate_limited = Counter(
+            "hairgate_rate_limited", "Requests refused by the rate limit", registry=self.registry
+        )
         build = Gauge("hairgate_build_info", "The running version", ["version"], registry=self.registry)
         build.labels(version=version).set(1)
         for result in IDEMPOTENCY_RESULTS:  # present at 0 from the start: rate() needs the series

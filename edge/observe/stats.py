@@ -73,7 +73,11 @@ class _Samples:
     def merge(self, other: _Samples) -> None:
         self._sketch.merge(other._sketch)
         self._max = max(self._max, other._max)
-        if self._exact is not None and other._exact is not None and len(self._exact) + len(other._exact) <= EXACT_SAMPLES:
+        if (
+            self._exact is not None
+            and other._exact is not None
+            and len(self._exact) + len(other._exact) <= EXACT_SAMPLES
+        ):
             self._exact.extend(other._exact)
         else:
             self._exact = None

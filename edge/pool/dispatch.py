@@ -413,4 +413,6 @@ def _log_event(event: PoolEvent | None) -> None:
     elif event.transition is Transition.UNREACHABLE:
         log.warning("Worker 探活失败，未上线 | worker=%d | url=%s | 原因=%s", event.index, event.url, event.reason)
     else:
-        log.warning("Worker 下线（转发失败，进入隔离期） | worker=%d | url=%s | 原因=%s", event.index, event.url, event.reason)
+        log.warning(
+            "Worker 下线（转发失败，进入隔离期） | worker=%d | url=%s | 原因=%s", event.index, event.url, event.reason
+        )

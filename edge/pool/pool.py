@@ -33,7 +33,6 @@ from enum import Enum
 from shared.contract import CHECK_COMFYUI, CHECK_DISK, CHECK_DOWN, CHECK_LOW, CHECK_OK
 
 
-
 @dataclass(frozen=True)
 class Thresholds:
     """The `edge.health_check` numbers the state machine needs."""

@@ -26,8 +26,8 @@ from typing import Any
 import trio
 
 from edge.pool.dispatch import Dispatcher
-from edge.pool.upstream import HealthAnswer
 from edge.pool.pool import ProbeResult
+from edge.pool.upstream import HealthAnswer
 from shared.contract import BUSY_KEY, HEALTH_CHECKS_KEY, HEALTH_LOADING
 from shared.settings import timeout_margin_seconds
 
@@ -54,7 +54,9 @@ def judge(answer: HealthAnswer, sent_at: float) -> ProbeResult:
     if answer.status != 200:
         loading = answer.status == 503 and document.get("status") == HEALTH_LOADING
         reason = f"HTTP {answer.status} {HEALTH_LOADING}" if loading else f"HTTP {answer.status}"
-        return ProbeResult(sent_at, ok=False, reason=reason, loading=loading, checks=checks, inference_timeout_seconds=timeout)
+        return ProbeResult(
+            sent_at, ok=False, reason=reason, loading=loading, checks=checks, inference_timeout_seconds=timeout
+        )
     if body is None:
         return ProbeResult(sent_at, ok=False, reason="health body is not JSON")
     busy = document.get(BUSY_KEY) is True

@@ -252,7 +252,7 @@ def _origin(base_url: str) -> _Origin:
 
 
 def _split_target(url: str) -> tuple[str, bytes]:
-    """"http://host:port/health?x" -> ("http://host:port", b"/health?x")."""
+    """ "http://host:port/health?x" -> ("http://host:port", b"/health?x")."""
     parts = urlsplit(url)
     target = parts.path + (f"?{parts.query}" if parts.query else "")
     return f"{parts.scheme}://{parts.netloc}", target.encode("latin-1")
@@ -365,5 +365,3 @@ class AmbiguousFraming(Exception):
 def _framed_twice(response: h11.Response) -> bool:
     names = {name for name, _ in response.headers}
     return b"content-length" in names and b"transfer-encoding" in names
-
-

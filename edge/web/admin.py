@@ -27,9 +27,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import trio
-from quart import Blueprint
+from quart import Blueprint, request
 from quart import Response as QuartResponse
-from quart import request
 
 from edge.audit.admin import audit_answer
 from edge.web.http import current_gateway_request, json_page
@@ -79,7 +78,9 @@ def admin_blueprint(gateway: Gateway) -> Blueprint:
     @admin.get("/audit")
     @token
     async def audit() -> QuartResponse:  # edge.audit.admin
-        return json_page(*await audit_answer(gateway.audit, request.args, request.headers.get, gateway.admission.client_keys))
+        return json_page(
+            *await audit_answer(gateway.audit, request.args, request.headers.get, gateway.admission.client_keys)
+        )
 
     @admin.post("/token")
     @token
@@ -148,4 +149,3 @@ def _parse_token(body: bytes) -> str | None:
         return None
     token = document["shared_password"]
     return token if is_acceptable_token(token) else None
-

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 from quart import Blueprint
 from quart import Response as QuartResponse
 
+from edge.exchange import ApiResponse, Exchange, LogFacts, encode
+from edge.forwarding.service import ApiAnswer
 from edge.local.local_answer import LocalAnswer
 from edge.pool.upstream import ForwardRequest
-from edge.forwarding.service import ApiAnswer
-from edge.exchange import ApiResponse, Exchange, LogFacts, encode
 from edge.web.http import JSON, GatewayRequest, current_gateway_request, exchange_of
 from shared.contract import GPU_ENDPOINT_PATHS, HEADER_RETRY_AFTER
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import Callable, Mapping
-from datetime import datetime, timezone
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import trio
@@ -227,7 +227,11 @@ class GatewayConnection(TrioASGIHTTPConnection):
             return
         # A body in memory goes out in one message, not a chunk and an empty end: one pass
         # fewer through Hypercorn on every request.
-        start = {"type": "http.response.start", "status": response.status_code, "headers": encode_headers(response.headers)}
+        start = {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": encode_headers(response.headers),
+        }
         await send(cast(HTTPResponseStartEvent, start))
         await send(cast(HTTPResponseBodyEvent, {"type": "http.response.body", "body": response.response.data}))
 
@@ -277,7 +281,7 @@ def _record(request: GatewayRequest, sent: _Sent, started: float) -> RequestReco
     left = not sent.complete
     exchange = request.exchange
     return RequestRecord(
-        ts=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+        ts=datetime.now(UTC).isoformat(timespec="milliseconds"),
         request_id=request.request_id,
         method=request.method,
         path=request.path,
@@ -316,8 +320,10 @@ def close_after(response: QuartResponse) -> QuartResponse:
 
 def header_block_bytes(scope: Scope) -> int:
     """The request line's target and every header, as they count against a worker's read limit."""
-    return len(scope.get("raw_path") or b"") + len(scope["query_string"]) + sum(
-        len(name) + len(value) + 4 for name, value in scope["headers"]
+    return (
+        len(scope.get("raw_path") or b"")
+        + len(scope["query_string"])
+        + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
     )
 
 

@@ -68,7 +68,7 @@ def parse_fault_request(raw: bytes) -> bool:
     except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
         raise FaultRequestError("malformed JSON") from None
     if not isinstance(body, dict) or set(body) != {"enabled"} or not isinstance(body["enabled"], bool):
-        raise FaultRequestError("body is not exactly {\"enabled\": <bool>}")
+        raise FaultRequestError('body is not exactly {"enabled": <bool>}')
     return body["enabled"]
 
 

@@ -63,7 +63,13 @@ DOCS_ASSETS_PATH = "/docs/assets"
 PACKAGE = "hairgate"
 _REF = "#/components/schemas/{model}"
 _SWAGGER_FILES = frozenset(
-    {"swagger-ui-bundle.js", "swagger-ui-standalone-preset.js", "swagger-ui.css", "favicon-32x32.png", "favicon-16x16.png"}
+    {
+        "swagger-ui-bundle.js",
+        "swagger-ui-standalone-preset.js",
+        "swagger-ui.css",
+        "favicon-32x32.png",
+        "favicon-16x16.png",
+    }
 )
 _EXAMPLES = json.loads((Path(__file__).with_name("openapi_examples.json")).read_text(encoding="utf-8"))
 
@@ -79,20 +85,40 @@ class Operation:
 
 
 OPERATIONS = (
-    Operation("/api/v1/hair/measure", "measure", "1 · measure: the hairline, forehead and facial thirds",
-              "An annotated photo, the hairline with its status (ok, uncertain, no_hairline, occluded) and band, "
-              "the thirds in millimetres (calibrated by the iris)."),
-    Operation("/api/v1/hair/grow", "grow", "2 · grow: transplant plans, each drawn and grown",
-              "One result per plan, in the order asked; grown_image_url null with generator null when nothing "
-              "could be grown. Slow with ComfyUI (~18 s)."),
-    Operation("/api/v1/hair/mark", "mark", "3 · mark: a hairline of your choosing, drawn and grown",
-              "Exactly one of hairline_points (3–1000 points inside the photo) and drop_mm (0–40)."),
-    Operation(FEATURES_PATH, "features", "4 · features: a structured description of the face (vision LLM)",
-              "Runs on the gateway; not configured: 1007 面部特征分析未配置 with Retry-After: 3600."),
+    Operation(
+        "/api/v1/hair/measure",
+        "measure",
+        "1 · measure: the hairline, forehead and facial thirds",
+        "An annotated photo, the hairline with its status (ok, uncertain, no_hairline, occluded) and band, "
+        "the thirds in millimetres (calibrated by the iris).",
+    ),
+    Operation(
+        "/api/v1/hair/grow",
+        "grow",
+        "2 · grow: transplant plans, each drawn and grown",
+        "One result per plan, in the order asked; grown_image_url null with generator null when nothing "
+        "could be grown. Slow with ComfyUI (~18 s).",
+    ),
+    Operation(
+        "/api/v1/hair/mark",
+        "mark",
+        "3 · mark: a hairline of your choosing, drawn and grown",
+        "Exactly one of hairline_points (3–1000 points inside the photo) and drop_mm (0–40).",
+    ),
+    Operation(
+        FEATURES_PATH,
+        "features",
+        "4 · features: a structured description of the face (vision LLM)",
+        "Runs on the gateway; not configured: 1007 面部特征分析未配置 with Retry-After: 3600.",
+    ),
     Operation("/api/v1/hair/hairline", "hairline", "5 · hairline: candidate hairline designs, one per style", ""),
     Operation("/api/v1/hair/mask", "mask", "6 · mask: the hair segmentation as a PNG", ""),
-    Operation(SPECIAL_POINTS_PATH, "special-points", "99 · special-points: named facial key points",
-              "Runs on the gateway's CPU: answers even when no GPU host is online."),
+    Operation(
+        SPECIAL_POINTS_PATH,
+        "special-points",
+        "99 · special-points: named facial key points",
+        "Runs on the gateway's CPU: answers even when no GPU host is online.",
+    ),
 )
 assert {operation.path for operation in OPERATIONS} >= set(GPU_ENDPOINT_PATHS)
 
@@ -104,17 +130,40 @@ def _no_default(schema: dict[str, Any]) -> None:
 def request_headers(key_header: str) -> type[BaseModel]:
     """The headers a client may send; field names are the headers' in snake case."""
     fields: dict[str, Any] = {
-        "x_request_id": (str, Field(None, json_schema_extra=_no_default, description=(
-            f"{HEADER_REQUEST_ID}: your id for this request, echoed in request_id and the answer's header when it is "
-            "1–64 of A-Z a-z 0-9 . _ -; anything else is replaced by a generated id"))),
-        "idempotency_key": (str, Field(None, pattern=r"^[ -~]{1,128}$", json_schema_extra=_no_default, description=(
-            f"{HEADER_IDEMPOTENCY_KEY}: makes a retry safe (docs/api.md § Retrying); else 1001 "
-            f"{MSG_IDEMPOTENCY_KEY_INVALID}"))),
+        "x_request_id": (
+            str,
+            Field(
+                None,
+                json_schema_extra=_no_default,
+                description=(
+                    f"{HEADER_REQUEST_ID}: your id for this request, echoed in request_id and the answer's header when it is "
+                    "1–64 of A-Z a-z 0-9 . _ -; anything else is replaced by a generated id"
+                ),
+            ),
+        ),
+        "idempotency_key": (
+            str,
+            Field(
+                None,
+                pattern=r"^[ -~]{1,128}$",
+                json_schema_extra=_no_default,
+                description=(
+                    f"{HEADER_IDEMPOTENCY_KEY}: makes a retry safe (docs/api.md § Retrying); else 1001 "
+                    f"{MSG_IDEMPOTENCY_KEY_INVALID}"
+                ),
+            ),
+        ),
     }
     if key_header:
         name = key_header.lower().replace("-", "_")
-        fields[name] = (str, Field(None, json_schema_extra=_no_default, description=(
-            f"{key_header}: your API key, the rate limit's key (docs/api.md § Rate limit)")))
+        fields[name] = (
+            str,
+            Field(
+                None,
+                json_schema_extra=_no_default,
+                description=(f"{key_header}: your API key, the rate limit's key (docs/api.md § Rate limit)"),
+            ),
+        )
     return create_model("RequestHeaders", **fields)
 
 
@@ -122,12 +171,22 @@ class AnswerHeaders(BaseModel):
     """Documentation only: the headers of every `/api/` answer (`ContractDocument` places them)."""
 
     x_request_id: str = Field(description="the answer's request_id")
-    retry_after: int = Field(None, ge=0, json_schema_extra=_no_default,  # type: ignore[assignment]
-                             description="seconds to wait before retrying; on every 1007 the gateway makes")
-    idempotency_replayed: str = Field(None, json_schema_extra=_no_default,  # type: ignore[assignment]
-                                      description="true on a stored answer replayed for the same Idempotency-Key")
-    x_execution_id: str = Field(None, json_schema_extra=_no_default,  # type: ignore[assignment]
-                                description="the gateway's id of this execution (its audit row)")
+    retry_after: int = Field(
+        None,
+        ge=0,
+        json_schema_extra=_no_default,  # type: ignore[assignment]
+        description="seconds to wait before retrying; on every 1007 the gateway makes",
+    )
+    idempotency_replayed: str = Field(
+        None,
+        json_schema_extra=_no_default,  # type: ignore[assignment]
+        description="true on a stored answer replayed for the same Idempotency-Key",
+    )
+    x_execution_id: str = Field(
+        None,
+        json_schema_extra=_no_default,  # type: ignore[assignment]
+        description="the gateway's id of this execution (its audit row)",
+    )
 
 
 _HEADER_NAMES = {
@@ -187,8 +246,11 @@ class ContractDocument(OpenAPIProvider):
             _, schema = _schema(headers_model)
             required = set(schema.get("required", ()))
             response["headers"] = {
-                _HEADER_NAMES[name]: {"schema": {k: v for k, v in field.items() if k != "description"},
-                                      "description": field.get("description", ""), "required": name in required}
+                _HEADER_NAMES[name]: {
+                    "schema": {k: v for k, v in field.items() if k != "description"},
+                    "description": field.get("description", ""),
+                    "required": name in required,
+                }
                 for name, field in schema["properties"].items()
             }
         return response, components
@@ -280,7 +342,9 @@ def openapi_blueprint(app: Quart, gateway: Gateway) -> Blueprint:
         if name not in _SWAGGER_FILES:
             return QuartResponse("not found", status=404, content_type="text/plain")
         kind = {"js": "text/javascript", "css": "text/css", "png": "image/png"}[name.rsplit(".", 1)[1]]
-        return QuartResponse((assets / name).read_bytes(), content_type=kind, headers={"Cache-Control": "public, max-age=86400"})
+        return QuartResponse(
+            (assets / name).read_bytes(), content_type=kind, headers={"Cache-Control": "public, max-age=86400"}
+        )
 
     return blueprint
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from quart import Blueprint
+from quart import Blueprint, request
 from quart import Response as QuartResponse
-from quart import request
 
 from edge.annotations.static_files import read_annotation
 from edge.web import monitor

@@ -25,13 +25,13 @@ from quart import Response as QuartResponse
 from quart import request as current_request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge, RequestTimeout
 
-from edge.web import monitor
 from edge.exchange import ApiResponse, LogFacts, encode
+from edge.web import monitor
 from edge.web.api_routes import as_api_response, as_quart_response
 from edge.web.http import (
     BODY_IDLE_TIMEOUT,
-    BodyTimeout,
     JSON,
+    BodyTimeout,
     GatewayRequest,
     close_after,
     current_gateway_request,
@@ -74,7 +74,9 @@ def register_refusals(app: Quart, gateway: Gateway) -> None:
         api = _is_api(request)
         if header_block_bytes(request.scope) > limit:
             if api:
-                return _refused(request, Code.INVALID_PARAMETER, MSG_HEADERS_TOO_LARGE.format(limit_bytes=limit), close=True)
+                return _refused(
+                    request, Code.INVALID_PARAMETER, MSG_HEADERS_TOO_LARGE.format(limit_bytes=limit), close=True
+                )
             return json_page(431, monitor.error_answer(f"request header block over {limit} bytes"), close=True)
         if api and request.method == "POST" and gateway.admission.limiter is not None:
             refused = await gateway.admission.before_body(exchange_of(request))

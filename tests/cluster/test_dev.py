@@ -87,9 +87,15 @@ def test_make_run_passes_its_ports_and_config_to_hairgate_dev() -> None:
     if shutil.which("make") is None:
         pytest.skip("make is not installed here")
     variables = ["PORT=18080", "METRICS_PORT=19464", "WORKER_PORT=28300", "WORKERS=3", "CONFIG=my.toml"]
-    result = subprocess.run(["make", "-n", "-o", ".venv/.installed", "run", *variables],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "run", *variables],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 0, result.stderr
     command = " ".join(result.stdout.replace("\\\n", " ").split())
-    assert ("hairgate dev --config my.toml --workers 3 --port 18080 --metrics-port 19464 "
-            "--first-worker-port 28300") in command
+    assert (
+        "hairgate dev --config my.toml --workers 3 --port 18080 --metrics-port 19464 --first-worker-port 28300"
+    ) in command

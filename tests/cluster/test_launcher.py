@@ -89,8 +89,7 @@ def test_stop_kills_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
 def test_stop_returns_the_exit_code_of_a_graceful_stop_with_its_last_words(tmp_path: Path) -> None:
     code = (
         "import signal, sys, time\n"
-        "signal.signal(signal.SIGTERM, lambda *_: (print('stopping cleanly', flush=True), sys.exit(0)))\n"
-        + SERVING
+        "signal.signal(signal.SIGTERM, lambda *_: (print('stopping cleanly', flush=True), sys.exit(0)))\n" + SERVING
     )
     child = start(python(code), tmp_path / "child.log")
     child.wait_for_log("listening", 30)

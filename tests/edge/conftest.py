@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from edge.gateway import Gateway, build_gateway
 from edge.app import create_app
+from edge.gateway import Gateway, build_gateway
 from edge.pool.pool import ProbeResult
 from shared.settings import Settings
 from tests.fakes.fake_worker import PNG_BASE64

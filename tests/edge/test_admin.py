@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 
 import pytest
-
 import trio
 
 from edge.app import create_app
@@ -45,8 +44,10 @@ class RecordingUpstream:
 
 async def set_token(gateway: Gateway, body: bytes, secrets: SecretsSource | None) -> tuple[int, dict]:
     gateway.secrets = secrets
-    response = await create_app(gateway).test_client().post(
-        "/admin/token", data=body, headers={"X-Internal-Token": gateway.settings.auth.shared_password}
+    response = (
+        await create_app(gateway)
+        .test_client()
+        .post("/admin/token", data=body, headers={"X-Internal-Token": gateway.settings.auth.shared_password})
     )
     return response.status_code, json.loads(await response.get_data())
 
@@ -128,9 +129,7 @@ async def test_token_from_the_environment_is_refused_and_nothing_changes(
     assert secrets.path.read_text() == SECRETS
 
 
-async def test_a_failed_write_changes_nothing(
-    gateway: Gateway, upstream: RecordingUpstream, tmp_path: Path
-) -> None:
+async def test_a_failed_write_changes_nothing(gateway: Gateway, upstream: RecordingUpstream, tmp_path: Path) -> None:
     nowhere = SecretsSource(tmp_path / "missing-dir" / "secrets.toml", ENV_SHARED_PASSWORD, from_environment=False)
     status, answer = await set_token(gateway, token_body(NEW_TOKEN), nowhere)
     assert status == 500

@@ -19,14 +19,14 @@ import trio.testing
 from PIL import Image
 
 from edge.admission.idempotency import open_idempotency
-from edge.gateway import Gateway, build_gateway
 from edge.app import create_app
-from edge.pool.pool import ProbeResult
+from edge.gateway import Gateway, build_gateway
 from edge.pool.failures import FailureKind, WorkerAnswer, WorkerBusy, WorkerFailure, WorkerRefusal
+from edge.pool.pool import ProbeResult
 from edge.pool.upstream import ForwardRequest
 from shared.contract import MSG_BACKEND_BUSY, MSG_BACKEND_UNAVAILABLE, Code, envelope
+from tests.edge.conftest import PHOTO, PHOTO_BODY, WORKERS, bring_online, make_settings
 from tests.fakes.fake_worker import PNG_BASE64
-from tests.edge.conftest import PHOTO, PHOTO_BODY, PHOTO_BODY, WORKERS, bring_online, make_settings
 
 MEASURE, GROW = "/api/v1/hair/measure", "/api/v1/hair/grow"
 
@@ -117,22 +117,49 @@ async def test_success_passes_through_with_request_id(client, upstream: FakeUpst
     )
     assert response.status_code == 200
     assert response.headers["X-Request-ID"] == "client-id.1"
-    assert response.json() == {"code": 0, "message": "成功", "request_id": "client-id.1", "data": {"echo_path": MEASURE + "?debug=1"}}
-    (_, forwarded), = upstream.forwards
+    assert response.json() == {
+        "code": 0,
+        "message": "成功",
+        "request_id": "client-id.1",
+        "data": {"echo_path": MEASURE + "?debug=1"},
+    }
+    ((_, forwarded),) = upstream.forwards
     assert forwarded.request_id == "client-id.1"
     assert forwarded.forwarded_for == "198.51.100.1, 203.0.113.7"
     assert forwarded.content_type == "application/json"
     assert json.loads(forwarded.body) == {"image_base64": PNG_BASE64}
     (entry,) = await logged(gateway)
-    assert {k: entry[k] for k in ("request_id", "method", "path", "client_ip", "worker", "attempts", "http_status", "code")} == {
-        "request_id": "client-id.1", "method": "POST", "path": MEASURE, "client_ip": "203.0.113.7",
-        "worker": entry["worker"], "attempts": 1, "http_status": 200, "code": 0,
+    assert {
+        k: entry[k] for k in ("request_id", "method", "path", "client_ip", "worker", "attempts", "http_status", "code")
+    } == {
+        "request_id": "client-id.1",
+        "method": "POST",
+        "path": MEASURE,
+        "client_ip": "203.0.113.7",
+        "worker": entry["worker"],
+        "attempts": 1,
+        "http_status": 200,
+        "code": 0,
     }
     assert entry["worker"] in (0, 1) and entry["bytes_out"] == len(response.content)
     assert set(entry) == {
-        "ts", "request_id", "method", "path", "client_ip", "worker", "attempts", "queue_ms",
-        "duration_ms", "http_status", "code", "bytes_in", "bytes_out", "idempotent_replay", "rate_limited",
-        "early_refusal", "failed_workers",
+        "ts",
+        "request_id",
+        "method",
+        "path",
+        "client_ip",
+        "worker",
+        "attempts",
+        "queue_ms",
+        "duration_ms",
+        "http_status",
+        "code",
+        "bytes_in",
+        "bytes_out",
+        "idempotent_replay",
+        "rate_limited",
+        "early_refusal",
+        "failed_workers",
     }
     assert PNG_BASE64 not in gateway.request_log.path.read_text()
 
@@ -170,7 +197,9 @@ async def test_retries_exhausted_answer_unavailable(client, upstream, gateway) -
 
 
 @pytest.mark.parametrize(("path", "retried"), [(MEASURE, True), (GROW, False)])
-async def test_timeout_is_retried_except_on_slow_paths(autojump_clock, client, upstream, gateway, path, retried) -> None:
+async def test_timeout_is_retried_except_on_slow_paths(
+    autojump_clock, client, upstream, gateway, path, retried
+) -> None:
     upstream.behaviour[WORKERS[0]] = "hang"
     gateway.pool.workers[1].idle_since = 1.0
     response = await client.post(path, json=PHOTO)
@@ -352,7 +381,10 @@ async def test_a_replay_names_the_request_whose_answer_it_is(tmp_path: Path, ups
     bring_online(gateway, 0, 1)
     transport = httpx.ASGITransport(app=create_app(gateway))
     try:
-        async with trio.open_nursery() as nursery, httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        async with (
+            trio.open_nursery() as nursery,
+            httpx.AsyncClient(transport=transport, base_url="http://gw") as client,
+        ):
             await nursery.start(idempotency.run)
             answers = [
                 await client.post(MEASURE, json=PHOTO, headers={"Idempotency-Key": "k-1", "X-Request-ID": rid})

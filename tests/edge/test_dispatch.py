@@ -34,7 +34,9 @@ def make_dispatcher(
     )  # fmt: skip
 
 
-async def hold_worker(dispatcher: Dispatcher, release: trio.Event, got: list[int], *, task_status=trio.TASK_STATUS_IGNORED):
+async def hold_worker(
+    dispatcher: Dispatcher, release: trio.Event, got: list[int], *, task_status=trio.TASK_STATUS_IGNORED
+):
     async with dispatcher.slot(), dispatcher.worker() as lease:
         got.append(lease.index)
         task_status.started()
@@ -502,7 +504,10 @@ def test_every_early_refusal_would_have_timed_out() -> None:
 
         async def request(number: int, slow: bool, seconds: float) -> None:
             try:
-                async with dispatcher.slot(slow=slow), dispatcher.worker(path=GROW if slow else MEASURE, slow=slow) as lease:
+                async with (
+                    dispatcher.slot(slow=slow),
+                    dispatcher.worker(path=GROW if slow else MEASURE, slow=slow) as lease,
+                ):
                     with lease.forwarding(60):
                         await trio.sleep(seconds)
                 outcomes[number] = "served"

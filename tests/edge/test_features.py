@@ -103,8 +103,13 @@ async def test_a_valid_answer_is_returned_with_the_model(features: Features, llm
         "type": "json_schema",
         "json_schema": {"name": SCHEMA_NAME, "strict": True, "schema": strict_schema(FaceFeatures)},
     }
-    [image_part] = [part for message in sent.body["messages"] if isinstance(message["content"], list)
-                    for part in message["content"] if part["type"] == "image_url"]
+    [image_part] = [
+        part
+        for message in sent.body["messages"]
+        if isinstance(message["content"], list)
+        for part in message["content"]
+        if part["type"] == "image_url"
+    ]
     prefix, encoded = image_part["image_url"]["url"].split(",", 1)
     assert prefix == "data:image/jpeg;base64"
     with Image.open(io.BytesIO(base64.b64decode(encoded))) as sent_photo:
@@ -126,7 +131,15 @@ def test_the_schema_is_strict_mode_compatible() -> None:
     for node in every:
         assert node["additionalProperties"] is False
         assert sorted(node["required"]) == sorted(node["properties"])
-    assert schema["properties"]["face_shape"]["enum"] == ["oval", "round", "square", "heart", "oblong", "diamond", "triangle"]
+    assert schema["properties"]["face_shape"]["enum"] == [
+        "oval",
+        "round",
+        "square",
+        "heart",
+        "oblong",
+        "diamond",
+        "triangle",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -138,8 +151,13 @@ def test_the_schema_is_strict_mode_compatible() -> None:
         ([Mode.INVALID_JSON, Mode.VALID], 2, Code.OK),
         ([Mode.HTTP_500], 1, Code.SYSTEM_ERROR),  # an upstream error is not retried
     ],
-    ids=["invalid-json-twice", "schema-violation-twice", "schema-violation-then-valid", "invalid-json-then-valid",
-         "http-500"],
+    ids=[
+        "invalid-json-twice",
+        "schema-violation-twice",
+        "schema-violation-then-valid",
+        "invalid-json-then-valid",
+        "http-500",
+    ],
 )
 async def test_invalid_answers_are_retried_once_and_errors_are_1007(
     features: Features, llm: FakeLLM, script: list[Mode], requests: int, code: Code
@@ -153,7 +171,9 @@ async def test_invalid_answers_are_retried_once_and_errors_are_1007(
         assert answer.retry_after == RETRY_AFTER_SECONDS
 
 
-async def test_an_llm_that_never_answers_times_out_as_1007(nursery: trio.Nursery, llm: FakeLLM, jobs: JobsInThread) -> None:
+async def test_an_llm_that_never_answers_times_out_as_1007(
+    nursery: trio.Nursery, llm: FakeLLM, jobs: JobsInThread
+) -> None:
     llm.knobs.mode = Mode.NEVER_ANSWER
     features = Features(settings_for(llm, timeout_seconds=0.5), jobs, LIMITS)  # type: ignore[arg-type]
     await nursery.start(features.run)

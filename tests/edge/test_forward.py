@@ -4,8 +4,8 @@ kinds, and how it keeps connections."""
 from __future__ import annotations
 
 import json
-import threading
 import socket
+import threading
 from functools import partial
 
 import h11
@@ -17,6 +17,8 @@ from hypercorn.config import Config
 
 import edge.pool.failures as failures_module
 import edge.pool.upstream as upstream_module
+from edge.app import create_app
+from edge.gateway import Gateway, build_gateway
 from edge.pool.failures import (
     FailureKind,
     RequestNotSent,
@@ -26,8 +28,6 @@ from edge.pool.failures import (
     WorkerRefusal,
 )
 from edge.pool.upstream import ForwardRequest, Upstream, deadline_milliseconds
-from edge.app import create_app
-from edge.gateway import Gateway, build_gateway
 from shared.contract import Code, envelope
 from tests.edge.conftest import PHOTO_BODY, bring_online, make_settings
 from tests.fakes.raw_host import Misbehaviour, RawHost, response
@@ -96,7 +96,16 @@ def request(
     target: str = "/echo", body: bytes = b'{"image_base64": "AAAA"}', request_id: str = "req-42"
 ) -> ForwardRequest:
     path, _, query = target.partition("?")
-    return ForwardRequest("POST", path, query, body, "application/json", request_id, "198.51.100.1, 127.0.0.1", "exec_1723456789012_000_00007")
+    return ForwardRequest(
+        "POST",
+        path,
+        query,
+        body,
+        "application/json",
+        request_id,
+        "198.51.100.1, 127.0.0.1",
+        "exec_1723456789012_000_00007",
+    )
 
 
 async def test_forward_sends_exactly_the_whitelisted_headers(upstream: Upstream, worker_url: str, mock_clock) -> None:
@@ -152,7 +161,9 @@ async def test_bad_answers(upstream: Upstream, worker_url: str, target: str, kin
 
 
 @pytest.mark.parametrize("status", [400, 404, 413, 431])
-async def test_a_4xx_other_than_401_is_a_refusal_not_a_failure(upstream: Upstream, worker_url: str, status: int) -> None:
+async def test_a_4xx_other_than_401_is_a_refusal_not_a_failure(
+    upstream: Upstream, worker_url: str, status: int
+) -> None:
     # e.g. 431: the client's header block did not fit the host; the host itself is fine
     with pytest.raises(WorkerRefusal) as caught:
         await upstream.forward(worker_url, request(f"/status?{status}"), 5)
@@ -218,13 +229,11 @@ async def test_a_url_of_another_scheme_is_a_connect_failure(upstream: Upstream) 
     assert caught.value.kind is FailureKind.CONNECT
 
 
-
 async def test_503_busy_is_busy_elsewhere_and_a_plain_503_a_failure(upstream: Upstream, worker_url: str) -> None:
     with pytest.raises(WorkerBusy):
         await upstream.forward(worker_url, request("/busy"), 5)
     with pytest.raises(WorkerFailure):
         await upstream.forward(worker_url, request("/status?503"), 5)
-
 
 
 @pytest.mark.parametrize(("target", "off_the_loop"), [("/echo", False), ("/large", True)])
@@ -459,7 +468,9 @@ async def test_an_unsolicited_response_after_health_never_reaches_a_forward(
     if misbehaviour is Misbehaviour.SECOND_RESPONSE_LATER:
         await later_write.wait()
     raw_host.misbehaviour = Misbehaviour.NONE
-    assert (await upstream.forward(raw_host.url, request(request_id="after-health"), 5)).envelope["request_id"] == "after-health"
+    assert (await upstream.forward(raw_host.url, request(request_id="after-health"), 5)).envelope[
+        "request_id"
+    ] == "after-health"
     assert (raw_host.requests, raw_host.connections) == (["health", "after-health"], 2)
 
 
@@ -547,7 +558,9 @@ def test_nesting_is_measured_without_recursion() -> None:
     for _ in range(100_000):  # far past the recursion limit
         deep = [deep]
     assert not failures_module.nested_within(deep, 10)
-    assert failures_module.nested_within([[1, {"a": [2]}], "x"], 4) and not failures_module.nested_within([[{"a": []}]], 3)
+    assert failures_module.nested_within([[1, {"a": [2]}], "x"], 4) and not failures_module.nested_within(
+        [[{"a": []}]], 3
+    )
 
 
 # --- the same hosts behind a real gateway: which answer each client got, ejections, retries
@@ -566,7 +579,9 @@ def sample(gateway: Gateway, name: str, **labels: str) -> float:
 
 
 async def post_as(client: httpx.AsyncClient, request_id: str) -> httpx.Response:
-    return await client.post(MEASURE, content=PHOTO_BODY, headers={"X-Request-ID": request_id, "Content-Type": "application/json"})
+    return await client.post(
+        MEASURE, content=PHOTO_BODY, headers={"X-Request-ID": request_id, "Content-Type": "application/json"}
+    )
 
 
 async def test_behind_the_gateway_a_stale_answer_ejects_its_host_and_is_retried_elsewhere(tmp_path, nursery) -> None:

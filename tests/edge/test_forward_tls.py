@@ -127,7 +127,9 @@ async def test_bytes_a_tls_record_brought_beyond_the_answer_keep_the_connection_
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(trio.serve_listeners, serve, listeners)
-        client = trio.SSLStream(await trio.open_tcp_stream("127.0.0.1", port), client_context, server_hostname="127.0.0.1")
+        client = trio.SSLStream(
+            await trio.open_tcp_stream("127.0.0.1", port), client_context, server_hostname="127.0.0.1"
+        )
         await client.do_handshake()
         await sent.wait()
         assert await client.receive_some(len(b"ANSWER")) == b"ANSWER"

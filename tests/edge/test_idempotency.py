@@ -12,6 +12,7 @@ import pytest
 import trio
 import trio.testing
 
+from cluster.launcher import free_port
 from edge.admission.idempotency import (
     Idempotency,
     IdempotencyUnavailable,
@@ -27,7 +28,6 @@ from edge.admission.idempotency_stores import IdempotencyStore, Record, RedisSto
 from edge.admission.shared_state import redis_client
 from shared.contract import Code, ContractError
 from shared.settings import IdempotencySettings
-from cluster.launcher import free_port
 from tests.fakes.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
 
 TTL = 3600.0
@@ -136,8 +136,9 @@ def test_a_multipart_retry_with_a_new_boundary_has_the_same_fingerprint() -> Non
     # curl and mobile HTTP stacks draw a fresh boundary for every attempt
     def form(boundary: str, photo: bytes) -> tuple[bytes, str]:
         body = (
-            f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n\r\n".encode()
-            + photo + f"\r\n--{boundary}--\r\n".encode()
+            f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n\r\n'.encode()
+            + photo
+            + f"\r\n--{boundary}--\r\n".encode()
         )
         return body, f"multipart/form-data; boundary={boundary}"
 
@@ -164,7 +165,9 @@ PHOTO_PART = ("image", "a.png", "image/png", b"\x89PNG photo")
 
 def test_a_field_value_that_differs_only_by_the_boundary_differs() -> None:
     """Issue 15: the boundary was cut from the whole body, field values and photo included."""
-    female = fingerprint("POST", "/api/v1/hair/measure", *_multipart("fe", ("gender", None, None, b"female"), PHOTO_PART))
+    female = fingerprint(
+        "POST", "/api/v1/hair/measure", *_multipart("fe", ("gender", None, None, b"female"), PHOTO_PART)
+    )
     male = fingerprint("POST", "/api/v1/hair/measure", *_multipart("zz", ("gender", None, None, b"male"), PHOTO_PART))
     assert female != male
 
@@ -427,12 +430,16 @@ async def test_a_run_longer_than_the_lease_keeps_its_key(shared_store) -> None:
 
     second = Job(answer("second"))
     outcomes: list[Outcome] = []
-    async with shared_store() as store_a, shared_store() as store_b:
-        async with serving(store_a, lease_seconds=lease) as gateway_a, serving(store_b, lease_seconds=lease) as gateway_b:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(lambda: _collect(gateway_a.execute("order-15", FP, slow), outcomes, []))
-                await started.wait()
-                nursery.start_soon(lambda: _collect(gateway_b.execute("order-15", FP, second), outcomes, []))
+    async with (
+        shared_store() as store_a,
+        shared_store() as store_b,
+        serving(store_a, lease_seconds=lease) as gateway_a,
+        serving(store_b, lease_seconds=lease) as gateway_b,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(lambda: _collect(gateway_a.execute("order-15", FP, slow), outcomes, []))
+        await started.wait()
+        nursery.start_soon(lambda: _collect(gateway_b.execute("order-15", FP, second), outcomes, []))
     assert second.calls == 0
     assert [o.result for o in outcomes] == [Result.STORED, Result.WAITED]
 
@@ -592,7 +599,8 @@ async def test_redis_killed_mid_run_answers_that_run_and_refuses_the_next(redis_
 
 
 async def test_a_dead_redis_is_logged_once_and_coredis_does_not_flood_the_log(
-    redis_server: RedisServer, caplog: pytest.LogCaptureFixture  # noqa: F811
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Issue 15: 70 coredis INFO lines (a retry each) for 20 requests, and a stray "NoneType: None"."""
     async with redis_client(redis_server.url) as redis:

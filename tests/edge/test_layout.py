@@ -93,7 +93,7 @@ def test_no_module_imports_itself_in_a_circle() -> None:
 
     def walk(module: str) -> None:
         if module in path:
-            raise AssertionError("import circle: " + " -> ".join([*path[path.index(module):], module]))
+            raise AssertionError("import circle: " + " -> ".join([*path[path.index(module) :], module]))
         if module in done:
             return
         path.append(module)

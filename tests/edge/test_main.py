@@ -60,7 +60,11 @@ def test_real_command_prints_no_traceback(tmp_path: Path) -> None:
     args = write(tmp_path, GOOD_EDGE, '[auth]\nshared_password = ""\n')
     repo = Path(__file__).resolve().parents[2]
     result = subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args], cwd=repo, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "shared.cli", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo)},
     )
     assert result.returncode != 0

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import logging
 
-import httpx
 import pytest
 
 from edge.gateway import Gateway
-from edge.app import create_app
 from tests.edge.conftest import TOKEN, bring_online
 
 COUNTS = ("workers_total", "workers_healthy", "workers_primary_total", "workers_primary_healthy")
@@ -24,8 +22,14 @@ async def test_gateway_health_is_200_with_counts_even_when_nothing_is_online(cli
     body = response.json()
     assert response.status_code == 200
     assert body == {
-        "status": "ok", "service": "gateway", "workers_total": 3, "workers_healthy": 0,
-        "workers_primary_total": 2, "workers_primary_healthy": 0, "workers_busy": 0, "workers_generation_ready": 0,
+        "status": "ok",
+        "service": "gateway",
+        "workers_total": 3,
+        "workers_healthy": 0,
+        "workers_primary_total": 2,
+        "workers_primary_healthy": 0,
+        "workers_busy": 0,
+        "workers_generation_ready": 0,
     }
 
 
@@ -35,8 +39,12 @@ async def test_monitor_200_shape_has_no_message_nor_simulated(client, gateway: G
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/json"
     assert response.json() == {
-        "status": "ok", "service": "gateway", "workers_total": 3, "workers_healthy": 2,
-        "workers_primary_total": 2, "workers_primary_healthy": 1,
+        "status": "ok",
+        "service": "gateway",
+        "workers_total": 3,
+        "workers_healthy": 2,
+        "workers_primary_total": 2,
+        "workers_primary_healthy": 1,
     }
 
 
@@ -44,8 +52,13 @@ async def test_monitor_503_when_no_worker_is_online(client) -> None:
     response = await client.get("/monitor")
     assert response.status_code == 503
     assert response.json() == {
-        "status": "unhealthy", "service": "gateway", "workers_total": 3, "workers_healthy": 0,
-        "workers_primary_total": 2, "workers_primary_healthy": 0, "message": "没有可用的 worker",
+        "status": "unhealthy",
+        "service": "gateway",
+        "workers_total": 3,
+        "workers_healthy": 0,
+        "workers_primary_total": 2,
+        "workers_primary_healthy": 0,
+        "message": "没有可用的 worker",
     }
 
 
@@ -70,7 +83,8 @@ async def test_drill_on_then_off(client, gateway: Gateway, caplog) -> None:
     bring_online(gateway, 0, 1, 2)
     on = await post_fault(client, {"enabled": True})
     assert (on.status_code, on.json()) == (
-        200, {"status": "ok", "simulated": True, "message": "已开启模拟故障,GET /monitor 将返回 503"},
+        200,
+        {"status": "ok", "simulated": True, "message": "已开启模拟故障,GET /monitor 将返回 503"},
     )
     during = await client.get("/monitor")
     body = during.json()
@@ -78,7 +92,10 @@ async def test_drill_on_then_off(client, gateway: Gateway, caplog) -> None:
     assert body["status"] == "unhealthy" and body["simulated"] is True
     assert body["message"].startswith("模拟故障") and "没有可用" not in body["message"]
     assert {k: body[k] for k in COUNTS} == {
-        "workers_total": 3, "workers_healthy": 3, "workers_primary_total": 2, "workers_primary_healthy": 2,
+        "workers_total": 3,
+        "workers_healthy": 3,
+        "workers_primary_total": 2,
+        "workers_primary_healthy": 2,
     }
     off = await post_fault(client, {"enabled": False})
     assert off.json()["simulated"] is False
@@ -120,8 +137,16 @@ async def test_a_large_body_with_the_token_is_413(client) -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        {"enabled": "true"}, {"enabled": 1}, {"enabled": None}, {}, {"enabled": True, "extra": 1},
-        [True], True, b"{not json", b"", b'{"enabled": tru}',
+        {"enabled": "true"},
+        {"enabled": 1},
+        {"enabled": None},
+        {},
+        {"enabled": True, "extra": 1},
+        [True],
+        True,
+        b"{not json",
+        b"",
+        b'{"enabled": tru}',
         b'{"enabled": false, "enabled": true}',  # duplicate keys: not "whichever came last"
         b"[" * 20_000 + b"]" * 20_000,  # deeper than the JSON parser goes
         b'{"enabled": true, "x": ' + b"[" * 20_000 + b"]" * 20_000 + b"}",

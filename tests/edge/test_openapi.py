@@ -42,7 +42,10 @@ async def test_the_document_is_valid_openapi_3_1_of_every_business_endpoint_only
         body = document["components"]["schemas"][content["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]]
         assert form["properties"]["image"]["format"] == "binary" and "image" in form["required"]
         assert "image_base64" in body["required"]
-        assert {p["name"] for p in operation["parameters"] if p["in"] == "header"} == {"x-request-id", "idempotency-key"}
+        assert {p["name"] for p in operation["parameters"] if p["in"] == "header"} == {
+            "x-request-id",
+            "idempotency-key",
+        }
         answer = operation["responses"]["200"]
         assert {"X-Request-ID", "Retry-After", "Idempotency-Replayed", "X-Execution-ID"} <= set(answer["headers"])
         assert answer["content"]["application/json"]["examples"], f"{path}: a real example answer"
@@ -51,8 +54,10 @@ async def test_the_document_is_valid_openapi_3_1_of_every_business_endpoint_only
 async def test_the_fields_in_the_document_are_the_models(client: httpx.AsyncClient) -> None:
     schemas = (await _document(client))["components"]["schemas"]
     mark = schemas["MarkJson"]
-    assert mark["properties"]["drop_mm"]["anyOf"][0] | {"maximum": models.MAX_DROP_MM, "minimum": 0} == mark[
-        "properties"]["drop_mm"]["anyOf"][0]
+    assert (
+        mark["properties"]["drop_mm"]["anyOf"][0] | {"maximum": models.MAX_DROP_MM, "minimum": 0}
+        == mark["properties"]["drop_mm"]["anyOf"][0]
+    )
     points = mark["properties"]["hairline_points"]["anyOf"][0]
     assert (points["minItems"], points["maxItems"]) == (models.MIN_HAIRLINE_POINTS, models.MAX_HAIRLINE_POINTS)
     assert len(mark["oneOf"]) == 2  # exactly one of hairline_points and drop_mm
@@ -66,8 +71,10 @@ async def test_the_fields_in_the_document_are_the_models(client: httpx.AsyncClie
 
 
 def test_every_example_is_an_answer_its_model_accepts() -> None:
-    answers = {"Features": openapi._features_data(), **{model.__name__.removesuffix("Data"): model
-                                                       for model in models.DATA.values()}}
+    answers = {
+        "Features": openapi._features_data(),
+        **{model.__name__.removesuffix("Data"): model for model in models.DATA.values()},
+    }
     assert set(openapi._EXAMPLES) == set(answers)
     for name, examples in openapi._EXAMPLES.items():
         for example in examples.values():
@@ -76,7 +83,9 @@ def test_every_example_is_an_answer_its_model_accepts() -> None:
 
 async def test_the_rate_limit_key_header_is_documented_when_configured(tmp_path: Path) -> None:
     gateway = build_gateway(make_settings(tmp_path, rate_limit={"enabled": True, "key_header": "X-Api-Key"}))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(gateway)), base_url="http://g.test") as client:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(gateway)), base_url="http://g.test"
+    ) as client:
         operation = (await _document(client))["paths"]["/api/v1/hair/measure"]["post"]
     assert "x-api-key" in {parameter["name"] for parameter in operation["parameters"]}
 

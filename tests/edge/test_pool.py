@@ -28,12 +28,20 @@ def online_pool(*urls: str, primaries: tuple[str, ...] = (), thresholds: Thresho
         # healthy_threshold=2 needs two in a row; a failure resets the streak
         (Thresholds(2, 2, 60), [OK, FAIL, OK, OK], [False, False, False, True], [Transition.CAME_ONLINE]),
         # unhealthy_threshold=2: one blip does not take an online worker down
-        (Thresholds(2, 1, 60), [OK, FAIL, OK, FAIL, FAIL], [True, True, True, True, False],
-         [Transition.CAME_ONLINE, Transition.WENT_OFFLINE]),
+        (
+            Thresholds(2, 1, 60),
+            [OK, FAIL, OK, FAIL, FAIL],
+            [True, True, True, True, False],
+            [Transition.CAME_ONLINE, Transition.WENT_OFFLINE],
+        ),
         # a worker that never came online: no "went offline", but "unreachable" once per streak
         (Thresholds(2, 1, 60), [FAIL, FAIL, FAIL, FAIL], [False] * 4, [Transition.UNREACHABLE]),
-        (Thresholds(1, 1, 60), [FAIL, FAIL, OK, FAIL, FAIL], [False, False, True, False, False],
-         [Transition.UNREACHABLE, Transition.CAME_ONLINE, Transition.WENT_OFFLINE]),
+        (
+            Thresholds(1, 1, 60),
+            [FAIL, FAIL, OK, FAIL, FAIL],
+            [False, False, True, False, False],
+            [Transition.UNREACHABLE, Transition.CAME_ONLINE, Transition.WENT_OFFLINE],
+        ),
     ],
 )
 def test_probe_sequences(thresholds, probes, online_after, transitions) -> None:
@@ -51,7 +59,11 @@ def test_probe_sequences(thresholds, probes, online_after, transitions) -> None:
 def test_offline_event_carries_the_probe_reason() -> None:
     pool = online_pool(A, thresholds=Thresholds(1, 1, 60))
     event = pool.record_probe(0, ProbeResult(5.0, ok=False, reason="HTTP 503"), now=5.0)
-    assert event is not None and (event.transition, event.index, event.reason) == (Transition.WENT_OFFLINE, 0, "HTTP 503")
+    assert event is not None and (event.transition, event.index, event.reason) == (
+        Transition.WENT_OFFLINE,
+        0,
+        "HTTP 503",
+    )
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from edge.pool.dispatch import Dispatcher
-from edge.pool.pool import Pool, ProbeResult, Thresholds
+from edge.pool.pool import Pool, Thresholds
 from edge.pool.prober import HealthAnswer, Prober, judge
 
 URLS = ["http://w0", "http://w1", "http://w2"]
@@ -37,7 +37,9 @@ class FakeWorkers:
 HEALTHY = HealthAnswer(200, b'{"status": "ok"}')
 
 
-def make(answers: Mapping[str, object], primaries=(), thresholds=Thresholds(2, 1, 60)) -> tuple[Prober, Dispatcher, FakeWorkers]:
+def make(
+    answers: Mapping[str, object], primaries=(), thresholds=Thresholds(2, 1, 60)
+) -> tuple[Prober, Dispatcher, FakeWorkers]:
     pool = Pool(list(answers), primaries, thresholds)
     dispatcher = Dispatcher(pool, max_inflight=8, queue_wait_seconds=30, max_queue_wait_seconds=590)
     fakes = FakeWorkers(answers)
@@ -121,20 +123,43 @@ async def test_probe_does_not_wait_for_a_worker_serving_a_request(autojump_clock
 @pytest.mark.parametrize(
     ("answer", "ok", "loading", "checks", "timeout"),
     [
-        (HealthAnswer(200, b'{"status":"ok","busy":false,"inference_timeout_seconds":50,'
-                           b'"checks":{"disk":"ok","comfyui":"down"}}'), True, False, {"disk": "ok", "comfyui": "down"}, 50),
-        (HealthAnswer(503, b'{"status":"error","message":"...","checks":{"disk":"low","comfyui":"ok"}}'),
-         False, False, {"disk": "low", "comfyui": "ok"}, None),
+        (
+            HealthAnswer(
+                200,
+                b'{"status":"ok","busy":false,"inference_timeout_seconds":50,"checks":{"disk":"ok","comfyui":"down"}}',
+            ),
+            True,
+            False,
+            {"disk": "ok", "comfyui": "down"},
+            50,
+        ),
+        (
+            HealthAnswer(503, b'{"status":"error","message":"...","checks":{"disk":"low","comfyui":"ok"}}'),
+            False,
+            False,
+            {"disk": "low", "comfyui": "ok"},
+            None,
+        ),
         (HealthAnswer(503, b'{"status":"loading"}'), False, True, {}, None),
-        (HealthAnswer(200, b'{"status":"ok","checks":{"disk":1,"comfyui":"ok"},"inference_timeout_seconds":true}'),
-         True, False, {"comfyui": "ok"}, None),  # what is not a string (or a number) is ignored
+        (
+            HealthAnswer(200, b'{"status":"ok","checks":{"disk":1,"comfyui":"ok"},"inference_timeout_seconds":true}'),
+            True,
+            False,
+            {"comfyui": "ok"},
+            None,
+        ),  # what is not a string (or a number) is ignored
         (HealthAnswer(200, b'{"status":"ok","checks":"all good"}'), True, False, {}, None),
         (HealthAnswer(502, b"<html>bad gateway</html>"), False, False, None, None),  # no body: keep the last
     ],
 )
 def test_judge_reads_checks_loading_and_the_inference_timeout(answer, ok, loading, checks, timeout) -> None:
     result = judge(answer, sent_at=1.0)
-    assert (result.ok, result.loading, result.checks, result.inference_timeout_seconds) == (ok, loading, checks, timeout)
+    assert (result.ok, result.loading, result.checks, result.inference_timeout_seconds) == (
+        ok,
+        loading,
+        checks,
+        timeout,
+    )
 
 
 async def test_a_loading_host_is_logged_at_info_saying_loading(autojump_clock, caplog) -> None:

@@ -9,12 +9,12 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from edge.gateway import build_gateway
 from edge.app import create_app
-from edge.pool.upstream import ForwardRequest
+from edge.gateway import build_gateway
 from edge.main import _reload
-from edge.pool.scheduling import SchedulingPolicy
 from edge.pool.prober import Prober
+from edge.pool.scheduling import SchedulingPolicy
+from edge.pool.upstream import ForwardRequest
 from edge.reload import EDGE_SETTINGS, LIVE, RESTART, apply_settings
 from edge.web.server import GatewayConfig
 from shared.settings import EdgeSettings, SettingsError
@@ -45,7 +45,9 @@ async def parts(tmp_path: Path):
 
 def reloaded(tmp_path: Path, **edge) -> object:
     settings = make_settings(tmp_path, **edge)
-    return settings.model_copy(update={"auth": settings.auth.model_copy(update={"shared_password": "rotated-token-1234567"})})
+    return settings.model_copy(
+        update={"auth": settings.auth.model_copy(update={"shared_password": "rotated-token-1234567"})}
+    )
 
 
 async def test_workers_token_limits_and_timings_change_live(tmp_path: Path, parts, caplog) -> None:
@@ -141,7 +143,12 @@ async def test_a_nested_restart_only_setting_keeps_its_value(tmp_path: Path, par
 async def test_the_shutdown_grace_follows_reloaded_request_timeouts(tmp_path: Path, parts) -> None:
     gateway, app, prober = parts
     config = GatewayConfig(lambda: gateway.settings.edge)
-    apply_settings(gateway, app, prober, reloaded(tmp_path, dispatch={"request_timeout_seconds": 7, "slow_request_timeout_seconds": 90}))
+    apply_settings(
+        gateway,
+        app,
+        prober,
+        reloaded(tmp_path, dispatch={"request_timeout_seconds": 7, "slow_request_timeout_seconds": 90}),
+    )
     assert config.graceful_timeout == 90, "SIGTERM lets the longest request, as now configured, finish"
     apply_settings(gateway, app, prober, reloaded(tmp_path, max_header_bytes=20_000))
     assert config.h11_max_incomplete_size > 20_000

@@ -13,9 +13,19 @@ import trio
 from edge.observe.request_log import RequestLog, RequestRecord
 
 RECORD = RequestRecord(
-    ts="2026-11-29T00:00:00.000+00:00", request_id="r", method="POST", path="/api/v1/hair/measure",
-    client_ip="127.0.0.1", worker=0, attempts=1, queue_ms=0.1, duration_ms=2.0, http_status=200,
-    code=0, bytes_in=10, bytes_out=20,
+    ts="2026-11-29T00:00:00.000+00:00",
+    request_id="r",
+    method="POST",
+    path="/api/v1/hair/measure",
+    client_ip="127.0.0.1",
+    worker=0,
+    attempts=1,
+    queue_ms=0.1,
+    duration_ms=2.0,
+    http_status=200,
+    code=0,
+    bytes_in=10,
+    bytes_out=20,
 )
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from quart_trio import QuartTrio
 from werkzeug.datastructures import Headers
 
 from edge.app import create_app
 from edge.gateway import Gateway, build_gateway
-from quart_trio import QuartTrio
 from shared.contract import (
     MSG_BODY_TOO_SLOW,
     MSG_HEADERS_TOO_LARGE,
@@ -127,7 +127,9 @@ async def test_a_body_that_stalls_is_refused_after_the_idle_timeout(autojump_clo
     assert upstream.forwards == []
 
 
-async def test_a_body_that_trickles_is_refused_after_the_whole_timeout(autojump_clock, app: QuartTrio, upstream) -> None:
+async def test_a_body_that_trickles_is_refused_after_the_whole_timeout(
+    autojump_clock, app: QuartTrio, upstream
+) -> None:
     async with connect(app) as connection:
 
         async def trickle() -> None:
@@ -146,7 +148,9 @@ async def test_a_body_that_trickles_is_refused_after_the_whole_timeout(autojump_
     assert upstream.forwards == []
 
 
-async def test_an_oversized_header_block_is_refused_before_any_worker(app: QuartTrio, gateway: Gateway, upstream) -> None:
+async def test_an_oversized_header_block_is_refused_before_any_worker(
+    app: QuartTrio, gateway: Gateway, upstream
+) -> None:
     # the gateway adds headers: a client head that fits the gateway but not a host's read
     # limit got a 431 from every host in turn and ejected them all
     status, headers, body = await post(app, PHOTO_BODY, headers={"X-Forwarded-For": "198.51.100.1, " * 400})
@@ -190,7 +194,9 @@ async def test_a_raising_handler_is_a_1007_envelope_logged_as_answered(
         raise RuntimeError("a bug")
 
     gateway.special_points.answer = broken  # type: ignore[method-assign]
-    status, headers, body = await post(app, PHOTO_BODY, path="/api/v1/face/special-points", headers={"X-Request-ID": "bug-1"})
+    status, headers, body = await post(
+        app, PHOTO_BODY, path="/api/v1/face/special-points", headers={"X-Request-ID": "bug-1"}
+    )
     assert (status, body["code"], body["request_id"]) == (200, Code.SYSTEM_ERROR, "bug-1")
     assert "Retry-After" in headers
     assert any("bug-1" in r.getMessage() and r.exc_info for r in caplog.records), "the traceback is logged"

@@ -73,14 +73,27 @@ DEFAULT = SchedulingPolicy(reserved_fast_workers=1, slow_priority_offset_seconds
         # reservation: three hosts, generations only: one stays free for measurements
         (pool_of(3), [slow("g1", 0), slow("g2", 0.1), slow("g3", 0.2)], DEFAULT, [("g1", 0), ("g2", 1)]),
         # … and a measurement served after the blocked generation still takes the reserved host
-        (pool_of(3), [slow("g1", 0), slow("g2", 0.1), slow("g3", 0.2), fast("m1", 6)], DEFAULT,
-         [("g1", 0), ("g2", 1), ("m1", 2)]),
+        (
+            pool_of(3),
+            [slow("g1", 0), slow("g2", 0.1), slow("g3", 0.2), fast("m1", 6)],
+            DEFAULT,
+            [("g1", 0), ("g2", 1), ("m1", 2)],
+        ),
         # a host running a measurement is not running a slow job: it counts as the reserved one
-        (pool_of(3, running={0: "fast"}), [slow("g1", 0), slow("g2", 0.1), slow("g3", 0.2)], DEFAULT,
-         [("g1", 1), ("g2", 2)]),
+        (
+            pool_of(3, running={0: "fast"}),
+            [slow("g1", 0), slow("g2", 0.1), slow("g3", 0.2)],
+            DEFAULT,
+            [("g1", 1), ("g2", 2)],
+        ),
         (pool_of(3, running={0: "slow"}), [slow("g1", 0), slow("g2", 0.1)], DEFAULT, [("g1", 1)]),
         # reservation 0: off
-        (pool_of(3), [slow("g1", 0), slow("g2", 0), slow("g3", 0)], SchedulingPolicy(0, 5), [("g1", 0), ("g2", 1), ("g3", 2)]),
+        (
+            pool_of(3),
+            [slow("g1", 0), slow("g2", 0), slow("g3", 0)],
+            SchedulingPolicy(0, 5),
+            [("g1", 0), ("g2", 1), ("g3", 2)],
+        ),
         # reservation 2 on three hosts: one generation at a time
         (pool_of(3), [slow("g1", 0), slow("g2", 0)], SchedulingPolicy(2, 5), [("g1", 0)]),
         # small pools: one host (no larger than the reservation) still serves generations
@@ -101,14 +114,30 @@ DEFAULT = SchedulingPolicy(reserved_fast_workers=1, slow_priority_offset_seconds
         # no primary online: the two backups are the pool, and the reservation applies there
         (pool_of(3, online=(1, 2), primaries=(0,)), [slow("g1", 0), slow("g2", 0.1)], DEFAULT, [("g1", 1)]),
         # a waiter that tried every idle host lets the next one take it
-        (pool_of(2), [fast("retry", 0, frozenset({0, 1})), fast("m", 1)], DEFAULT, [("m", 0), ]),
+        (
+            pool_of(2),
+            [fast("retry", 0, frozenset({0, 1})), fast("m", 1)],
+            DEFAULT,
+            [
+                ("m", 0),
+            ],
+        ),
         # capabilities: generations skip the host whose ComfyUI is down, measurements do not
-        (pool_of(2, comfyui={0: "down"}), [slow("g1", 0), fast("m1", 6)], SchedulingPolicy(0, 5), [("g1", 1), ("m1", 0)]),
+        (
+            pool_of(2, comfyui={0: "down"}),
+            [slow("g1", 0), fast("m1", 6)],
+            SchedulingPolicy(0, 5),
+            [("g1", 1), ("m1", 0)],
+        ),
         # … and while the only "ok" host is busy, a generation waits for it
         (pool_of(2, comfyui={0: "down"}, running={1: "slow"}), [slow("g1", 0)], SchedulingPolicy(0, 5), []),
         # both down: generations go where they would have gone
-        (pool_of(2, comfyui={0: "down", 1: "down"}), [slow("g1", 0), slow("g2", 0)], SchedulingPolicy(0, 5),
-         [("g1", 0), ("g2", 1)]),
+        (
+            pool_of(2, comfyui={0: "down", 1: "down"}),
+            [slow("g1", 0), slow("g2", 0)],
+            SchedulingPolicy(0, 5),
+            [("g1", 0), ("g2", 1)],
+        ),
         # "off" (the built-in preview) is not "ok": with no "ok" host, down hosts still draw
         (pool_of(2, comfyui={0: "down", 1: "off"}), [slow("g1", 0)], SchedulingPolicy(0, 5), [("g1", 0)]),
     ],
@@ -146,8 +175,14 @@ def times(**answers: float | list[float]) -> ServiceTimes:
         # one host running a 1.2 s generation for 0.2 s: a second one starts in 1.0 s
         (pool_of(1, running={0: "slow"}), [], Waiting(0.2, True, path=GROW), times(grow=1.2), 0.2, 1.0),
         # a generation queued ahead of it adds its own 1.2 s
-        (pool_of(1, running={0: "slow"}), [Waiting(0.1, True, path=GROW)], Waiting(0.2, True, path=GROW),
-         times(grow=1.2), 0.2, 2.2),
+        (
+            pool_of(1, running={0: "slow"}),
+            [Waiting(0.1, True, path=GROW)],
+            Waiting(0.2, True, path=GROW),
+            times(grow=1.2),
+            0.2,
+            2.2,
+        ),
         # a job that ran past its low time counts as ending now, not in the past
         (pool_of(1, running={0: "slow"}), [], Waiting(5, True, path=GROW), times(grow=1.2), 5.0, 0.0),
         # fewer than 5 answers on a path: no estimate, the request simply waits
@@ -155,25 +190,55 @@ def times(**answers: float | list[float]) -> ServiceTimes:
         (pool_of(1, running={0: "slow"}), [], Waiting(0.2, False, path=MEASURE), times(grow=1.2), 0.2, None),
         # three hosts, one reserved: generations use two lanes, both 1 s from free; two queued
         # ahead take them, the newcomer starts when the first of those ends
-        (pool_of(3, running={0: "slow", 1: "slow"}), [Waiting(0.5, True, path=GROW)] * 2,
-         Waiting(1, True, path=GROW), times(grow=2.0, measure=0.05), 1.0, 3.0),
+        (
+            pool_of(3, running={0: "slow", 1: "slow"}),
+            [Waiting(0.5, True, path=GROW)] * 2,
+            Waiting(1, True, path=GROW),
+            times(grow=2.0, measure=0.05),
+            1.0,
+            3.0,
+        ),
         # a measurement on the same pool uses the free third host at once
-        (pool_of(3, running={0: "slow", 1: "slow"}), [], Waiting(1, False, path=MEASURE),
-         times(grow=2.0, measure=0.05), 1.0, 0.0),
+        (
+            pool_of(3, running={0: "slow", 1: "slow"}),
+            [],
+            Waiting(1, False, path=MEASURE),
+            times(grow=2.0, measure=0.05),
+            1.0,
+            0.0,
+        ),
         # queue wait 2 s: of three generations queued at t=0 behind a 1.2 s job, the first
         # is sure to start in 1.0 s; the second would start at 2.2 s, past its wait: it may
         # leave, and so may the third; the newcomer starts at 2.2 s, not 4.6 s
-        (pool_of(1, running={0: "slow"}), [Waiting(0, True, path=GROW)] * 3, Waiting(0.2, True, path=GROW),
-         times(grow=1.2), 0.2, 2.2),
+        (
+            pool_of(1, running={0: "slow"}),
+            [Waiting(0, True, path=GROW)] * 3,
+            Waiting(0.2, True, path=GROW),
+            times(grow=1.2),
+            0.2,
+            2.2,
+        ),
         # answers between 1 and 3 s, queue wait 2 s: the one queued ahead is not sure (at 3 s
         # the lane frees in 2.8 s, past its wait, 1.9 s); at 1 s the lane frees in 0.8 s and,
         # served, the one ahead frees it again at 1.8 s, before it would have left
-        (pool_of(1, running={0: "slow"}), [Waiting(0.1, True, path=GROW)], Waiting(0.2, True, path=GROW),
-         times(grow=[1.0] * 5 + [3.0] * 5), 0.2, 1.8),
+        (
+            pool_of(1, running={0: "slow"}),
+            [Waiting(0.1, True, path=GROW)],
+            Waiting(0.2, True, path=GROW),
+            times(grow=[1.0] * 5 + [3.0] * 5),
+            0.2,
+            1.8,
+        ),
         # … a job 5 s in (up to 6 s): the lane frees within 1 s, and the one ahead (0.5 s of
         # its 2 s wait gone) is sure to be served; the newcomer follows it, 1 s after now at best
-        (pool_of(1, running={0: "slow"}), [Waiting(4.5, True, path=GROW)], Waiting(5.0, True, path=GROW),
-         times(grow=[1.0] * 5 + [6.0] * 5), 5.0, 1.0),
+        (
+            pool_of(1, running={0: "slow"}),
+            [Waiting(4.5, True, path=GROW)],
+            Waiting(5.0, True, path=GROW),
+            times(grow=[1.0] * 5 + [6.0] * 5),
+            5.0,
+            1.0,
+        ),
     ],
 )
 def test_estimated_start(pool: Pool, queue, newcomer: Waiting, service: ServiceTimes, now: float, expected) -> None:
@@ -231,11 +296,19 @@ def slot_order(slots: SlotUse, named: list[tuple[str, Waiting]], policy: Schedul
     ("slots", "waiters", "policy", "expected"),
     [
         # max_inflight 6, reservation 1: generations hold at most 5, a measurement gets the 6th
-        (SlotUse(6), [slow(f"g{n}", n * 0.1) for n in range(10)] + [fast("m", 9)], DEFAULT,
-         ["g0", "g1", "g2", "g3", "g4", "m"]),
+        (
+            SlotUse(6),
+            [slow(f"g{n}", n * 0.1) for n in range(10)] + [fast("m", 9)],
+            DEFAULT,
+            ["g0", "g1", "g2", "g3", "g4", "m"],
+        ),
         # … and within the offset it goes first
-        (SlotUse(6), [slow(f"g{n}", n * 0.1) for n in range(10)] + [fast("m", 2)], DEFAULT,
-         ["m", "g0", "g1", "g2", "g3", "g4"]),
+        (
+            SlotUse(6),
+            [slow(f"g{n}", n * 0.1) for n in range(10)] + [fast("m", 2)],
+            DEFAULT,
+            ["m", "g0", "g1", "g2", "g3", "g4"],
+        ),
         (SlotUse(6, 5, 5), [slow("g5", 0.5), fast("m", 2)], DEFAULT, ["m"]),
         # reservation 0: first come, first served (by the offset), every slot to anyone
         (SlotUse(6, 5, 5), [slow("g5", 0.5), fast("m", 6)], SchedulingPolicy(0, 5), ["g5"]),

@@ -185,7 +185,9 @@ async def receive_until_closed(stream: trio.SocketStream) -> bytes:
     return received
 
 
-async def test_a_client_that_leaves_while_queued_never_reaches_a_worker(tmp_path: Path, worker: InProcessWorker) -> None:
+async def test_a_client_that_leaves_while_queued_never_reaches_a_worker(
+    tmp_path: Path, worker: InProcessWorker
+) -> None:
     # Hypercorn does not cancel an app whose client left: before the fix this job ran
     # on the worker once it was free, for nobody
     worker.health_open.set()
@@ -247,8 +249,12 @@ async def test_an_oversized_header_block_is_refused_and_every_worker_stays_onlin
 
 @pytest.mark.parametrize(
     ("path", "version", "connection"),
-    [("/static/annotations/nope.png", "1.1", "close"), ("/nowhere", "1.1", "close"),
-     ("/monitor", "1.0", None), ("/nowhere", "1.0", None)],
+    [
+        ("/static/annotations/nope.png", "1.1", "close"),
+        ("/nowhere", "1.1", "close"),
+        ("/monitor", "1.0", None),
+        ("/nowhere", "1.0", None),
+    ],
 )
 async def test_connection_close_and_http_1_0_are_honoured(
     tmp_path: Path, worker: InProcessWorker, path: str, version: str, connection: str | None

@@ -29,8 +29,17 @@ from shared.settings import AnalysisSettings
 from tests.analysis.images import encode, no_face_photo, side_by_side
 
 LIMITS = AnalysisSettings()
-POINT_NAMES = {"trichion", "glabella", "nasion", "subnasale", "menton", "left_temple", "right_temple",
-               "left_iris_center", "right_iris_center"}
+POINT_NAMES = {
+    "trichion",
+    "glabella",
+    "nasion",
+    "subnasale",
+    "menton",
+    "left_temple",
+    "right_temple",
+    "left_iris_center",
+    "right_iris_center",
+}
 
 
 def multipart(image: bytes, **fields: str) -> tuple[bytes, str]:

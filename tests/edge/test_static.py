@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from edge.gateway import Gateway
 from edge.annotations.static_files import annotation_path
+from edge.gateway import Gateway
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"fake-but-served-as-is"
 

@@ -20,8 +20,8 @@ from edge.annotations.static_cleanup import (
     files_to_delete,
     sweep,
 )
-from tests.edge.test_rewrite import big_png
 from shared.settings import StaticCleanupSettings
+from tests.edge.test_rewrite import big_png
 
 NOW = 1_800_000_000.0
 HOUR = 3600.0
@@ -191,4 +191,6 @@ async def test_answers_written_side_by_side_stay_under_the_cap(tmp_path: Path) -
         for _ in range(12):
             nursery.start_soon(one_answer)
     sizes = [path.stat().st_size for path in store.directory.iterdir()]
-    assert sum(sizes) <= MB and len(sizes) == 10 and sizes.count(len(big_png(100 * 1024))) == 10, "the newest ten answers fit, nothing older"
+    assert sum(sizes) <= MB and len(sizes) == 10 and sizes.count(len(big_png(100 * 1024))) == 10, (
+        "the newest ten answers fit, nothing older"
+    )

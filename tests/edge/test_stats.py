@@ -183,7 +183,8 @@ async def test_behind_the_gateway_junk_paths_first_leave_the_endpoints_their_key
     assert {path: counts["count"] for path, counts in by_path.items()} == {OTHER_PATHS: 36, MEASURE: 1}
     labels = {
         dict(sample.labels)["path"]
-        for family in gateway.metrics.registry.collect() if family.name == "hairgate_requests"
+        for family in gateway.metrics.registry.collect()
+        if family.name == "hairgate_requests"
         for sample in family.samples
     }
     assert labels == {OTHER_PATHS, MEASURE}

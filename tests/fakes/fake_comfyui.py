@@ -93,8 +93,13 @@ def create_app(fake: FakeComfyUI) -> QuartTrio:
             return jsonify(error={"type": "no_prompt", "message": "No prompt provided"}, node_errors={}), 400
         for node in graph.values():
             if node["class_type"] in IMAGE_LOADERS and node["inputs"]["image"] not in fake.uploads:
-                return jsonify(error={"type": "prompt_outputs_failed_validation",
-                                      "message": f"Invalid image file: {node['inputs']['image']}"}, node_errors={}), 400
+                return jsonify(
+                    error={
+                        "type": "prompt_outputs_failed_validation",
+                        "message": f"Invalid image file: {node['inputs']['image']}",
+                    },
+                    node_errors={},
+                ), 400
         prompt_id = str(uuid.uuid4())
         fake.prompts[prompt_id] = graph
         fake.client_ids.append(body.get("client_id", ""))
@@ -106,26 +111,41 @@ def create_app(fake: FakeComfyUI) -> QuartTrio:
         fake.history_polls += 1
         graph = fake.prompts.get(prompt_id)
         if graph is not None and prompt_id in fake.ended:
-            return jsonify({prompt_id: {
-                "prompt": [0, prompt_id, graph, {"client_id": ""}, []],
-                "outputs": {},
-                "status": {"status_str": "error", "completed": False, "messages": [
-                    ["execution_start", {"prompt_id": prompt_id}],
-                    ["execution_interrupted", {"prompt_id": prompt_id, "node_id": "3", "node_type": "KSampler"}],
-                ]},
-                "meta": {},
-            }})
+            return jsonify(
+                {
+                    prompt_id: {
+                        "prompt": [0, prompt_id, graph, {"client_id": ""}, []],
+                        "outputs": {},
+                        "status": {
+                            "status_str": "error",
+                            "completed": False,
+                            "messages": [
+                                ["execution_start", {"prompt_id": prompt_id}],
+                                [
+                                    "execution_interrupted",
+                                    {"prompt_id": prompt_id, "node_id": "3", "node_type": "KSampler"},
+                                ],
+                            ],
+                        },
+                        "meta": {},
+                    }
+                }
+            )
         if graph is None or fake.knobs.never_finish:
             return jsonify({})
         filename = f"hairgate_{len(fake.outputs):05d}_.png"
         fake.outputs.setdefault(filename, _draw(fake, graph))
         save_node = next(key for key, node in graph.items() if node["class_type"] == "SaveImage")
-        return jsonify({prompt_id: {
-            "prompt": [0, prompt_id, graph, {"client_id": ""}, [save_node]],
-            "outputs": {save_node: {"images": [{"filename": filename, "subfolder": "", "type": "output"}]}},
-            "status": {"status_str": "success", "completed": True, "messages": []},
-            "meta": {},
-        }})
+        return jsonify(
+            {
+                prompt_id: {
+                    "prompt": [0, prompt_id, graph, {"client_id": ""}, [save_node]],
+                    "outputs": {save_node: {"images": [{"filename": filename, "subfolder": "", "type": "output"}]}},
+                    "status": {"status_str": "success", "completed": True, "messages": []},
+                    "meta": {},
+                }
+            }
+        )
 
     @app.get("/view")
     async def view() -> Any:

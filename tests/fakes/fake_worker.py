@@ -172,12 +172,17 @@ class FakeWorker:
                 await trio.sleep(latency_ms / 1000)
         except trio.Cancelled:  # Quart cancels the handler: the gateway closed the connection
             self.stats.departures.append(
-                {"request_id": request.headers.get(HEADER_REQUEST_ID), "after_s": time.monotonic() - started,
-                 "at": time.monotonic()}
+                {
+                    "request_id": request.headers.get(HEADER_REQUEST_ID),
+                    "after_s": time.monotonic() - started,
+                    "at": time.monotonic(),
+                }
             )
             if self.knobs.finish_after_departure:
                 with trio.CancelScope(shield=True):
-                    await trio.sleep_until(trio.current_time() + max(0.0, latency_ms / 1000 - (time.monotonic() - started)))
+                    await trio.sleep_until(
+                        trio.current_time() + max(0.0, latency_ms / 1000 - (time.monotonic() - started))
+                    )
             raise
 
     def failure_status(self) -> int | None:
@@ -231,7 +236,9 @@ def job_data(path: str, knobs: Knobs) -> dict[str, Any]:
 def create_app(worker: FakeWorker) -> QuartTrio:
     app = QuartTrio(__name__)
     app.config["MAX_CONTENT_LENGTH"] = None
-    cast(DefaultJSONProvider, app.json).sort_keys = False  # keep document order: in a bad image mode the bad image comes last
+    cast(
+        DefaultJSONProvider, app.json
+    ).sort_keys = False  # keep document order: in a bad image mode the bad image comes last
 
     def unauthorized() -> tuple[dict, int]:
         return {"status": "unauthorized"}, 401

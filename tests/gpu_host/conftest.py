@@ -7,8 +7,8 @@ import multiprocessing
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from multiprocessing.context import SpawnContext
+from pathlib import Path
 from typing import Any
 
 import pytest

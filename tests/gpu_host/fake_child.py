@@ -107,4 +107,8 @@ def _grown(message: Infer) -> dict[str, Any]:
     mask.paste(255, (0, height // 8, width, height // 4))
     buffer = io.BytesIO()
     mask.save(buffer, format="PNG")
-    return {"grown_image_base64": None, "generator": None, INPAINT_MASK_KEY: base64.b64encode(buffer.getvalue()).decode()}
+    return {
+        "grown_image_base64": None,
+        "generator": None,
+        INPAINT_MASK_KEY: base64.b64encode(buffer.getvalue()).decode(),
+    }

@@ -26,7 +26,7 @@ from PIL import Image
 from skimage import data
 
 from cluster.files import edit_settings
-from cluster.launcher import POOL_READY, REPO_ROOT, Process, Service, free_ports, hairgate_service
+from cluster.launcher import POOL_READY, REPO_ROOT, Process, free_ports, hairgate_service
 from shared.contract import HEADER_TOKEN, Code
 from tests.analysis.images import encode
 from tests.fakes.tls import TlsFiles, tls_files
@@ -90,7 +90,9 @@ class TlsPool:
 
     def wait_ready(self, host: Process, token: str | None = None) -> None:
         with httpx.Client(timeout=5, verify=self.verify(), headers={HEADER_TOKEN: token or self.token}) as client:
-            host.poll_until(lambda: client.get(host.url + "/health").status_code == 200, "ready", STARTUP_DEADLINE_SECONDS, 0.2)
+            host.poll_until(
+                lambda: client.get(host.url + "/health").status_code == 200, "ready", STARTUP_DEADLINE_SECONDS, 0.2
+            )
 
     def restart(self, index: int) -> Process:
         """Stop host `index` and start it again with the same files (it reads its secrets file)."""

@@ -17,7 +17,8 @@ from skimage import data
 
 from cluster.dev import DevCluster, prepare
 from cluster.files import edit_settings
-from cluster.launcher import REPO_ROOT, Process, Service, free_ports, start as start_service
+from cluster.launcher import REPO_ROOT, Process, Service, free_ports
+from cluster.launcher import start as start_service
 from shared.contract import HEADER_TOKEN
 from tests.analysis.images import encode, side_by_side
 

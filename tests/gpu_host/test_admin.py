@@ -85,7 +85,10 @@ async def test_add_then_remove_rotates_the_guard_and_the_file(
     client: Any, guard: TokenGuard, secrets: SecretsSource
 ) -> None:
     status, body = await call(client, OLD, {"add": NEW})
-    assert status == 200 and [t["fingerprint"] for t in body["tokens"]] == [token_fingerprint(OLD), token_fingerprint(NEW)]
+    assert status == 200 and [t["fingerprint"] for t in body["tokens"]] == [
+        token_fingerprint(OLD),
+        token_fingerprint(NEW),
+    ]
     assert guard.is_accepted(NEW) and guard.is_accepted(OLD)
     assert read_secret(secrets.path, "auth.accept_passwords") == [OLD, NEW]
     status, body = await call(client, NEW, {"remove": token_fingerprint(OLD)})
@@ -111,9 +114,7 @@ async def test_removing_the_callers_own_token_is_refused(client: Any, guard: Tok
     assert guard.is_accepted(OLD)
 
 
-async def test_removing_the_last_token_is_refused(
-    guard: TokenGuard, secrets: SecretsSource, clock: Clock
-) -> None:
+async def test_removing_the_last_token_is_refused(guard: TokenGuard, secrets: SecretsSource, clock: Clock) -> None:
     tokens = HostTokens(guard, (OLD,), secrets, clock=clock)
     with pytest.raises(AdminRefusal, match="last accepted token"):
         await tokens.remove(token_fingerprint(OLD), caller_token=NEW)
@@ -136,7 +137,9 @@ async def test_tokens_from_the_environment_cannot_change(guard: TokenGuard, secr
 async def test_bad_bodies_are_1001_style_400(client: Any, guard: TokenGuard, body: dict[str, Any]) -> None:
     status, answer = await call(client, OLD, body)
     assert status == 400 and answer["code"] == 1001
-    assert (await call(client, OLD))[1]["tokens"] == [{"fingerprint": token_fingerprint(OLD), "last_used_seconds_ago": 0.0}]
+    assert (await call(client, OLD))[1]["tokens"] == [
+        {"fingerprint": token_fingerprint(OLD), "last_used_seconds_ago": 0.0}
+    ]
 
 
 async def test_without_a_token_no_admin_logic_runs(client: Any, guard: TokenGuard) -> None:

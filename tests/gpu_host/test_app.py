@@ -91,7 +91,11 @@ async def test_health_is_503_loading_until_the_child_is_ready(tmp_path: Any) -> 
         with trio.fail_after(WAIT):
             await model.wait_ready()
         ready = await client.get("/health", headers=auth())
-        no_problem = {"inference_timeout_seconds": 30.0, "checks": {"disk": "ok", "comfyui": "off"}, "disk_age_seconds": None}
+        no_problem = {
+            "inference_timeout_seconds": 30.0,
+            "checks": {"disk": "ok", "comfyui": "off"},
+            "disk_age_seconds": None,
+        }
         assert (loading.status_code, await loading.get_json()) == (503, {"status": "loading", **no_problem})
         # a request that reaches a host that is not ready is not an answer about the photo:
         # 503 lets the gateway send it elsewhere

@@ -13,8 +13,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-
-from shared.logs import FailureLog
 import trio
 from PIL import Image
 
@@ -27,13 +25,22 @@ from gpu_host.comfyui import (
     placeholders_in,
     seed_for,
 )
+from shared.logs import FailureLog
 from shared.options import INPAINT_MASK_KEY
 from shared.settings import SettingsError
 from tests.fakes.fake_comfyui import PAINT, FakeComfyUI, serve_fake_comfyui
 
 CORE_NODES = {
-    "CheckpointLoaderSimple", "LoadImage", "LoadImageMask", "ImageToMask", "VAEEncodeForInpaint",
-    "CLIPTextEncode", "KSampler", "VAEDecode", "ImageCompositeMasked", "SaveImage",
+    "CheckpointLoaderSimple",
+    "LoadImage",
+    "LoadImageMask",
+    "ImageToMask",
+    "VAEEncodeForInpaint",
+    "CLIPTextEncode",
+    "KSampler",
+    "VAEDecode",
+    "ImageCompositeMasked",
+    "SaveImage",
 }
 WIDTH, HEIGHT = 64, 48
 BAND = slice(6, 14)  # rows the masks mark white: "above the brows" of a 48-row photo
@@ -94,8 +101,15 @@ def test_workflow_without_image_or_mask_is_a_settings_error(tmp_path: Path, miss
         load_workflow(str(path))
 
 
-@pytest.mark.parametrize("content", ["not json", '{"1": {"inputs": {}}}', '["a list"]',
-                                     '{"1": {"class_type": "LoadImage", "inputs": {"image": "{{photo}}"}}}'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "not json",
+        '{"1": {"inputs": {}}}',
+        '["a list"]',
+        '{"1": {"class_type": "LoadImage", "inputs": {"image": "{{photo}}"}}}',
+    ],
+)
 def test_unreadable_or_foreign_workflow_is_a_settings_error(tmp_path: Path, content: str) -> None:
     path = tmp_path / "workflow.json"
     path.write_text(content)
@@ -182,12 +196,24 @@ async def test_comfyui_down_gives_none() -> None:
 
 def _grow_answer() -> dict:
     """What the model process answers for grow when the host asks for inpainting masks."""
-    return {"results": [
-        {"plan": "standard", "image_base64": "…", "grown_image_base64": None, "generator": None,
-         INPAINT_MASK_KEY: base64.b64encode(_mask()).decode()},
-        {"plan": "aggressive", "image_base64": "…", "grown_image_base64": None, "generator": None,
-         INPAINT_MASK_KEY: base64.b64encode(_mask(slice(6, 20))).decode()},
-    ]}
+    return {
+        "results": [
+            {
+                "plan": "standard",
+                "image_base64": "…",
+                "grown_image_base64": None,
+                "generator": None,
+                INPAINT_MASK_KEY: base64.b64encode(_mask()).decode(),
+            },
+            {
+                "plan": "aggressive",
+                "image_base64": "…",
+                "grown_image_base64": None,
+                "generator": None,
+                INPAINT_MASK_KEY: base64.b64encode(_mask(slice(6, 20))).decode(),
+            },
+        ]
+    }
 
 
 async def test_grow_answer_gets_comfyui_pictures_and_loses_its_masks(fake: FakeComfyUI) -> None:
@@ -201,8 +227,9 @@ async def test_grow_answer_gets_comfyui_pictures_and_loses_its_masks(fake: FakeC
 
 async def test_mark_answer_without_a_mask_asks_comfyui_nothing(fake: FakeComfyUI) -> None:
     async with _client(fake.url) as client:
-        data = await draw_grown(client, PHOTO, {"marked_image_base64": "…", "grown_image_base64": None,
-                                                "generator": None})
+        data = await draw_grown(
+            client, PHOTO, {"marked_image_base64": "…", "grown_image_base64": None, "generator": None}
+        )
     assert data["grown_image_base64"] is None and data["generator"] is None
     assert not fake.uploads and not fake.prompts
 
@@ -217,7 +244,9 @@ async def test_failing_comfyui_leaves_grow_answer_null_without_masks(fake: FakeC
 
 
 def test_failures_are_logged_at_most_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
-    failures = FailureLog(logging.getLogger("gpu_host.comfyui"), "ComfyUI generation failed", 3600, level=logging.WARNING)
+    failures = FailureLog(
+        logging.getLogger("gpu_host.comfyui"), "ComfyUI generation failed", 3600, level=logging.WARNING
+    )
     with caplog.at_level(logging.WARNING, "gpu_host.comfyui"):
         for attempt in range(5):
             failures.report(f"attempt {attempt}")
@@ -228,6 +257,8 @@ def test_failures_are_logged_at_most_once_per_interval(caplog: pytest.LogCapture
 
 def test_a_deeply_nested_answer_is_a_comfyui_failure_not_a_crash() -> None:
     # json raises RecursionError, not ValueError, on 50,000 levels: the probe task must survive it
-    deep = httpx.Response(200, content=b"[" * 50_000 + b"]" * 50_000, request=httpx.Request("GET", "http://c/system_stats"))
+    deep = httpx.Response(
+        200, content=b"[" * 50_000 + b"]" * 50_000, request=httpx.Request("GET", "http://c/system_stats")
+    )
     with pytest.raises(comfyui.ComfyUIFailure):
         comfyui._json(deep)

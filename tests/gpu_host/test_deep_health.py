@@ -100,7 +100,9 @@ async def test_a_host_short_of_disk_takes_itself_out_until_a_reload_lowers_the_t
         gateway = start(cluster.gateway, tmp_path)
         try:
             async with httpx.AsyncClient(headers={HEADER_TOKEN: cluster.token}, timeout=10) as client:
-                first = await until(client, host.service.health_url, lambda r: True, "the port", STARTUP_DEADLINE_SECONDS)
+                first = await until(
+                    client, host.service.health_url, lambda r: True, "the port", STARTUP_DEADLINE_SECONDS
+                )
                 await trio.to_thread.run_sync(host.wait_for_log, r"model process ready", STARTUP_DEADLINE_SECONDS)
                 low = await client.get(host.service.health_url)
                 metrics_low = (await client.get(host.url + "/metrics")).text
@@ -108,7 +110,9 @@ async def test_a_host_short_of_disk_takes_itself_out_until_a_reload_lowers_the_t
                 offline = await client.get(cluster.gateway.health_url)
                 set_settings(cluster.settings_path, "gpu_host", min_free_disk_mb=1)
                 os.kill(host.pid, signal.SIGHUP)
-                back = await until(client, host.service.health_url, lambda r: r.status_code == 200, "ok", CHANGE_SECONDS)
+                back = await until(
+                    client, host.service.health_url, lambda r: r.status_code == 200, "ok", CHANGE_SECONDS
+                )
                 online = await until(
                     client, cluster.gateway.health_url, lambda r: r.json().get("workers_healthy") == 1, "online", 30
                 )
@@ -181,7 +185,9 @@ async def leave_after(url: str, token: str, photo: bytes, seconds: float) -> Non
     boundary = "hairgate-departure"
     body = (
         f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n'
-        f"Content-Type: image/png\r\n\r\n".encode() + photo + f"\r\n--{boundary}--\r\n".encode()
+        f"Content-Type: image/png\r\n\r\n".encode()
+        + photo
+        + f"\r\n--{boundary}--\r\n".encode()
     )
     head = (
         f"POST {MEASURE} HTTP/1.1\r\nHost: {host}:{port}\r\n{HEADER_TOKEN}: {token}\r\n"

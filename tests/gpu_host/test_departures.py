@@ -75,7 +75,11 @@ async def test_too_little_time_given_is_a_1007_at_once_without_running_anything(
         health = await _health(client)
         served = await client.post(MEASURE, headers={HEADER_REQUEST_TIMEOUT_MS: "60000"}, **_upload(scripted(b"ok")))
     body = refused.json()
-    assert (refused.status_code, body["code"], body["message"]) == (200, Code.SYSTEM_ERROR, MSG_DEADLINE_TOO_SHORT.format(ms=999))
+    assert (refused.status_code, body["code"], body["message"]) == (
+        200,
+        Code.SYSTEM_ERROR,
+        MSG_DEADLINE_TOO_SHORT.format(ms=999),
+    )
     assert health["busy"] is False
     assert (served.status_code, served.json()["code"]) == (200, Code.OK)
 
@@ -88,8 +92,11 @@ async def test_a_deadline_longer_than_any_is_no_deadline_of_its_own_not_an_overf
     async with running_host(tmp_path) as host:
         client = client_of(host)
         codes = [
-            (await client.post(MEASURE, headers={HEADER_REQUEST_TIMEOUT_MS: "9" * digits}, **_upload(scripted(b"ok"))))
-            .json()["code"]
+            (
+                await client.post(
+                    MEASURE, headers={HEADER_REQUEST_TIMEOUT_MS: "9" * digits}, **_upload(scripted(b"ok"))
+                )
+            ).json()["code"]
             for digits in (13, 400, 5000)
         ]
     assert codes == [Code.OK, Code.OK, Code.OK]
@@ -185,4 +192,3 @@ async def _model_pid(client: httpx.AsyncClient) -> int:
     answer = (await client.post(MEASURE, **_upload(scripted(b"ok")))).json()
     assert answer["code"] == Code.OK, answer
     return int(answer["data"]["pid"])
-

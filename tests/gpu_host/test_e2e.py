@@ -122,7 +122,10 @@ def test_json_body_through_the_gateway_returns_every_image_as_a_url(cluster: Clu
     with httpx.Client(base_url=cluster.gateway.url, timeout=120) as client:
         body = client.post(
             "/api/v1/hair/hairline",
-            json={"image_base64": "data:image/png;base64," + base64.b64encode(astronaut_png()).decode(), "styles": ["rounded"]},
+            json={
+                "image_base64": "data:image/png;base64," + base64.b64encode(astronaut_png()).decode(),
+                "styles": ["rounded"],
+            },
         ).json()
         assert body["code"] == 0, body
         assert envelope_errors("hairline", body) is None, envelope_errors("hairline", body)

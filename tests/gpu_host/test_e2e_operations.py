@@ -119,8 +119,10 @@ def test_two_gateways_share_two_hosts_under_load(pool: TlsPool, gateways: list[G
     assert [overlapping_jobs(host) for host in lines] == [0, 0]
     jobs = sum(1 for host in lines for line in host if line["status"] == "200")
     assert jobs == sum(len(load.codes) for load in loads), "every answer came from exactly one host job"
-    print(f"two gateways: {[load.count for load in loads]} requests, host jobs {jobs}, "
-          f"busy answers {[busy_answers(host) for host in lines]}")
+    print(
+        f"two gateways: {[load.count for load in loads]} requests, host jobs {jobs}, "
+        f"busy answers {[busy_answers(host) for host in lines]}"
+    )
 
 
 async def _watch_health(gateways: list[Gateway], pool: TlsPool, stop: trio.Event, offline: list[str]) -> None:
@@ -150,7 +152,9 @@ def test_token_rotation_under_load_then_interrupted_and_resumed(pool: TlsPool, g
                 check=False,
             )  # fmt: skip
             outputs.append(done.stdout.decode())
-            print(f"rotation: {trio.current_time() - started:.1f} s, {load.count} requests, {len(load.failures)} failed")
+            print(
+                f"rotation: {trio.current_time() - started:.1f} s, {load.count} requests, {len(load.failures)} failed"
+            )
             assert done.returncode == 0, outputs[-1]
             stop.set()
 

@@ -43,7 +43,9 @@ async def test_tls_offers_only_http_1_1_and_refuses_the_http_2_preface(tmp_path:
         for offered in (["h2"], ["h2", "http/1.1"]):
             context = ssl.create_default_context(cafile=str(files.ca_file))
             context.set_alpn_protocols(offered)
-            stream = trio.SSLStream(await trio.open_tcp_stream("127.0.0.1", host.port), context, server_hostname="127.0.0.1")
+            stream = trio.SSLStream(
+                await trio.open_tcp_stream("127.0.0.1", host.port), context, server_hostname="127.0.0.1"
+            )
             async with stream:
                 await stream.do_handshake()
                 selected[offered[0] if len(offered) == 1 else "both"] = stream.selected_alpn_protocol()
@@ -61,7 +63,10 @@ async def test_a_request_timeout_of_unicode_digits_is_no_number_not_a_system_err
     # "²²²²".isdigit() is true and int() of it fails: it was a 1007 (an error the gateway
     # retries on another host); it is now what any other non-number is: no deadline of its own
     upload = {"image": ("p.png", scripted(b"ok"), "image/png")}
-    async with running_host(tmp_path) as host, httpx.AsyncClient(base_url=host.url, headers=auth(), timeout=30) as client:
+    async with (
+        running_host(tmp_path) as host,
+        httpx.AsyncClient(base_url=host.url, headers=auth(), timeout=30) as client,
+    ):
         codes = {}
         for value in (b"\xb2\xb2\xb2\xb2", b"abc", b"120000"):
             answer = await client.post(MEASURE, files=upload, headers={b"X-Request-Timeout-Ms": value})

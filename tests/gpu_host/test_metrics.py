@@ -56,7 +56,10 @@ async def test_metrics_count_inferences_generation_and_restarts(fifos: Fifos) ->
     assert after[("hairgate_host_generation_total", (("result", "comfyui"),))] == 0
     assert (before[("hairgate_host_busy", ())], during[("hairgate_host_busy", ())]) == (0, 1)
     assert after[("hairgate_host_busy", ())] == 0
-    assert (before[("hairgate_host_model_restarts_total", ())], after[("hairgate_host_model_restarts_total", ())]) == (0, 1)
+    assert (before[("hairgate_host_model_restarts_total", ())], after[("hairgate_host_model_restarts_total", ())]) == (
+        0,
+        1,
+    )
 
 
 async def test_metrics_refuse_a_wrong_bearer_token_and_take_bearer_only_there() -> None:

@@ -303,4 +303,3 @@ async def test_a_load_over_its_deadline_is_killed_logged_and_retried(
     assert stats.state is Phase.WAITING
     assert "model load timed out after 0.5s" in (stats.message or "")
     assert "model load timed out" in caplog.text
-

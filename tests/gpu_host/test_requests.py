@@ -27,7 +27,9 @@ async def test_multipart_and_json_bodies_reach_the_child_alike() -> None:
     async with serving(model) as client:
         await model.wait_ready()
         multipart = await post_image(client, image, "/api/v1/hair/grow", plans='["standard"]')
-        plain = await client.post("/api/v1/hair/grow", headers=auth(), json={"image_base64": encoded, "plans": ["standard"]})
+        plain = await client.post(
+            "/api/v1/hair/grow", headers=auth(), json={"image_base64": encoded, "plans": ["standard"]}
+        )
         data_url = await client.post(
             "/api/v1/hair/mark",
             headers=auth(),
@@ -144,8 +146,14 @@ DEEP = "[" * 100_000 + "]" * 100_000
         ("/api/v1/hair/grow", {"files": image_file(b"ok"), "form": {"plans": DEEP}}, "plans"),
         ("/api/v1/hair/mark", {"files": image_file(b"ok"), "form": {"hairline_points": DEEP}}, "hairline_points"),
         ("/api/v1/hair/mark", {"json": {"image_base64": "b2s=", "hairline_points": DEEP}}, "hairline_points"),
-        ("/api/v1/hair/mark", {"data": f'{{"image_base64": "b2s=", "hairline_points": {DEEP}}}'.encode(),
-                               "headers": {"Content-Type": "application/json"}}, "嵌套"),
+        (
+            "/api/v1/hair/mark",
+            {
+                "data": f'{{"image_base64": "b2s=", "hairline_points": {DEEP}}}'.encode(),
+                "headers": {"Content-Type": "application/json"},
+            },
+            "嵌套",
+        ),
         (MEASURE, {"data": f'{{"gender": {DEEP}}}'.encode(), "headers": {"Content-Type": "application/json"}}, "嵌套"),
     ],
 )

@@ -20,10 +20,10 @@ from shared.contract import HEADER_TOKEN
 from tests.gpu_host.processes import (
     REPO_ROOT,
     astronaut_png,
-    model_child_pid,
     cluster_files,
     is_running,
     mapped_libraries,
+    model_child_pid,
     set_settings,
     start,
     wait_for,
@@ -88,11 +88,26 @@ print(sorted(m for m in ("torch", "mediapipe", "cv2", "numpy") if m in sys.modul
     ("secrets", "extra_settings", "bind", "names"),
     [
         ('[auth]\nshared_password = "x"\n', "", "127.0.0.1:20001", "auth.accept_passwords"),
-        ('[auth]\naccept_passwords = ["t"]\n', "[gpu_host]\ninference_timeout_seconds = -1\n", "127.0.0.1:20001", "gpu_host.inference_timeout_seconds"),
+        (
+            '[auth]\naccept_passwords = ["t"]\n',
+            "[gpu_host]\ninference_timeout_seconds = -1\n",
+            "127.0.0.1:20001",
+            "gpu_host.inference_timeout_seconds",
+        ),
         ('[auth]\naccept_passwords = ["t"]\n', "[gpu_host]\nbogus = 1\n", "127.0.0.1:20001", "gpu_host.bogus"),
         ('[auth]\naccept_passwords = ["t"]\n', "", "nonsense", "bind"),
-        ('[auth]\naccept_passwords = ["t"]\n', '[gpu_host]\ncomfyui_workflow = "/nope/workflow.json"\n', "127.0.0.1:20001", "gpu_host.comfyui_workflow"),
-        ('[auth]\naccept_passwords = ["t"]\n', f'[gpu_host]\ncertfile = "{__file__}"\nkeyfile = "{__file__}"\n', "127.0.0.1:20001", "gpu_host.certfile"),
+        (
+            '[auth]\naccept_passwords = ["t"]\n',
+            '[gpu_host]\ncomfyui_workflow = "/nope/workflow.json"\n',
+            "127.0.0.1:20001",
+            "gpu_host.comfyui_workflow",
+        ),
+        (
+            '[auth]\naccept_passwords = ["t"]\n',
+            f'[gpu_host]\ncertfile = "{__file__}"\nkeyfile = "{__file__}"\n',
+            "127.0.0.1:20001",
+            "gpu_host.certfile",
+        ),
     ],
 )
 def test_bad_settings_exit_non_zero_with_one_line_naming_the_key(
@@ -100,7 +115,16 @@ def test_bad_settings_exit_non_zero_with_one_line_naming_the_key(
 ) -> None:
     (tmp_path / "settings.toml").write_text(extra_settings)
     (tmp_path / "secrets.toml").write_text(secrets)
-    command = [sys.executable, "-m", "shared.cli", "gpu-host", "--config", str(tmp_path / "settings.toml"), "--bind", bind]
+    command = [
+        sys.executable,
+        "-m",
+        "shared.cli",
+        "gpu-host",
+        "--config",
+        str(tmp_path / "settings.toml"),
+        "--bind",
+        bind,
+    ]
     out = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, env=child_env(), timeout=60)
     assert out.returncode != 0
     lines = out.stderr.strip().splitlines()

@@ -77,6 +77,8 @@ async def test_sigterm_lets_an_inference_longer_than_five_seconds_finish(fifos: 
 
 def test_the_grace_covers_the_inference_and_comfyui_when_it_draws() -> None:
     plain = hypercorn_config(GpuHostSettings(inference_timeout_seconds=45), "127.0.0.1:0").graceful_timeout
-    drawing = GpuHostSettings(inference_timeout_seconds=45, comfyui_url="http://127.0.0.1:8188", comfyui_timeout_seconds=100)
+    drawing = GpuHostSettings(
+        inference_timeout_seconds=45, comfyui_url="http://127.0.0.1:8188", comfyui_timeout_seconds=100
+    )
     assert plain > 45
     assert hypercorn_config(drawing, "127.0.0.1:0").graceful_timeout == plain + 100

@@ -38,7 +38,7 @@ class FakePrometheus(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: FakePrometheus
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         url = urlparse(self.path)
         query = parse_qs(url.query)["query"][0]
         self.server.queries.append(query)
@@ -48,8 +48,10 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             start = float(parse_qs(url.query)["start"][0])
             values = [[start + step, str(step % 3)] for step in range(0, 60, 2)]
-            body = {"status": "success", "data": {"resultType": "matrix",
-                                                   "result": [{"metric": {"worker": "0"}, "values": values}]}}
+            body = {
+                "status": "success",
+                "data": {"resultType": "matrix", "result": [{"metric": {"worker": "0"}, "values": values}]},
+            }
         payload = json.dumps(body).encode()
         self.send_response(200 if not self.server.refuse else 400)
         self.send_header("Content-Type", "application/json")
@@ -73,8 +75,9 @@ def prometheus() -> Iterator[FakePrometheus]:
 
 def test_every_panel_is_queried_as_grafana_would_and_drawn(prometheus: FakePrometheus, tmp_path: Path) -> None:
     out = tmp_path / "dashboard.png"
-    code = render_dashboard.main(["--prometheus", prometheus.url, "--start", "1000", "--end", "1060",
-                                  "--scrape-seconds", "2", "--out", str(out)])
+    code = render_dashboard.main(
+        ["--prometheus", prometheus.url, "--start", "1000", "--end", "1060", "--scrape-seconds", "2", "--out", str(out)]
+    )
     assert code == 0
     dashboard = json.loads(render_dashboard.DASHBOARD.read_text())
     expected = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
@@ -85,9 +88,12 @@ def test_every_panel_is_queried_as_grafana_would_and_drawn(prometheus: FakeProme
         assert image.width >= 1000 and image.height > image.width
 
 
-def test_a_refused_expression_is_exit_1(prometheus: FakePrometheus, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_refused_expression_is_exit_1(
+    prometheus: FakePrometheus, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     prometheus.refuse = True
-    code = render_dashboard.main(["--prometheus", prometheus.url, "--start", "1000", "--end", "1060",
-                                  "--out", str(tmp_path / "x.png")])
+    code = render_dashboard.main(
+        ["--prometheus", prometheus.url, "--start", "1000", "--end", "1060", "--out", str(tmp_path / "x.png")]
+    )
     assert code == 1
     assert "Prometheus refused a query" in capsys.readouterr().err

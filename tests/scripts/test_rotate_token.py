@@ -58,7 +58,9 @@ class FakeGateway:
     async def _workers(self) -> Any:
         if request.headers.get(HEADER_TOKEN) != self.token:
             return jsonify(status="error"), 401
-        workers = [{"index": i, "url": url, "online": up, "primary": True} for i, (url, up) in enumerate(self.online.items())]
+        workers = [
+            {"index": i, "url": url, "online": up, "primary": True} for i, (url, up) in enumerate(self.online.items())
+        ]
         return jsonify(workers=workers)
 
     async def _switch(self) -> Any:

@@ -42,18 +42,50 @@ def _head(line: str, *headers: str, body: bytes = b"") -> bytes:
 
 ATTACKS = (
     # issue 23: Hypercorn switched to HTTP/2, then raised outside any handler (binascii.Error)
-    Attack("h2c upgrade, bad settings", _head("GET /health HTTP/1.1", H2C.format(settings="A")), frozenset({200}), False),
-    Attack("h2c upgrade, good settings", _head("GET /health HTTP/1.1", H2C.format(settings="AAMAAABkAAQAoAAAAAIAAAAA")), frozenset({200}), False),
+    Attack(
+        "h2c upgrade, bad settings", _head("GET /health HTTP/1.1", H2C.format(settings="A")), frozenset({200}), False
+    ),
+    Attack(
+        "h2c upgrade, good settings",
+        _head("GET /health HTTP/1.1", H2C.format(settings="AAMAAABkAAQAoAAAAAIAAAAA")),
+        frozenset({200}),
+        False,
+    ),
     Attack("HTTP/2 preface", PREFACE + SETTINGS_FRAME, frozenset({505}), True),
     Attack("HTTP/2 CONNECT without :path", PREFACE + SETTINGS_FRAME + CONNECT_HEADERS, frozenset({505}), True),
     Attack("HTTP/2.0 request line", _head("GET /health HTTP/2.0"), frozenset({505}), True),
     Attack("HTTP/3.0 request line", _head("GET /health HTTP/3.0"), frozenset({505}), True),
     # smuggling (RFC 9112 §6.1): refused and closed, or refused by h11 itself
-    Attack("CL+TE", _head(f"POST {API} HTTP/1.1", "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n", body=b"0\r\n\r\n"), frozenset({400}), True),
-    Attack("TE+CL", _head(f"POST {API} HTTP/1.1", "Transfer-Encoding: chunked\r\nContent-Length: 40\r\n", body=b"0\r\n\r\n"), frozenset({400}), True),
-    Attack("two different CLs", _head(f"POST {API} HTTP/1.1", "Content-Length: 2\r\nContent-Length: 3\r\n", body=b"{}"), frozenset({400}), True),
-    Attack("TE chunked twice", _head(f"POST {API} HTTP/1.1", "Transfer-Encoding: chunked, chunked\r\n", body=b"0\r\n\r\n"), frozenset({501}), True),
-    Attack("TE gzip", _head(f"POST {API} HTTP/1.1", "Transfer-Encoding: gzip\r\n", body=b"0\r\n\r\n"), frozenset({501}), True),
+    Attack(
+        "CL+TE",
+        _head(f"POST {API} HTTP/1.1", "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n", body=b"0\r\n\r\n"),
+        frozenset({400}),
+        True,
+    ),
+    Attack(
+        "TE+CL",
+        _head(f"POST {API} HTTP/1.1", "Transfer-Encoding: chunked\r\nContent-Length: 40\r\n", body=b"0\r\n\r\n"),
+        frozenset({400}),
+        True,
+    ),
+    Attack(
+        "two different CLs",
+        _head(f"POST {API} HTTP/1.1", "Content-Length: 2\r\nContent-Length: 3\r\n", body=b"{}"),
+        frozenset({400}),
+        True,
+    ),
+    Attack(
+        "TE chunked twice",
+        _head(f"POST {API} HTTP/1.1", "Transfer-Encoding: chunked, chunked\r\n", body=b"0\r\n\r\n"),
+        frozenset({501}),
+        True,
+    ),
+    Attack(
+        "TE gzip",
+        _head(f"POST {API} HTTP/1.1", "Transfer-Encoding: gzip\r\n", body=b"0\r\n\r\n"),
+        frozenset({501}),
+        True,
+    ),
     Attack("negative CL", _head(f"POST {API} HTTP/1.1", "Content-Length: -1\r\n"), frozenset({400}), True),
     # upgrades the services do not serve: a WebSocket is answered before the app (issue 23: a bare 500)
     Attack("WebSocket on /api/", _head(f"GET {API} HTTP/1.1", WEBSOCKET), frozenset({200}), True),
@@ -82,9 +114,7 @@ class Answer:
     body: bytes = b""
 
 
-async def exchange(
-    port: int, data: bytes, *, ssl_context: ssl.SSLContext | None = None, wait_s: float = 5.0
-) -> Answer:
+async def exchange(port: int, data: bytes, *, ssl_context: ssl.SSLContext | None = None, wait_s: float = 5.0) -> Answer:
     """Send `data` raw to 127.0.0.1:`port` and read one answer (through h11, as a client)."""
     stream: trio.abc.Stream = await trio.open_tcp_stream("127.0.0.1", port)
     if ssl_context is not None:
@@ -170,18 +200,36 @@ def _double(rng: random.Random, data: bytes) -> bytes:
 
 def _framing(rng: random.Random, data: bytes) -> bytes:
     headers = rng.sample(
-        [b"Content-Length: 5", b"Content-Length: 0", b"Content-Length: 99999999999999999999", b"Content-Length: +5",
-         b"Transfer-Encoding: chunked", b"Transfer-Encoding: chunked, identity", b"Transfer-Encoding:\tchunked",
-         b"Transfer-Encoding: xchunked", b"Content-Length: 5, 6", b"Expect: 100-continue"],
+        [
+            b"Content-Length: 5",
+            b"Content-Length: 0",
+            b"Content-Length: 99999999999999999999",
+            b"Content-Length: +5",
+            b"Transfer-Encoding: chunked",
+            b"Transfer-Encoding: chunked, identity",
+            b"Transfer-Encoding:\tchunked",
+            b"Transfer-Encoding: xchunked",
+            b"Content-Length: 5, 6",
+            b"Expect: 100-continue",
+        ],
         rng.randint(2, 4),
     )
     line, _, _ = data.partition(b"\r\n")
-    body = rng.choice([b"5\r\nhello\r\n0\r\n\r\n", b"hello", b"0\r\n\r\nGET /health HTTP/1.1\r\nHost: svc\r\n\r\n", b"ffffffffffffffff\r\n"])
+    body = rng.choice(
+        [
+            b"5\r\nhello\r\n0\r\n\r\n",
+            b"hello",
+            b"0\r\n\r\nGET /health HTTP/1.1\r\nHost: svc\r\n\r\n",
+            b"ffffffffffffffff\r\n",
+        ]
+    )
     return line + b"\r\nHost: svc\r\n" + b"\r\n".join(headers) + b"\r\n\r\n" + body
 
 
 def _version(rng: random.Random, data: bytes) -> bytes:
-    version = rng.choice([b"HTTP/2.0", b"HTTP/0.9", b"HTTP/1.2", b"HTTP/9.9", b"HTTP/1", b"http/1.1", b"HTTP/1.1 x", b""])
+    version = rng.choice(
+        [b"HTTP/2.0", b"HTTP/0.9", b"HTTP/1.2", b"HTTP/9.9", b"HTTP/1", b"http/1.1", b"HTTP/1.1 x", b""]
+    )
     return data.replace(b"HTTP/1.1", version, 1)
 
 
@@ -192,9 +240,14 @@ def _method(rng: random.Random, data: bytes) -> bytes:
 
 def _upgrade(rng: random.Random, data: bytes) -> bytes:
     upgrade = rng.choice(
-        [H2C.format(settings=rng.choice(["A", "", "!!!!", "AAAA" * 100, "=" * 3])), WEBSOCKET,
-         "Connection: Upgrade\r\nUpgrade: websocket\r\n", "Connection: upgrade\r\nUpgrade: h2c, websocket\r\n",
-         "Upgrade: TLS/1.0\r\nConnection: Upgrade\r\n", WEBSOCKET.replace("13", "8")]
+        [
+            H2C.format(settings=rng.choice(["A", "", "!!!!", "AAAA" * 100, "=" * 3])),
+            WEBSOCKET,
+            "Connection: Upgrade\r\nUpgrade: websocket\r\n",
+            "Connection: upgrade\r\nUpgrade: h2c, websocket\r\n",
+            "Upgrade: TLS/1.0\r\nConnection: Upgrade\r\n",
+            WEBSOCKET.replace("13", "8"),
+        ]
     ).encode()
     line, _, rest = data.partition(b"\r\n")
     return line + b"\r\n" + upgrade + rest
@@ -202,7 +255,14 @@ def _upgrade(rng: random.Random, data: bytes) -> bytes:
 
 def _preface(rng: random.Random, data: bytes) -> bytes:
     frame = bytes(rng.randrange(256) for _ in range(rng.randint(0, 64)))
-    return rng.choice([PREFACE + frame, PREFACE + SETTINGS_FRAME + CONNECT_HEADERS + frame, PREFACE[: rng.randint(3, 20)], frame + PREFACE])
+    return rng.choice(
+        [
+            PREFACE + frame,
+            PREFACE + SETTINGS_FRAME + CONNECT_HEADERS + frame,
+            PREFACE[: rng.randint(3, 20)],
+            frame + PREFACE,
+        ]
+    )
 
 
 def _nul(rng: random.Random, data: bytes) -> bytes:

@@ -29,9 +29,13 @@ def test_error_envelope_drops_data_and_keeps_message():
 
 @pytest.mark.parametrize(
     "body",
-    [[], {"code": 0}, {"code": 999, "message": "", "request_id": "", "data": None},
-     {"code": True, "message": "", "request_id": "", "data": None},
-     {"code": 0, "message": "", "request_id": "", "data": None, "extra": 1}],
+    [
+        [],
+        {"code": 0},
+        {"code": 999, "message": "", "request_id": "", "data": None},
+        {"code": True, "message": "", "request_id": "", "data": None},
+        {"code": 0, "message": "", "request_id": "", "data": None, "extra": 1},
+    ],
 )
 def test_not_an_envelope(body):
     assert not is_envelope(body)
@@ -50,8 +54,13 @@ def test_bad_client_request_id_replaced(value):
 
 @pytest.mark.parametrize(
     ("key", "expected"),
-    [("annotated_image_base64", "annotated_image_url"), ("image_base64", "image_url"),
-     ("_base64", None), ("image", None), ("base64_image", None)],
+    [
+        ("annotated_image_base64", "annotated_image_url"),
+        ("image_base64", "image_url"),
+        ("_base64", None),
+        ("image", None),
+        ("base64_image", None),
+    ],
 )
 def test_url_key_rule(key, expected):
     assert url_key_for(key) == expected

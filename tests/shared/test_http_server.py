@@ -80,7 +80,9 @@ async def test_a_connection_that_raises_ends_alone_and_each_kind_is_logged_once(
         await original(self, event)
 
     monkeypatch.setattr(HTTP1Protocol, "_check_protocol", faulty)
-    monkeypatch.setattr(ContainedTCPServer, "failures", defaultdict(lambda: FailureLog(logging.getLogger("t"), "contained")))
+    monkeypatch.setattr(
+        ContainedTCPServer, "failures", defaultdict(lambda: FailureLog(logging.getLogger("t"), "contained"))
+    )
     config = http1_only(Config())
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None

@@ -19,7 +19,13 @@ IMAGE = "/9j/4AAQSkZJRg=="  # any non-empty text: its content is shared.uploads'
 REFUSALS = [
     ("measure", "gender", "robot", "robot", "参数 gender 无效：只能是 male / female / unknown"),
     ("grow", "plans", ["bald"], "bald", "参数 plans 含未知取值 'bald'，可选值：conservative, standard, aggressive"),
-    ("hairline", "styles", ["receding"], "receding", "参数 styles 含未知取值 'receding'，可选值：straight, rounded, m_shape, widows_peak"),
+    (
+        "hairline",
+        "styles",
+        ["receding"],
+        "receding",
+        "参数 styles 含未知取值 'receding'，可选值：straight, rounded, m_shape, widows_peak",
+    ),
     ("mark", "hairline_points", [[1, 2]], "[[1, 2]]", "参数 hairline_points 需要 3–1000 个点，收到 1 个"),
     ("mark", "drop_mm", 1000, "1000", "参数 drop_mm 超出范围：1000，应在 0–40 毫米之间"),
 ]
@@ -42,7 +48,9 @@ def test_every_field_of_every_model_has_a_refusal_here_and_a_message() -> None:
     assert fields | {models.IMAGE_BASE64_FIELD} == set(models._FIELD_MESSAGES)
 
 
-@pytest.mark.parametrize(("endpoint", "field", "json_value", "form_text", "message"), REFUSALS, ids=[r[1] for r in REFUSALS])
+@pytest.mark.parametrize(
+    ("endpoint", "field", "json_value", "form_text", "message"), REFUSALS, ids=[r[1] for r in REFUSALS]
+)
 def test_a_bad_field_is_the_same_1001_as_json_and_as_form_text(
     endpoint: str, field: str, json_value: Any, form_text: str, message: str
 ) -> None:
@@ -97,14 +105,18 @@ OLD_SPELLINGS = [
 
 
 @pytest.mark.parametrize(("endpoint", "spelt", "canonical"), OLD_SPELLINGS, ids=[str(s[1]) for s in OLD_SPELLINGS])
-def test_json_takes_the_old_spellings_as_the_form_does(endpoint: str, spelt: dict[str, Any], canonical: dict[str, Any]) -> None:
+def test_json_takes_the_old_spellings_as_the_form_does(
+    endpoint: str, spelt: dict[str, Any], canonical: dict[str, Any]
+) -> None:
     expected = _json(endpoint, {"image_base64": IMAGE, **canonical})
     assert _json(endpoint, {"image_base64": IMAGE, **spelt}) == expected
     form = {name: value for name, value in spelt.items() if isinstance(value, str)}
     if len(form) == len(spelt):  # the same text as multipart fields: one rule set
         assert models.validate_form(endpoint, MultiDict(list(form.items()))) == expected
     schema = models.JSON_BODIES[models.fields_of(endpoint)].model_json_schema()
-    assert jsonschema.Draft202012Validator(schema).is_valid({"image_base64": IMAGE, **spelt}), "the document says so too"
+    assert jsonschema.Draft202012Validator(schema).is_valid({"image_base64": IMAGE, **spelt}), (
+        "the document says so too"
+    )
 
 
 # (endpoint, fields, the message's fragment): what the old parser refused still is, in JSON
@@ -169,14 +181,24 @@ def test_mark_messages(fields: dict[str, Any], named: str) -> None:
 
 def test_form_text_spellings_map_onto_the_same_values() -> None:
     assert models.validate_form("grow", MultiDict([("plans", "standard"), ("plans", "aggressive")]))["plans"] == [
-        "standard", "aggressive"]  # repeated fields: all of them, in order
+        "standard",
+        "aggressive",
+    ]  # repeated fields: all of them, in order
     assert models.validate_form("grow", {"plans": '["aggressive"]', "gender": " Female "}) == {
-        "plans": ["aggressive"], "gender": "female"}
+        "plans": ["aggressive"],
+        "gender": "female",
+    }
     assert models.validate_form("mark", {"drop_mm": "7.5", "hairline_points": ""}) == {
-        "hairline_points": None, "drop_mm": 7.5}  # an empty form field is absent
-    assert models.validate_form("mark", {"drop_mm": "null", "hairline_points": "[[1,2],[3,4],[5,6]]"})["drop_mm"] is None, (
-        "null text is a JSON null, absent (Schemathesis' spelling of a nullable field in a form)")
-    assert _json("grow", {"image_base64": IMAGE, "plans": ["aggressive"]}) == {"plans": ["aggressive"], "gender": "unknown"}
+        "hairline_points": None,
+        "drop_mm": 7.5,
+    }  # an empty form field is absent
+    assert (
+        models.validate_form("mark", {"drop_mm": "null", "hairline_points": "[[1,2],[3,4],[5,6]]"})["drop_mm"] is None
+    ), "null text is a JSON null, absent (Schemathesis' spelling of a nullable field in a form)"
+    assert _json("grow", {"image_base64": IMAGE, "plans": ["aggressive"]}) == {
+        "plans": ["aggressive"],
+        "gender": "unknown",
+    }
 
 
 def test_a_single_valued_form_field_given_twice_is_refused_not_cut_to_its_first() -> None:
@@ -221,4 +243,6 @@ def test_importing_the_models_loads_no_heavy_library() -> None:
     import sys
 
     code = "import sys, shared.models; print(sorted(m for m in ('numpy', 'torch', 'mediapipe', 'cv2') if m in sys.modules))"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    )

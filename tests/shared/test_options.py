@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from shared.options import parse_options
 from shared.contract import Code, ContractError
+from shared.options import parse_options
 
 
 def _rejects(endpoint: str, fields: dict[str, Any], field_name: str) -> ContractError:
@@ -28,7 +28,9 @@ def test_defaults_when_fields_absent() -> None:
     assert parse_options("special-points", {}) == {}
 
 
-@pytest.mark.parametrize("value, expected", [("male", "male"), (" Female ", "female"), ("", "unknown"), (None, "unknown")])
+@pytest.mark.parametrize(
+    "value, expected", [("male", "male"), (" Female ", "female"), ("", "unknown"), (None, "unknown")]
+)
 def test_gender_accepted(value: Any, expected: str) -> None:
     assert parse_options("measure", {"gender": value}) == {"gender": expected}
 
@@ -70,9 +72,14 @@ def test_styles_validated_like_plans() -> None:
         ({"drop_mm": 12}, {"hairline_points": None, "drop_mm": 12.0}),
         ({"drop_mm": "0"}, {"hairline_points": None, "drop_mm": 0.0}),
         ({"drop_mm": 40.0, "hairline_points": ""}, {"hairline_points": None, "drop_mm": 40.0}),
-        ({"hairline_points": [[1, 2], [3.5, 4], [5, 6]]}, {"hairline_points": [[1, 2], [3.5, 4], [5, 6]], "drop_mm": None}),
-        ({"hairline_points": "[[1,2],[3,4],[5,6]]", "drop_mm": None},
-         {"hairline_points": [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], "drop_mm": None}),
+        (
+            {"hairline_points": [[1, 2], [3.5, 4], [5, 6]]},
+            {"hairline_points": [[1, 2], [3.5, 4], [5, 6]], "drop_mm": None},
+        ),
+        (
+            {"hairline_points": "[[1,2],[3,4],[5,6]]", "drop_mm": None},
+            {"hairline_points": [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], "drop_mm": None},
+        ),
     ],
 )
 def test_mark_accepted(fields: dict[str, Any], expected: dict[str, Any]) -> None:
@@ -141,4 +148,4 @@ def test_choices_match_the_analysis_types() -> None:
     from shared import options
 
     assert options.PLANS == types.PLANS and options.STYLES == types.STYLES
-    assert options.GENDERS == get_args(types.Gender)
+    assert get_args(types.Gender) == options.GENDERS

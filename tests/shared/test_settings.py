@@ -105,7 +105,9 @@ def test_host_inference_timeout_must_sit_below_the_gateway_request_timeout(tmp_p
     if ok:
         load_text(tmp_path, text)
     else:
-        with pytest.raises(SettingsError, match=r"gpu_host\.inference_timeout_seconds .* edge\.dispatch\.request_timeout_seconds"):
+        with pytest.raises(
+            SettingsError, match=r"gpu_host\.inference_timeout_seconds .* edge\.dispatch\.request_timeout_seconds"
+        ):
             load_text(tmp_path, text)
 
 
@@ -120,7 +122,7 @@ def test_a_host_only_file_may_raise_its_timeouts(tmp_path):
 
 def test_generation_time_must_fit_the_slow_request_timeout(tmp_path):
     text = (
-        '[edge.dispatch]\nslow_request_timeout_seconds = 100\n'
+        "[edge.dispatch]\nslow_request_timeout_seconds = 100\n"
         '[gpu_host]\ncomfyui_url = "http://127.0.0.1:8188"\ncomfyui_timeout_seconds = 60\n'
     )
     with pytest.raises(SettingsError, match=r"comfyui_timeout_seconds \(110\).*slow_request_timeout_seconds"):

@@ -17,7 +17,15 @@ def test_committed_settings_name_every_admission_key_with_the_documented_default
     assert limit.trusted_proxies == ("127.0.0.1", "::1")
     assert edge.idempotency.max_entries == 100000
     text = REPO_SETTINGS.read_text()
-    for key in ("metrics_bind", "redis_url", "requests_per_minute", "burst", "key_header", "trusted_proxies", "max_entries"):
+    for key in (
+        "metrics_bind",
+        "redis_url",
+        "requests_per_minute",
+        "burst",
+        "key_header",
+        "trusted_proxies",
+        "max_entries",
+    ):
         assert f"\n{key} = " in text, f"{key} belongs in settings.toml, commented"
 
 

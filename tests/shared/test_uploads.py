@@ -53,8 +53,10 @@ def b64(image: bytes) -> str:
 def outcome(path: str, body: bytes, content_type: str | None) -> tuple[int, str]:
     """The gateway's and the host's verdict; they must agree on every request."""
     verdicts = []
-    for check in (lambda: check_request(path, body, content_type, LIMITS),
-                  lambda: read_request(path.rsplit("/", 1)[-1], body, content_type, LIMITS)):
+    for check in (
+        lambda: check_request(path, body, content_type, LIMITS),
+        lambda: read_request(path.rsplit("/", 1)[-1], body, content_type, LIMITS),
+    ):
         try:
             check()
             verdicts.append((0, ""))

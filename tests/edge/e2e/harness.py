@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample

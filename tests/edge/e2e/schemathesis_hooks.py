@@ -69,8 +69,9 @@ def _as_generated(case: Any) -> _Generated:
     meta = case.meta
     if meta is None:
         return _Generated(GenerationMode.POSITIVE, frozenset())
-    negative = frozenset(str(location.value) for location, info in meta.components.items()
-                         if info.mode == GenerationMode.NEGATIVE)
+    negative = frozenset(
+        str(location.value) for location, info in meta.components.items() if info.mode == GenerationMode.NEGATIVE
+    )
     scenario = getattr(meta.phase.data, "scenario", None)
     if scenario is not None and scenario not in _POSITIVE_SCENARIOS:
         # the coverage phase labels some of its schema violations positive (an unsupported
@@ -83,8 +84,7 @@ def _as_generated(case: Any) -> _Generated:
 def _positive(case: Any) -> bool:
     """Valid by the schema in every part, sent as one of its media types."""
     generated = _generated(case)
-    return (generated.mode == GenerationMode.POSITIVE and not generated.negative_in
-            and case.media_type in MEDIA_TYPES)
+    return generated.mode == GenerationMode.POSITIVE and not generated.negative_in and case.media_type in MEDIA_TYPES
 
 
 def _within(value: Any, side: float) -> Any:
@@ -141,8 +141,10 @@ def map_case(context: Any, case: Any) -> Any:
                 body[name] = _distinct_text(body[name])
         case.body = body
     if case.headers and "idempotency-key" in {name.lower() for name in case.headers}:
-        case.headers = {name: (str(uuid.uuid4()) if name.lower() == "idempotency-key" else value)
-                        for name, value in case.headers.items()}
+        case.headers = {
+            name: (str(uuid.uuid4()) if name.lower() == "idempotency-key" else value)
+            for name, value in case.headers.items()
+        }
     return case
 
 
@@ -163,8 +165,10 @@ def negative_case_never_succeeds(ctx: Any, response: Any, case: Any) -> bool | N
     if generated.mode != GenerationMode.NEGATIVE or not generated.negative_in:
         return None
     body = _envelope(response)
-    assert body["code"] != 0, (f"negative in {sorted(generated.negative_in)}, answered code 0: "
-                               f"headers {case.headers!r}, body {str(case.body)[:300]}")
+    assert body["code"] != 0, (
+        f"negative in {sorted(generated.negative_in)}, answered code 0: "
+        f"headers {case.headers!r}, body {str(case.body)[:300]}"
+    )
     return True
 
 

@@ -91,7 +91,8 @@ async def test_two_gateways_sharing_redis_behave_as_one(cluster: Cluster, redis_
 
 @pytest.mark.slow
 async def test_redis_killed_mid_run_refuses_keyed_requests_only(
-    cluster: Cluster, redis_server: RedisServer  # noqa: F811
+    cluster: Cluster,
+    redis_server: RedisServer,  # noqa: F811
 ) -> None:
     (fake,) = cluster.start_fakes(1)
     cluster.start_gateway(edge={"shared_state": {"redis_url": redis_server.url}})
@@ -245,14 +246,17 @@ async def test_with_api_keys_each_client_has_its_own_keys_and_its_ip_is_limited_
     mallory = {API_KEY: "sk-mallory-00000000", "X-Forwarded-For": "198.51.100.21"}
     async with cluster.client() as client:
         # Mallory squats the key Alice will use, with a junk body: it is hers alone.
-        squat = await client.post(MEASURE, json={"image_base64": "BBBB"}, headers={**mallory, HEADER_IDEMPOTENCY_KEY: "order-1"})
+        squat = await client.post(
+            MEASURE, json={"image_base64": "BBBB"}, headers={**mallory, HEADER_IDEMPOTENCY_KEY: "order-1"}
+        )
         mine = await measure(client, headers={**alice, HEADER_IDEMPOTENCY_KEY: "order-1"})
         # Mallory tries to fetch Alice's answer (her face analysis) by sending her request and key.
         theirs = await measure(client, headers={**mallory, HEADER_IDEMPOTENCY_KEY: "order-1"})
         again = await measure(client, headers={**alice, HEADER_IDEMPOTENCY_KEY: "order-1"})
         # A made-up API key per request from one IP: the IP's bucket (6, 3 taken) still applies.
         rotating = [
-            await measure(client, headers={API_KEY: f"made-up-{n}", "X-Forwarded-For": "198.51.100.21"}) for n in range(6)
+            await measure(client, headers={API_KEY: f"made-up-{n}", "X-Forwarded-For": "198.51.100.21"})
+            for n in range(6)
         ]
     assert squat.json()["code"] != Code.OK  # refused by the gateway's own checks, and stored
     assert mine.json()["code"] == Code.OK, "not 1001 'key used for another request': Mallory's key is not Alice's"

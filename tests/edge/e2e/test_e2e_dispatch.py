@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from shared.contract import MSG_BACKEND_BUSY, Code, envelope, is_valid_request_id
-from tests.fakes.fake_worker import PNG_BYTES
 from tests.edge.e2e.harness import Cluster, gateway_health, measure, wait_until
+from tests.fakes.fake_worker import PNG_BYTES
 
 
 async def _in_flight(fake, count: int) -> bool:
@@ -125,9 +125,7 @@ async def test_client_disconnect_frees_its_slot_and_worker(cluster: Cluster) -> 
     await fake.configure(hold=False)
     await fake.release()
     async with cluster.client() as client:
-        await wait_until(
-            lambda: _no_busy_worker(client), 5, "the gateway to mark the worker idle once it answered"
-        )
+        await wait_until(lambda: _no_busy_worker(client), 5, "the gateway to mark the worker idle once it answered")
         response = await measure(client, headers={"X-Request-ID": "next"})
         assert response.json()["code"] == Code.OK, response.text
     stats = await fake.stats()
@@ -167,8 +165,11 @@ async def test_forward_keeps_path_query_body_and_content_type(cluster: Cluster) 
     photo = PNG_BYTES + bytes(range(256)) * 40  # PNG magic bytes: the gateway checks those
     async with cluster.client() as client:
         request = client.build_request(
-            "POST", "/api/v1/hair/mark?drop_mm=12", files={"image": ("face.jpg", photo, "image/jpeg")},
-            data={"drop_mm": "12"}, headers={"X-Request-ID": "multipart-1"},
+            "POST",
+            "/api/v1/hair/mark?drop_mm=12",
+            files={"image": ("face.jpg", photo, "image/jpeg")},
+            data={"drop_mm": "12"},
+            headers={"X-Request-ID": "multipart-1"},
         )
         body = await request.aread()
         response = await client.send(request)

@@ -13,8 +13,8 @@ import io
 import pytest
 import tomlkit
 import trio
-from skimage import data
 from PIL import Image
+from skimage import data
 
 from shared.models import envelope_errors
 from tests.edge.e2e.harness import Cluster, measure, wait_until
@@ -56,7 +56,9 @@ async def test_99_and_4_answer_with_every_gpu_host_down(cluster: Cluster, nurser
         described = (await client.post(FEATURES, json=photo)).json()
         assert described["code"] == 0, described
         assert described["data"] == {**VALID_FEATURES, "model": "vision-test"}
-        no_face = (await client.post(SPECIAL_POINTS, json={"image_base64": base64.b64encode(_grey_jpeg()).decode()})).json()
+        no_face = (
+            await client.post(SPECIAL_POINTS, json={"image_base64": base64.b64encode(_grey_jpeg()).decode()})
+        ).json()
         assert no_face["code"] == 1005
         assert envelope_errors("special-points", no_face) is None
     assert (await fake.stats())["jobs"] == [], "no GPU host saw any of it"

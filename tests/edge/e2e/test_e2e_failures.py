@@ -93,8 +93,12 @@ async def test_waiters_are_answered_when_the_last_worker_dies(cluster: Cluster) 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "failure",
-    [{"fail_all": True, "fail_status": 500}, {"fail_next": 1, "fail_status": 503},
-     {"fail_next": 1, "fail_status": 401}, {"crash": True}],
+    [
+        {"fail_all": True, "fail_status": 500},
+        {"fail_next": 1, "fail_status": 503},
+        {"fail_next": 1, "fail_status": 401},
+        {"crash": True},
+    ],
     ids=["http-500", "http-503", "http-401", "process-died"],
 )
 async def test_failed_worker_is_ejected_and_the_request_retried(cluster: Cluster, failure: dict) -> None:
@@ -203,7 +207,10 @@ async def test_backups_get_traffic_only_when_every_primary_is_down(cluster: Clus
         monitor = await client.get("/monitor")
         assert monitor.status_code == 200, "backups still serve: not an outage"
         assert {k: monitor.json()[k] for k in MONITOR_KEYS - {"status", "service"}} == {
-            "workers_total": 3, "workers_healthy": 1, "workers_primary_total": 2, "workers_primary_healthy": 0,
+            "workers_total": 3,
+            "workers_healthy": 1,
+            "workers_primary_total": 2,
+            "workers_primary_healthy": 0,
         }
         jobs_before = [await _jobs(primary_a), await _jobs(primary_b)]
         for _ in range(3):

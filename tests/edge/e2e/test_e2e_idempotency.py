@@ -37,7 +37,10 @@ async def test_the_same_key_for_another_request_is_refused(cluster: Cluster) -> 
         await measure(client, headers={"Idempotency-Key": "order-2"})
         other = await client.post(MEASURE, json={"image_base64": "BBBB"}, headers={"Idempotency-Key": "order-2"})
         bad_key = await measure(client, headers={"Idempotency-Key": "k" * 129})
-    assert (other.json()["code"], other.json()["message"]) == (Code.INVALID_PARAMETER, "Idempotency-Key 已用于不同的请求")
+    assert (other.json()["code"], other.json()["message"]) == (
+        Code.INVALID_PARAMETER,
+        "Idempotency-Key 已用于不同的请求",
+    )
     assert bad_key.json()["code"] == Code.INVALID_PARAMETER
     assert await _jobs(fake) == 1
 

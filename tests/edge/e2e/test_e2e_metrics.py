@@ -58,10 +58,14 @@ async def test_metrics_count_what_was_sent_and_name_workers_by_index(cluster: Cl
     assert {_family(name) for name in SPEC_NAMES} <= set(families), set(map(_family, SPEC_NAMES)) - set(families)
 
     counted = {
-        (s.labels["path"], s.labels["code"]): s.value for s in families["hairgate_requests"] if s.name.endswith("_total")
+        (s.labels["path"], s.labels["code"]): s.value
+        for s in families["hairgate_requests"]
+        if s.name.endswith("_total")
     }
     assert counted == sent
-    durations = {s.labels["path"]: s.value for s in families["hairgate_request_duration_seconds"] if s.name.endswith("_count")}
+    durations = {
+        s.labels["path"]: s.value for s in families["hairgate_request_duration_seconds"] if s.name.endswith("_count")
+    }
     assert durations == {MEASURE: 7, MASK: 2}
     idempotency = {s.labels["result"]: s.value for s in families["hairgate_idempotency"] if s.name.endswith("_total")}
     assert (idempotency.get("stored"), idempotency.get("replayed")) == (1, 1)

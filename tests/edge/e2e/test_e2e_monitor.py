@@ -44,13 +44,19 @@ async def test_monitor_shapes_and_the_drill_switch(cluster: Cluster) -> None:
         assert (await client.get("/health")).json() == {"status": "ok", "service": "gateway"}
         health = (await client.get("/gateway-health")).json()
         assert {k: health[k] for k in ("workers_total", "workers_healthy", "workers_busy")} == {
-            "workers_total": 2, "workers_healthy": 2, "workers_busy": 0,
+            "workers_total": 2,
+            "workers_healthy": 2,
+            "workers_busy": 0,
         }
         ok = await client.get("/monitor")
         assert ok.status_code == 200
         assert ok.json() == {
-            "status": "ok", "service": "gateway", "workers_total": 2, "workers_healthy": 2,
-            "workers_primary_total": 2, "workers_primary_healthy": 2,
+            "status": "ok",
+            "service": "gateway",
+            "workers_total": 2,
+            "workers_healthy": 2,
+            "workers_primary_total": 2,
+            "workers_primary_healthy": 2,
         }
 
         # The token is checked first: a missing or wrong one changes nothing.
@@ -149,8 +155,13 @@ async def test_monitor_503_when_no_worker_ever_came_online(cluster: Cluster) -> 
         monitor = await client.get("/monitor")
         assert monitor.status_code == 503
         assert monitor.json() == {
-            "status": "unhealthy", "service": "gateway", "workers_total": 2, "workers_healthy": 0,
-            "workers_primary_total": 1, "workers_primary_healthy": 0, "message": "没有可用的 worker",
+            "status": "unhealthy",
+            "service": "gateway",
+            "workers_total": 2,
+            "workers_healthy": 0,
+            "workers_primary_total": 1,
+            "workers_primary_healthy": 0,
+            "message": "没有可用的 worker",
         }
         on = await _fault(client, '{"enabled": true}', cluster.token)
         assert on.status_code == 200

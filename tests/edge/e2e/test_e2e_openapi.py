@@ -44,8 +44,11 @@ def gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         processes.append(gateway)
         wait_for(host, files.token, lambda response: response.status_code == 200, "the GPU host's models loaded")
         with httpx.Client(timeout=5) as client:
-            gateway.poll_until(lambda: client.get(f"{files.gateway_url}/monitor").status_code == 200,
-                               "the gateway sees the host online", 60)
+            gateway.poll_until(
+                lambda: client.get(f"{files.gateway_url}/monitor").status_code == 200,
+                "the gateway sees the host online",
+                60,
+            )
         yield files.gateway_url
     finally:
         for process in reversed(processes):
@@ -69,13 +72,26 @@ def test_schemathesis_finds_nothing_in_the_served_document(gateway_url: str, tmp
         "HAIRGATE_OPENAPI_FACELESS": str(faceless),
     }
     command = [
-        str(Path(sys.executable).with_name("schemathesis")), "run", f"{gateway_url}/openapi.json",
-        "--checks", "all", "--exclude-checks", "negative_data_rejection,unsupported_method",
-        "--max-examples", str(EXAMPLES_PER_OPERATION), "--seed", str(SEED), "--workers", "1",
-        "--request-timeout", "60", "--no-color",
+        str(Path(sys.executable).with_name("schemathesis")),
+        "run",
+        f"{gateway_url}/openapi.json",
+        "--checks",
+        "all",
+        "--exclude-checks",
+        "negative_data_rejection,unsupported_method",
+        "--max-examples",
+        str(EXAMPLES_PER_OPERATION),
+        "--seed",
+        str(SEED),
+        "--workers",
+        "1",
+        "--request-timeout",
+        "60",
+        "--no-color",
     ]
-    run = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True,
-                         timeout=RUN_TIMEOUT_SECONDS)
+    run = subprocess.run(
+        command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=RUN_TIMEOUT_SECONDS
+    )
     report = run.stdout + run.stderr
     assert run.returncode == 0, report[-20000:]
     assert "Selected: 7/7" in report and "Tested: 7" in report, report[-3000:]  # every operation

@@ -106,7 +106,9 @@ async def test_b_upstream_answering_502_causes_no_retry_storm(cluster: Cluster) 
     assert set(codes) <= {Code.OK, Code.SYSTEM_ERROR}
     assert all(HEADER_RETRY_AFTER in a.headers for a, code in zip(answers, codes) if code != Code.OK)
     entries = await cluster.wait_for_log_entries(requests)
-    assert max(entry["attempts"] for entry in entries) <= 1 + MAX_RETRIES, "no request tried more than 1 + max_retries times"
+    assert max(entry["attempts"] for entry in entries) <= 1 + MAX_RETRIES, (
+        "no request tried more than 1 + max_retries times"
+    )
     assert await _jobs(fakes) == sum(entry["attempts"] for entry in entries), "no attempt the log does not show"
     failed_jobs = await _jobs(bad)
     assert codes.count(Code.SYSTEM_ERROR) <= failed_jobs / 2, "a request fails only when both its tries hit a bad host"
@@ -230,7 +232,9 @@ async def test_prelaunch_script_runs_the_live_checks(cluster: Cluster) -> None:
     expected = {"idempotency": "PASS", "oversize": "PASS", "request log": "PASS"}
     assert {name: results.get(name) for name in expected} == expected, output
     assert (results.get("retry storm"), results.get("1,000 identical")) == ("NOT RUN", "NOT RUN"), output
-    assert len((await fake.stats())["jobs"]) <= 3, "one job for the duplicates (+ parameters until the edge checks them)"
+    assert len((await fake.stats())["jobs"]) <= 3, (
+        "one job for the duplicates (+ parameters until the edge checks them)"
+    )
     refused, results, output = await trio.to_thread.run_sync(_prelaunch, cluster, "--token", "wrong")
     assert (refused, results.get("admin/stats")) == (1, "FAIL"), output
 

@@ -38,7 +38,9 @@ async def total_in_flight(fakes: list[FakeWorkerProcess]) -> int:
 
 async def counter(metrics_url: str, family: str, **labels: str) -> float:
     samples = (await scrape(metrics_url)).get(family, [])
-    return sum(s.value for s in samples if s.name.endswith("_total") and all(s.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        s.value for s in samples if s.name.endswith("_total") and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 async def test_a_measurement_takes_the_reserved_host_while_a_generation_waits(cluster: Cluster) -> None:
@@ -129,7 +131,10 @@ async def test_a_client_leaving_mid_forward_frees_its_host_and_stores_nothing(cl
 
     await wait_until(counted, 5, "hairgate_departures_total: 1 queued, 1 during its forward")
     entries = await cluster.wait_for_log_entries(4)
-    assert {e["request_id"]: e["http_status"] for e in entries if e["http_status"] == 499} == {"leaves": 499, "queued": 499}
+    assert {e["request_id"]: e["http_status"] for e in entries if e["http_status"] == 499} == {
+        "leaves": 499,
+        "queued": 499,
+    }
 
 
 async def test_a_hopeless_wait_is_answered_busy_at_once_with_retry_after(cluster: Cluster) -> None:
