@@ -30,7 +30,10 @@ from shared.secrets_file import MIN_TOKEN_CHARS, SecretsFileError, SecretsSource
 from shared.settings import token_fingerprint
 
 ACCEPT_PASSWORDS_KEY = "auth.accept_passwords"
-MSG_BAD_BODY = f'body must be {{"add": "<token of at least {MIN_TOKEN_CHARS} printable ASCII characters>"}} or {{"remove": "<fingerprint>"}}'
+MSG_BAD_BODY = (
+    f'body must be {{"add": "<token of at least {MIN_TOKEN_CHARS} printable ASCII characters>"}}'
+    ' or {"remove": "<fingerprint>"}'
+)
 MSG_FROM_ENVIRONMENT = (
     "the accepted tokens come from the environment ({variable}) and cannot be persisted; nothing changed"
 )

@@ -304,7 +304,7 @@ async def draw_grown(
 def grown_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     """The parts of a grow or mark answer that each carry one grown image: grow's `results`,
     or the mark answer itself."""
-    return data["results"] if "results" in data else [data]
+    return data.get("results", [data])
 
 
 def _json(response: httpx.Response) -> Any:

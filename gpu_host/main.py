@@ -10,8 +10,9 @@ SIGTERM/SIGINT: graceful stop, exit 0. Idle kept-alive connections close at once
 in flight get `inference_timeout_seconds` (+ `comfyui_timeout_seconds` with ComfyUI) +
 `GRACE_MARGIN_SECONDS` to finish; then the model child is killed. SIGHUP: re-read the
 settings, swap the accepted tokens (token rotation without a model reload) and take the
-new `min_free_disk_mb` (measured against at once); bad settings keep the old ones. The tokens also change at run time through `/admin/tokens`
-(`gpu_host.admin`), which persists them to the secrets file.
+new `min_free_disk_mb` (measured against at once); bad settings keep the old ones. The tokens
+also change at run time through `/admin/tokens` (`gpu_host.admin`), which persists them to the
+secrets file.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from shared.settings import AnalysisSettings
 
@@ -95,8 +95,8 @@ class Infer:
     options: dict[str, Any]
 
 
-ChildMessage = Union[Ready, LoadFailed, Pong, Result, Failure]
-ParentMessage = Union[Ping, Infer]
+ChildMessage = Ready | LoadFailed | Pong | Result | Failure
+ParentMessage = Ping | Infer
 
 # The signature of a child entry point: the real one (`gpu_host.child.serve`) or a test fake.
 ChildEntry = Callable[[Connection, ChildConfig], None]

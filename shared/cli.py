@@ -57,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--config",
         default="settings.toml",
-        help="base settings TOML, copied to var/dev/settings.toml with the dev pool, binds, URLs and limits (default: %(default)s)",
+        help=(
+            "base settings TOML, copied to var/dev/settings.toml with the dev pool, binds, URLs and limits"
+            " (default: %(default)s)"
+        ),
     )
     dev.add_argument("--port", type=int, default=8080, help="gateway port (default: %(default)s)")
     dev.add_argument(

@@ -47,7 +47,7 @@ import traceback
 from collections import defaultdict
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import cast
+from typing import ClassVar, cast
 
 import h11
 import hypercorn.protocol
@@ -260,7 +260,7 @@ class ContainedTCPServer(TCPServer):
     """Hypercorn's handling of one TCP connection; an exception ends only this connection,
     a write ends within `SEND_LIMIT_SECONDS`."""
 
-    failures: defaultdict[str, FailureLog] = defaultdict(
+    failures: ClassVar[defaultdict[str, FailureLog]] = defaultdict(
         lambda: FailureLog(log, "连接处理异常，已关闭该连接（服务继续）")
     )
     writes: ConnectionWrites

@@ -332,7 +332,8 @@ def timeout_margin_seconds(gateway_timeout_seconds: float) -> float:
 
 # Keys that may only come from the secrets file or the environment.
 _SECRET_KEYS = (
-    ("auth", "shared_password"), ("auth", "accept_passwords"), ("edge", "features", "api_key"), ("audit", "postgres_dsn"),
+    ("auth", "shared_password"), ("auth", "accept_passwords"),
+    ("edge", "features", "api_key"), ("audit", "postgres_dsn"),
 )  # fmt: skip
 
 

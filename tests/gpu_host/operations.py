@@ -9,6 +9,7 @@ gateway its shared password, and a restarted service reads only that file. Certi
 from __future__ import annotations
 
 import base64
+import itertools
 import re
 import shutil
 import ssl
@@ -70,7 +71,7 @@ class TlsPool:
         tls = tls_files(directory / "tls")
         edit_settings(files.settings_path, {"gpu_host": {"certfile": str(tls.certfile), "keyfile": str(tls.keyfile)}})
         pool = cls(directory, tls, files.settings_path, files.token)
-        for index, service in enumerate(files.hosts):
+        for service in files.hosts:
             secrets = directory / f"{service.name}.secrets.toml"
             shutil.copy(files.secrets_path, secrets)
             pool.secrets.append(secrets)
@@ -208,7 +209,7 @@ def overlapping_jobs(lines: list[re.Match[str]]) -> int:
         end = datetime.strptime(line["at"], "%Y-%m-%d %H:%M:%S,%f").timestamp() * 1000
         spans.append((end - int(line["ms"]), end))
     spans.sort(key=lambda span: span[1])
-    return sum(1 for before, after in zip(spans, spans[1:]) if after[0] < before[1] - AFTER_MODEL_SLACK_MS)
+    return sum(1 for before, after in itertools.pairwise(spans) if after[0] < before[1] - AFTER_MODEL_SLACK_MS)
 
 
 def busy_answers(lines: list[re.Match[str]]) -> int:

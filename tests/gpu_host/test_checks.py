@@ -48,22 +48,24 @@ async def test_comfyui_going_down_and_up_shows_in_health_and_never_makes_the_hos
     comfyui = SwitchableComfyUI(FakeComfyUI(), nursery)
     url = await comfyui.up()
     settings = host_settings(comfyui_url=url, comfyui_probe_interval_seconds=0.05)
-    async with running_host(tmp_path, settings) as host:
-        async with httpx.AsyncClient(base_url=host.url, headers=auth(), verify=host.verify) as client:
+    async with (
+        running_host(tmp_path, settings) as host,
+        httpx.AsyncClient(base_url=host.url, headers=auth(), verify=host.verify) as client,
+    ):
 
-            async def health_once(comfyui_state: str) -> httpx.Response:
-                with trio.fail_after(WAIT):  # a probe every 50 ms: the change shows within a few
-                    while True:
-                        response = await client.get("/health")
-                        if response.json()["checks"]["comfyui"] == comfyui_state:
-                            return response
-                        await trio.sleep(0.02)
+        async def health_once(comfyui_state: str) -> httpx.Response:
+            with trio.fail_after(WAIT):  # a probe every 50 ms: the change shows within a few
+                while True:
+                    response = await client.get("/health")
+                    if response.json()["checks"]["comfyui"] == comfyui_state:
+                        return response
+                    await trio.sleep(0.02)
 
-            up = await health_once("ok")
-            await comfyui.down()
-            down = await health_once("down")
-            await comfyui.up()
-            again = await health_once("ok")
+        up = await health_once("ok")
+        await comfyui.down()
+        down = await health_once("down")
+        await comfyui.up()
+        again = await health_once("ok")
     assert up.status_code == down.status_code == again.status_code == 200
     assert comfyui.fake.system_stats_polls >= 2
 

@@ -202,22 +202,24 @@ async def leave_after(url: str, token: str, photo: bytes, seconds: float) -> Non
 @pytest.mark.parametrize("departures", [1, pytest.param(10, marks=pytest.mark.slow)])
 async def test_measurements_whose_clients_leave_cost_no_model_restart(tmp_path: Path, departures: int) -> None:
     leave_after_seconds = random.Random(16)
-    async with real_host(tmp_path) as (host, cluster):
-        async with httpx.AsyncClient(base_url=host.url, headers={HEADER_TOKEN: cluster.token}, timeout=60) as client:
-            await until(client, "/health", lambda r: r.status_code == 200, "ready", STARTUP_DEADLINE_SECONDS)
-            restarts_before = _restarts((await client.get("/metrics")).text)
-            pid = model_child_pid(host.pid)
-            for left in range(1, departures + 1):
-                await leave_after(host.url, cluster.token, ASTRONAUT, leave_after_seconds.uniform(0.05, 0.15))
-                # the host's line for it is the event; then its inference (if it began) ends
-                await trio.to_thread.run_sync(host.wait_for_log, rf"(?:request departed[\s\S]*){{{left}}}", 60)
-                await until(client, "/health", lambda r: r.json().get("busy") is False, "idle", 60)
-            started = trio.current_time()
-            refused = await client.post(MEASURE, headers={HEADER_REQUEST_TIMEOUT_MS: "900"}, **_photo())
-            refused_in = trio.current_time() - started
-            normal = await client.post(MEASURE, headers={HEADER_REQUEST_TIMEOUT_MS: "30000"}, **_photo())
-            restarts_after = _restarts((await client.get("/metrics")).text)
-            pid_after = model_child_pid(host.pid)
+    async with (
+        real_host(tmp_path) as (host, cluster),
+        httpx.AsyncClient(base_url=host.url, headers={HEADER_TOKEN: cluster.token}, timeout=60) as client,
+    ):
+        await until(client, "/health", lambda r: r.status_code == 200, "ready", STARTUP_DEADLINE_SECONDS)
+        restarts_before = _restarts((await client.get("/metrics")).text)
+        pid = model_child_pid(host.pid)
+        for left in range(1, departures + 1):
+            await leave_after(host.url, cluster.token, ASTRONAUT, leave_after_seconds.uniform(0.05, 0.15))
+            # the host's line for it is the event; then its inference (if it began) ends
+            await trio.to_thread.run_sync(host.wait_for_log, rf"(?:request departed[\s\S]*){{{left}}}", 60)
+            await until(client, "/health", lambda r: r.json().get("busy") is False, "idle", 60)
+        started = trio.current_time()
+        refused = await client.post(MEASURE, headers={HEADER_REQUEST_TIMEOUT_MS: "900"}, **_photo())
+        refused_in = trio.current_time() - started
+        normal = await client.post(MEASURE, headers={HEADER_REQUEST_TIMEOUT_MS: "30000"}, **_photo())
+        restarts_after = _restarts((await client.get("/metrics")).text)
+        pid_after = model_child_pid(host.pid)
     log = host.log_text()
     dropped = log.count("inference answer dropped")
     print(f"{departures} departures: {dropped} left mid-inference")

@@ -42,8 +42,8 @@ def _descendants(pid: int) -> list[int]:
 
 def test_hairgate_dev_serves_a_photo_through_gateway_and_two_hosts_then_stops_everything(tmp_path: Path) -> None:
     gateway_port, first_host_port, _, metrics_port = free_ports(4)
-    command = hairgate_argv() + [
-        "dev", "--workers", "2", "--config", str(REPO_ROOT / "settings.toml"),
+    command = [
+        *hairgate_argv(), "dev", "--workers", "2", "--config", str(REPO_ROOT / "settings.toml"),
         "--port", str(gateway_port), "--first-worker-port", str(first_host_port), "--metrics-port", str(metrics_port),
     ]  # fmt: skip
     dev = start_process(Service("dev", command, url=""), tmp_path / "dev.log", cwd=tmp_path)

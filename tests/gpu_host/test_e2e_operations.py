@@ -66,9 +66,11 @@ def test_https_client_through_an_https_gateway_to_https_hosts(pool: TlsPool, gat
         image = client.get(body["data"]["annotated_image_url"]) if body["code"] == Code.OK else None
         health = client.get("/gateway-health").json()
     stranger_ca = ssl.create_default_context(cafile=str(tls_files(pool.directory / "stranger").ca_file))
-    with httpx.Client(verify=stranger_ca) as stranger:
-        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-            stranger.get(gateway.url + "/gateway-health")
+    with (
+        httpx.Client(verify=stranger_ca) as stranger,
+        pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"),
+    ):
+        stranger.get(gateway.url + "/gateway-health")
     assert body["code"] == Code.OK, body
     assert body["data"]["annotated_image_url"].startswith(gateway.url + "/")
     assert image is not None and image.status_code == 200
@@ -104,7 +106,7 @@ def test_two_gateways_share_two_hosts_under_load(pool: TlsPool, gateways: list[G
     async def run() -> None:
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
-            for gateway, load in zip(gateways, loads):
+            for gateway, load in zip(gateways, loads, strict=True):
                 for _ in range(2):  # two clients per gateway: four requests for two hosts
                     nursery.start_soon(steady_load, gateway.url, pool.verify(), small_face_json(), stop, load, 5)
             nursery.start_soon(_watch_health, gateways, pool, stop, offline_seen)

@@ -145,12 +145,14 @@ async def test_real_child_on_a_labelled_photo_sends_comfyui_a_band_above_the_bro
         inference_timeout_seconds=120,
         model_load_timeout_seconds=300,
     )
-    async with ComfyUIClient(fake.url, load_workflow(""), 30, poll_seconds=0.01) as comfyui:
-        async with serving(model, AnalysisSettings(), comfyui=comfyui) as client:
-            with trio.fail_after(300):
-                await model.wait_ready()
-            response = await client.post(GROW, headers=auth(), files=image_file(photo), form={"plans": "standard"})
-            body = await response.get_json()
+    async with (
+        ComfyUIClient(fake.url, load_workflow(""), 30, poll_seconds=0.01) as comfyui,
+        serving(model, AnalysisSettings(), comfyui=comfyui) as client,
+    ):
+        with trio.fail_after(300):
+            await model.wait_ready()
+        response = await client.post(GROW, headers=auth(), files=image_file(photo), form={"plans": "standard"})
+        body = await response.get_json()
     assert body["code"] == 0, body
     (result,) = body["data"]["results"]
     assert result["generator"] == GENERATOR_COMFYUI and result["grown_image_base64"]

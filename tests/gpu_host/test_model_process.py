@@ -8,6 +8,7 @@ import select
 import signal
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import trio
@@ -252,7 +253,7 @@ class _SlowToReap(multiprocessing.context.SpawnProcess):
 
     entered = threading.Event()
     released = threading.Event()
-    released_in_time: list[bool] = []
+    released_in_time: ClassVar[list[bool]] = []  # class-wide: the test reads it after the child is gone
 
     def join(self, timeout: float | None = None) -> None:
         if self.exitcode is None or not self.released_in_time:

@@ -204,7 +204,7 @@ def test_a_taken_port_exits_1_with_one_line_and_leaves_no_model_child(tmp_path: 
 
 def test_an_address_that_is_not_ours_is_reported_as_itself_before_anything_starts(tmp_path: Path) -> None:
     cluster = cluster_files(tmp_path, hosts=1)
-    argv = cluster.hosts[0].argv[:-1] + ["192.0.2.1:20001"]  # TEST-NET-1: no interface has it
+    argv = [*cluster.hosts[0].argv[:-1], "192.0.2.1:20001"]  # TEST-NET-1: no interface has it
     out = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=60)
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1] == (

@@ -8,6 +8,7 @@ and, in the slow suite, `fuzz_requests` (a few hundred mutations of them).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import ssl
 from dataclasses import dataclass
@@ -20,7 +21,10 @@ SETTINGS_FRAME = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 # An HTTP/2 CONNECT without :path (valid per RFC 9113 §8.5): a HEADERS frame, HPACK literal
 # `:method CONNECT`, `:authority x` (Hypercorn's UnboundLocalError `raw_path` before issue 23)
 CONNECT_HEADERS = b"\x00\x00\x12\x01\x05\x00\x00\x00\x01" + b"\x42\x07CONNECT" + b"\x41\x07x.y:443"
-WEBSOCKET = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+WEBSOCKET = (
+    "Connection: Upgrade\r\nUpgrade: websocket\r\n"
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+)
 H2C = "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: {settings}\r\n"
 API = "/api/v1/hair/measure"
 
@@ -120,10 +124,8 @@ async def exchange(port: int, data: bytes, *, ssl_context: ssl.SSLContext | None
     if ssl_context is not None:
         stream = trio.SSLStream(stream, ssl_context, server_hostname="127.0.0.1")
     async with stream:
-        try:
+        with contextlib.suppress(trio.BrokenResourceError):  # the server may refuse and close before all of it went
             await stream.send_all(data)
-        except trio.BrokenResourceError:
-            pass  # the server may refuse and close before all of it went
         return await read_answer(stream, wait_s)
 
 
@@ -195,7 +197,7 @@ def _cut(rng: random.Random, data: bytes) -> bytes:
 def _double(rng: random.Random, data: bytes) -> bytes:
     lines = data.split(b"\r\n")
     line = rng.randrange(len(lines))
-    return b"\r\n".join(lines[: line + 1] + [lines[line]] + lines[line + 1 :])
+    return b"\r\n".join([*lines[: line + 1], lines[line], *lines[line + 1 :]])
 
 
 def _framing(rng: random.Random, data: bytes) -> bytes:

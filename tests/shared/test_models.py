@@ -242,7 +242,10 @@ def test_importing_the_models_loads_no_heavy_library() -> None:
     import subprocess
     import sys
 
-    code = "import sys, shared.models; print(sorted(m for m in ('numpy', 'torch', 'mediapipe', 'cv2') if m in sys.modules))"
+    code = (
+        "import sys, shared.models;"
+        " print(sorted(m for m in ('numpy', 'torch', 'mediapipe', 'cv2') if m in sys.modules))"
+    )
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
     )

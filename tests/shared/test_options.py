@@ -136,7 +136,10 @@ def test_unknown_endpoint_is_a_programming_error() -> None:
 
 def test_importing_options_loads_no_heavy_library() -> None:
     """The gateway and the GPU host's web process import this module: it must not pull numpy/torch/mediapipe."""
-    code = "import sys, shared.uploads; print(sorted(m for m in ('numpy', 'torch', 'mediapipe', 'cv2') if m in sys.modules))"
+    code = (
+        "import sys, shared.uploads;"
+        " print(sorted(m for m in ('numpy', 'torch', 'mediapipe', 'cv2') if m in sys.modules))"
+    )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]"
 

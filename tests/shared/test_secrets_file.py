@@ -84,7 +84,7 @@ def test_the_rename_replaces_the_file_whole(tmp_path: Path) -> None:
 
 def test_a_write_that_cannot_happen_raises_naming_the_file(tmp_path: Path) -> None:
     path = tmp_path / "gone" / "secrets.toml"  # its directory does not exist (also as root)
-    with pytest.raises(SecretsFileError, match="cannot write beside the secrets file .*gone"):
+    with pytest.raises(SecretsFileError, match=r"cannot write beside the secrets file .*gone"):
         write_secret(path, "auth.shared_password", "new-token-abcdefghij")
 
 

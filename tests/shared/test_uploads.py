@@ -124,7 +124,9 @@ def test_a_long_number_in_a_body_is_out_of_range_at_the_gateway_and_the_host(dig
     image = json.dumps(b64(JPEG))
     bodies = {
         "drop_mm": f'{{"image_base64": {image}, "drop_mm": {number}}}'.encode(),
-        "hairline_points[0]": f'{{"image_base64": {image}, "hairline_points": [[{number}, 1], [2, 3], [4, 5]]}}'.encode(),
+        "hairline_points[0]": (
+            f'{{"image_base64": {image}, "hairline_points": [[{number}, 1], [2, 3], [4, 5]]}}'.encode()
+        ),
     }
     for field, body in bodies.items():
         code, message = outcome("/api/v1/hair/mark", body, "application/json")
