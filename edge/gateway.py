@@ -2,8 +2,9 @@
 
 `build_gateway(settings)` wires pool, dispatcher, upstream client, image store, request
 log, stats, metrics, admission and API service; handlers reach it through the `Gateway`
-object (`edge.app.create_app`), never module globals. What must be opened first (the shared Redis, the idempotency store) is
-passed in, and what runs in the background is started by `edge.main.serve`, in one nursery.
+object (`edge.app.create_app`), never module globals. What must be opened first (the
+shared Redis, the idempotency store) is passed in, and what runs in the background is
+started by `edge.main.serve`, in one nursery.
 """
 
 from __future__ import annotations

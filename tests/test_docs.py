@@ -257,7 +257,7 @@ def test_a_key_left_out_of_settings_toml_takes_the_documented_default() -> None:
     built_in_keys = [key for name in Settings.model_fields for key in _settings_keys(getattr(built_in, name), name)]
     differing = {
         f"{section}.{key}"
-        for (section, key, shipped_default), (_, _, built_in_default) in zip(shipped_keys, built_in_keys)
+        for (section, key, shipped_default), (_, _, built_in_default) in zip(shipped_keys, built_in_keys, strict=True)
         if shipped_default != built_in_default
     }
     assert differing == {"edge.pool.workers"}

@@ -17,6 +17,7 @@ on a full disk — is SIGBUS, the end of the gateway), and nothing else is memor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -342,10 +343,9 @@ class _transaction:
 
     def _rollback(self) -> None:
         if self._connection.in_transaction:
-            try:
+            # the error that brought us here is the one to report
+            with contextlib.suppress(sqlite3.Error):
                 self._connection.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass  # the error that brought us here is the one to report
 
 
 # --- Redis -----------------------------------------------------------------------------------

@@ -148,7 +148,7 @@ class ImageStore:
         names = await trio.to_thread.run_sync(self._write_all, values, images, limiter=self._limiter)
         urls = {
             (id(parent), key): None if name is None else self._url_prefix + name
-            for (parent, key), name in zip(fields, names)
+            for (parent, key), name in zip(fields, names, strict=True)
         }
         for parent in {id(parent): parent for parent, _ in fields}.values():
             items = list(parent.items())
@@ -191,7 +191,11 @@ class ImageStore:
             raise
         if self._cap is not None:
             self._cap.wrote(
-                [(name, size) for name, size in zip(names, images.sizes) if name is not None and size is not None]
+                [
+                    (name, size)
+                    for name, size in zip(names, images.sizes, strict=True)
+                    if name is not None and size is not None
+                ]
             )
         return names
 

@@ -17,6 +17,7 @@ worker dies, or hangs past `JOB_TIMEOUT_SECONDS` and is killed (it is replaced).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Callable
@@ -122,7 +123,6 @@ class FaceWorkers:
                 nursery.start_soon(self._start_one_worker)
 
     async def _start_one_worker(self) -> None:
-        try:
+        # a ContractError is logged by `call`; the next job starts a worker again
+        with contextlib.suppress(ContractError):
             await self.call("-", bool)  # the worker's `init` builds its detector before any job
-        except ContractError:
-            pass  # logged by `call`; the next job starts a worker again

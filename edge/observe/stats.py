@@ -12,7 +12,8 @@ too: `max` is never below `p99`. Memory is bounded whatever the traffic: a fixed
 of samples then a fixed-size sketch, paths told apart only when they are the gateway's
 endpoints (`endpoint_label`: anything else counts as "other", so junk `/api/…` paths can
 neither grow it nor push a real endpoint out, and no raw NUL or undecodable byte becomes a
-key), and workers are the configured indexes. `by_worker.failed` counts every failed forward, also one retried elsewhere.
+key), and workers are the configured indexes. `by_worker.failed` counts every failed
+forward, also one retried elsewhere.
 """
 
 from __future__ import annotations
@@ -90,7 +91,10 @@ class _Samples:
             values = percentiles(self._exact, *fractions.values())
         else:  # a sketch's estimate may overshoot by its accuracy: never past the real max
             values = [min(self._sketch.get_quantile_value(q) or 0.0, self._max) for q in fractions.values()]
-        return {**{name: round(value, 2) for name, value in zip(fractions, values)}, "max": round(self._max, 2)}
+        return {
+            **{name: round(value, 2) for name, value in zip(fractions, values, strict=True)},
+            "max": round(self._max, 2),
+        }
 
 
 @dataclass

@@ -136,7 +136,8 @@ def request_headers(key_header: str) -> type[BaseModel]:
                 None,
                 json_schema_extra=_no_default,
                 description=(
-                    f"{HEADER_REQUEST_ID}: your id for this request, echoed in request_id and the answer's header when it is "
+                    f"{HEADER_REQUEST_ID}: your id for this request, echoed in request_id and the answer's "
+                    "header when it is "
                     "1–64 of A-Z a-z 0-9 . _ -; anything else is replaced by a generated id"
                 ),
             ),

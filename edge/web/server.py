@@ -124,6 +124,7 @@ def withholds_continue(headers: Iterable[tuple[bytes, bytes]], body_limit: int) 
 
 
 # Hypercorn has no setting for its HTTP/1.1 protocol class; `ProtocolWrapper` looks the
-# name up here for each connection (`shared.http_server` installed its base class there). The subclass behaves as Hypercorn's own on any other
-# listener (the metrics one, the GPU host's, the tests' fakes in one process).
+# name up here for each connection (`shared.http_server` installed its base class there).
+# The subclass behaves as Hypercorn's own on any other listener (the metrics one, the GPU
+# host's, the tests' fakes in one process).
 hypercorn.protocol.H11Protocol = GatewayH11Protocol  # type: ignore[misc]

@@ -127,7 +127,7 @@ def test_an_announcing_child_is_returned_with_the_url_it_printed(tmp_path: Path)
 
 def test_an_announcing_child_that_stays_silent_is_killed(tmp_path: Path) -> None:
     code = "import os, time; print(os.getpid(), flush=True); time.sleep(120)"
-    with pytest.raises(RuntimeError, match="not within 0.5 s"):
+    with pytest.raises(RuntimeError, match=r"not within 0\.5 s"):
         start_announcing("fake", [sys.executable, "-c", code], tmp_path / "fake.log", timeout_s=0.5)
     pid = int((tmp_path / "fake.log").read_text())
     with pytest.raises(ProcessLookupError):

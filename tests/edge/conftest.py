@@ -13,6 +13,7 @@ from edge.gateway import Gateway, build_gateway
 from edge.pool.pool import ProbeResult
 from shared.settings import Settings
 from tests.fakes.fake_worker import PNG_BASE64
+from tests.fakes.redis_server import redis_server  # noqa: F401  (fixture: the shared-state tests)
 from tests.postgres import postgres, postgres_dsn  # noqa: F401  (fixtures: the audit trail's tests)
 
 TOKEN = "unit-test-token-3f9a"

@@ -12,7 +12,7 @@ import trio
 from cluster.launcher import free_port
 from edge.admission.shared_state import redis_client
 from edge.pool.host_leases import HostLeased, RedisHostLeases
-from tests.fakes.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
+from tests.fakes.redis_server import RedisServer
 
 HOST = "http://gpu-1:8000"
 

@@ -28,7 +28,7 @@ from edge.admission.idempotency_stores import IdempotencyStore, Record, RedisSto
 from edge.admission.shared_state import redis_client
 from shared.contract import Code, ContractError
 from shared.settings import IdempotencySettings
-from tests.fakes.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
+from tests.fakes.redis_server import RedisServer
 
 TTL = 3600.0
 FP = fingerprint("POST", "/api/v1/hair/measure", b'{"image_base64": "AAAA"}')
@@ -102,7 +102,7 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], o
 
 
 @pytest.fixture
-def shared_store(redis_server: RedisServer) -> Callable[[], object]:  # noqa: F811
+def shared_store(redis_server: RedisServer) -> Callable[[], object]:
     """A factory of stores several gateways share: Redis (a SQLite file has one owner)."""
     return lambda: redis_store(redis_server)
 

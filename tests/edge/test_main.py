@@ -77,7 +77,7 @@ def test_port_in_use_is_one_line_not_a_traceback(tmp_path: Path, capsys) -> None
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        args = write(tmp_path, GOOD_EDGE.replace("18161", "1"), GOOD_SECRETS) + ["--bind", f"127.0.0.1:{port}"]
+        args = [*write(tmp_path, GOOD_EDGE.replace("18161", "1"), GOOD_SECRETS), "--bind", f"127.0.0.1:{port}"]
         assert main(args) == 1
     err = capsys.readouterr().err
     assert f"cannot serve on 127.0.0.1:{port}" in err and "Traceback" not in err

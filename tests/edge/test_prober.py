@@ -164,7 +164,7 @@ def test_judge_reads_checks_loading_and_the_inference_timeout(answer, ok, loadin
 
 async def test_a_loading_host_is_logged_at_info_saying_loading(autojump_clock, caplog) -> None:
     caplog.set_level(logging.INFO, logger="edge.pool")
-    prober, dispatcher, fakes = make({URLS[0]: HealthAnswer(503, b'{"status":"loading"}')})
+    prober, _dispatcher, _fakes = make({URLS[0]: HealthAnswer(503, b'{"status":"loading"}')})
     for _ in range(3):
         await prober.probe_all()
     records = [r for r in caplog.records if r.name == "edge.pool"]
@@ -180,7 +180,7 @@ async def test_one_warning_per_worker_whose_inference_timeout_leaves_no_margin(a
 
     # the margin the settings check asks of one file: max(1 s, 5 %) of the gateway's 60 s = 3 s
     answers = {URLS[0]: health(50), URLS[1]: health(58), URLS[2]: health(57)}
-    prober, dispatcher, fakes = make(answers)
+    prober, _dispatcher, fakes = make(answers)
     prober.reconfigure(path="/health", interval_seconds=8, timeout_seconds=3, request_timeout_seconds=60)
     for _ in range(3):
         await prober.probe_all()

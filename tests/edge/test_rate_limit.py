@@ -18,7 +18,7 @@ from edge.admission.rate_limit import (
 )
 from edge.admission.shared_state import redis_client
 from shared.settings import RateLimitSettings
-from tests.fakes.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
+from tests.fakes.redis_server import RedisServer
 
 
 def refused(seconds: int) -> Decision:

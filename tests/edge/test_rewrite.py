@@ -146,7 +146,7 @@ async def test_a_rewrite_holds_one_piece_of_an_image_not_all_of_them(store: Imag
     finally:
         tracemalloc.stop()
     names = [URL.fullmatch(item["image_url"]).group(1) for item in rewritten["data"]["results"]]
-    assert [(store.directory / name).read_bytes() == png for name, png in zip(names, pngs)] == [True] * 4
+    assert [(store.directory / name).read_bytes() == png for name, png in zip(names, pngs, strict=True)] == [True] * 4
     assert peak < 4 * rewrite_module.BASE64_PIECE_CHARS, f"{peak / 2**20:.1f} MB held; one image is 4 MB, all 16 MB"
 
 

@@ -161,7 +161,7 @@ async def test_an_oversized_header_block_is_refused_before_any_worker(
 
 
 async def test_an_oversized_query_string_counts_too(app: QuartTrio, upstream) -> None:
-    status, _, body = await post(app, PHOTO_BODY, query="q=" + "x" * 5000)
+    _status, _, body = await post(app, PHOTO_BODY, query="q=" + "x" * 5000)
     assert body["code"] == Code.INVALID_PARAMETER and upstream.forwards == []
 
 

@@ -120,7 +120,10 @@ async def test_client_writing_a_huge_body_before_reading_gets_1003(tmp_path: Pat
     async with trio.open_nursery() as nursery:
         await nursery.start(serve, settings_for(tmp_path, worker, max_body_bytes=1024), stop.wait)
         body = b"z" * (3 * 1024 * 1024)
-        head = f"POST {MEASURE} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        head = (
+            f"POST {MEASURE} HTTP/1.1\r\nHost: gw\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
         stream = await trio.open_tcp_stream("127.0.0.1", GATEWAY_PORT)
         await stream.send_all(head.encode() + body)  # all of it, before reading a byte
         answer = b""
@@ -193,7 +196,10 @@ async def test_a_client_that_leaves_while_queued_never_reaches_a_worker(
     worker.health_open.set()
     worker.job_may_finish = trio.Event()
     stop = trio.Event()
-    head = f"POST {MEASURE} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: {len(PHOTO_BODY)}\r\n\r\n"
+    head = (
+        f"POST {MEASURE} HTTP/1.1\r\nHost: gw\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(PHOTO_BODY)}\r\n\r\n"
+    )
     request = head.encode() + PHOTO_BODY
     async with trio.open_nursery() as nursery:
         await nursery.start(serve, settings_for(tmp_path, worker), stop.wait)
@@ -365,7 +371,10 @@ async def test_a_client_that_stops_reading_is_cut_off_and_logged_with_what_it_wa
     worker.health_open.set()
     worker.blob_bytes = BIG_ANSWER_BYTES
     stop = trio.Event()
-    head = f"POST {MEASURE} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: {len(PHOTO_BODY)}\r\n\r\n"
+    head = (
+        f"POST {MEASURE} HTTP/1.1\r\nHost: gw\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(PHOTO_BODY)}\r\n\r\n"
+    )
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             await nursery.start(serve, settings_for(tmp_path, worker), stop.wait)
@@ -386,7 +395,10 @@ async def test_a_client_that_leaves_mid_answer_is_logged_499_with_the_bytes_sent
     worker.health_open.set()
     worker.blob_bytes = BIG_ANSWER_BYTES
     stop = trio.Event()
-    head = f"POST {MEASURE} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: {len(PHOTO_BODY)}\r\n\r\n"
+    head = (
+        f"POST {MEASURE} HTTP/1.1\r\nHost: gw\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(PHOTO_BODY)}\r\n\r\n"
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(serve, settings_for(tmp_path, worker), stop.wait)
         leaver = await trio.open_tcp_stream("127.0.0.1", GATEWAY_PORT)

@@ -17,8 +17,16 @@ MEASURE = "/api/v1/hair/measure"
 GROW = "/api/v1/hair/grow"
 
 
-def entry(path: str = MEASURE, code: int | None = 0, worker: int | None = 0, duration_ms: float = 100.0,
-          queue_ms: float = 0.1, http_status: int = 200, replay: bool = False, limited: bool = False) -> RequestRecord:  # fmt: skip
+def entry(
+    path: str = MEASURE,
+    code: int | None = 0,
+    worker: int | None = 0,
+    duration_ms: float = 100.0,
+    queue_ms: float = 0.1,
+    http_status: int = 200,
+    replay: bool = False,
+    limited: bool = False,
+) -> RequestRecord:
     return RequestRecord(
         ts="2026-12-01T08:00:00Z", request_id="r", method="POST", path=path, client_ip="127.0.0.1", worker=worker,
         attempts=1, queue_ms=queue_ms, duration_ms=duration_ms, http_status=http_status, code=code, bytes_in=1,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -329,10 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token", required=True, help="the X-Internal-Token it accepts")
     parser.add_argument("--latency-ms", type=float, default=0.0)
     args = parser.parse_args(argv)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         trio.run(serve_fake, args.host, args.port, FakeWorker(args.token, args.latency_ms))
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

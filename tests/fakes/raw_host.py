@@ -10,6 +10,7 @@ requests.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import ssl
 from enum import Enum
@@ -63,10 +64,9 @@ class RawHost:
         stream: trio.abc.Stream = socket_stream
         if self._tls is not None:
             stream = trio.SSLStream(socket_stream, self._tls, server_side=True)
-        try:
+        # BrokenResourceError: the gateway dropped a connection with bytes unread, a reset
+        with contextlib.suppress(trio.BrokenResourceError):
             await self._serve(stream)
-        except trio.BrokenResourceError:
-            pass  # the gateway dropped a connection with bytes unread: a reset
 
     async def _serve(self, stream: trio.abc.Stream) -> None:
         buffered = b""

@@ -23,7 +23,7 @@ from shared.contract import (
 )
 from tests.edge.e2e.harness import MEASURE, Cluster, measure, metrics_listener, scrape, wait_until
 from tests.fakes.launch import FakeWorkerProcess
-from tests.fakes.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
+from tests.fakes.redis_server import RedisServer
 
 # Long enough that every concurrent duplicate arrives while the first is still on the worker.
 JOB_MS = 300
@@ -71,7 +71,7 @@ async def test_twenty_identical_concurrent_keyed_requests_cost_one_job(cluster: 
 
 
 @pytest.mark.slow
-async def test_two_gateways_sharing_redis_behave_as_one(cluster: Cluster, redis_server: RedisServer) -> None:  # noqa: F811
+async def test_two_gateways_sharing_redis_behave_as_one(cluster: Cluster, redis_server: RedisServer) -> None:
     fakes = cluster.start_fakes(2, latency_ms=JOB_MS)
     shared = {"shared_state": {"redis_url": redis_server.url}}
     a = cluster.start_gateway(edge=shared)
@@ -92,7 +92,7 @@ async def test_two_gateways_sharing_redis_behave_as_one(cluster: Cluster, redis_
 @pytest.mark.slow
 async def test_redis_killed_mid_run_refuses_keyed_requests_only(
     cluster: Cluster,
-    redis_server: RedisServer,  # noqa: F811
+    redis_server: RedisServer,
 ) -> None:
     (fake,) = cluster.start_fakes(1)
     cluster.start_gateway(edge={"shared_state": {"redis_url": redis_server.url}})
@@ -155,7 +155,7 @@ async def test_rate_limit_retry_after_is_honest_and_replays_and_status_pages_are
 
 
 @pytest.mark.slow
-async def test_two_gateways_sharing_redis_enforce_one_limit(cluster: Cluster, redis_server: RedisServer) -> None:  # noqa: F811
+async def test_two_gateways_sharing_redis_enforce_one_limit(cluster: Cluster, redis_server: RedisServer) -> None:
     fakes = cluster.start_fakes(1)
     # 3 requests, then a token a minute: nothing refills during the test
     edge = {

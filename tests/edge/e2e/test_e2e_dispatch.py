@@ -139,7 +139,7 @@ async def _no_busy_worker(client: httpx.AsyncClient) -> bool:
 
 @pytest.mark.slow
 async def test_worker_reporting_busy_gets_no_request_until_a_probe_sees_it_free(cluster: Cluster) -> None:
-    busy, free = cluster.start_fakes(2)
+    busy, _free = cluster.start_fakes(2)
     await busy.configure(health_busy=True)
     cluster.start_gateway()
     async with cluster.client() as client:

@@ -118,7 +118,7 @@ async def test_failed_worker_is_ejected_and_the_request_retried(cluster: Cluster
 @pytest.mark.slow
 async def test_ejected_worker_stays_out_during_cooldown_although_healthy(cluster: Cluster) -> None:
     cooldown_s = 4.0
-    broken, good = cluster.start_fakes(2)
+    broken, _good = cluster.start_fakes(2)
     cluster.start_gateway(edge={"health_check": {"interval_seconds": 0.2, "cooldown_seconds": cooldown_s}})
     await broken.configure(fail_all=True, fail_status=500)
     async with cluster.client() as client:

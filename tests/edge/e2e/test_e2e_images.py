@@ -32,7 +32,7 @@ def _check_rewritten(expected: Any, actual: Any, base_url: str, urls: list[str])
                 urls.append(url)
     elif isinstance(expected, list):
         assert isinstance(actual, list) and len(actual) == len(expected)
-        for item, got in zip(expected, actual):
+        for item, got in zip(expected, actual, strict=True):
             _check_rewritten(item, got, base_url, urls)
     else:
         assert actual == expected

@@ -33,7 +33,7 @@ REQUEST_LOG_FIELDS = {
 
 
 def _run_edge(config: Path, secrets: Path) -> subprocess.CompletedProcess:
-    command = hairgate_argv() + ["edge", "--config", str(config), "--secrets", str(secrets)]
+    command = [*hairgate_argv(), "edge", "--config", str(config), "--secrets", str(secrets)]
     command += ["--bind", f"127.0.0.1:{free_port()}"]
     return subprocess.run(command, cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True, timeout=30)
 

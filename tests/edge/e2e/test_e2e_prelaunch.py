@@ -104,7 +104,7 @@ async def test_b_upstream_answering_502_causes_no_retry_storm(cluster: Cluster) 
     assert len(answers) == requests, "every client answered"
     codes = [a.json()["code"] for a in answers]
     assert set(codes) <= {Code.OK, Code.SYSTEM_ERROR}
-    assert all(HEADER_RETRY_AFTER in a.headers for a, code in zip(answers, codes) if code != Code.OK)
+    assert all(HEADER_RETRY_AFTER in a.headers for a, code in zip(answers, codes, strict=True) if code != Code.OK)
     entries = await cluster.wait_for_log_entries(requests)
     assert max(entry["attempts"] for entry in entries) <= 1 + MAX_RETRIES, (
         "no request tried more than 1 + max_retries times"
@@ -227,7 +227,7 @@ def _prelaunch(cluster: Cluster, *options: str) -> tuple[int, dict[str, str], st
 async def test_prelaunch_script_runs_the_live_checks(cluster: Cluster) -> None:
     (fake,) = cluster.start_fakes(1)
     cluster.start_gateway()
-    code, results, output = await trio.to_thread.run_sync(_prelaunch, cluster, "--secrets", str(cluster.secrets_path))
+    _code, results, output = await trio.to_thread.run_sync(_prelaunch, cluster, "--secrets", str(cluster.secrets_path))
     assert cluster.token not in output
     expected = {"idempotency": "PASS", "oversize": "PASS", "request log": "PASS"}
     assert {name: results.get(name) for name in expected} == expected, output

@@ -47,7 +47,7 @@ async def test_a_request_that_timed_out_in_the_queue_logs_how_long_it_waited(
 
 
 async def test_a_forward_that_failed_then_succeeded_elsewhere_counts_as_failed(cluster: Cluster) -> None:
-    broken, healthy = cluster.start_fakes(2)
+    broken, _healthy = cluster.start_fakes(2)
     # only the broken one is primary: every first attempt goes to it, the retry to the other
     cluster.start_gateway(primary=[broken])
     await broken.configure(fail_next=1, fail_status=500)
