@@ -68,15 +68,15 @@ run: install  ## the whole system on this machine: GPU hosts + the gateway (make
 	$(VENV)/bin/hairgate dev --config $(CONFIG) --workers $(WORKERS) --port $(PORT) \
 		--metrics-port $(METRICS_PORT) --first-worker-port $(WORKER_PORT)
 
-lint: install  ## ruff: the checks configured in pyproject.toml, and the format (not yet in `make test`)
+lint: install  ## ruff: the checks configured in pyproject.toml, and the format (the first step of `make test`)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 typecheck: install  ## mypy over every package, with the configuration in pyproject.toml
 	$(VENV)/bin/mypy
 
-test: typecheck  ## types, then the default suite (heavy end-to-end tests excluded); -rs: why a test skipped
+test: lint typecheck  ## ruff, types, then the default suite (heavy end-to-end tests excluded); -rs: why a test skipped
 	$(PY) -m pytest -q -rs
 
-test-all: typecheck  ## types, then everything, heavy end-to-end tests included
+test-all: lint typecheck  ## ruff, types, then everything, heavy end-to-end tests included
 	$(PY) -m pytest -q -rs -m ''

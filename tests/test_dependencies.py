@@ -95,7 +95,7 @@ def test_the_wheel_holds_every_sub_package_and_the_data_files_without_setuptools
         assert str(data.relative_to(REPO)) in names, f"{data.relative_to(REPO)} missing from the wheel"
 
 
-def test_make_test_type_checks_first_and_says_why_tests_skipped() -> None:
+def test_make_test_lints_and_type_checks_first_and_says_why_tests_skipped() -> None:
     if shutil.which("make") is None:
         pytest.skip("make is not installed here")
     result = subprocess.run(
@@ -107,9 +107,11 @@ def test_make_test_type_checks_first_and_says_why_tests_skipped() -> None:
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
+    ruff_check = lines.index(".venv/bin/ruff check .")
+    ruff_format = lines.index(".venv/bin/ruff format --check .")
     mypy = next(index for index, line in enumerate(lines) if line.endswith("/bin/mypy"))
     pytest_line = next(index for index, line in enumerate(lines) if "-m pytest" in line)
-    assert mypy < pytest_line and " -rs" in lines[pytest_line]
+    assert ruff_check < ruff_format < mypy < pytest_line and " -rs" in lines[pytest_line]
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert "mypy" in {
         canonicalize_name(Requirement(text).name) for text in project["project"]["optional-dependencies"]["test"]

@@ -37,7 +37,7 @@ MEASURE = "/api/v1/hair/measure"
 ROTATE_SCRIPT = REPO_ROOT / "scripts" / "rotate_token.py"
 # One line per request a host answered (gpu_host/app.py), after the asctime of its logger.
 HOST_REQUEST_LINE = re.compile(
-    r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*request \| request_id=\S+ endpoint=\S+ "
+    r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*request \| request_id=\S+ (?:execution_id=\S+ )?endpoint=\S+ "
     r"status=(?P<status>\d+) code=(?P<code>\d+) ms=(?P<ms>\d+)",
     re.MULTILINE,
 )
