@@ -18,6 +18,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
+# make's plan as a person's shell would see it: under `make test TORCH=cpu` (CI) a nested make
+# inherits the caller's variables and flags through MAKEFLAGS, and the plan is the caller's.
+MAKE_DRY_RUN = ["env", "-u", "MAKEFLAGS", "-u", "MFLAGS", "-u", "MAKELEVEL", "make", "--no-print-directory"]
 PACKAGES = ("edge", "gpu_host", "shared", "cluster", "analysis")
 PROJECT = "hairgate"
 
@@ -99,7 +102,7 @@ def test_make_test_lints_and_type_checks_first_and_says_why_tests_skipped() -> N
     if shutil.which("make") is None:
         pytest.skip("make is not installed here")
     result = subprocess.run(
-        ["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "test"],
+        [*MAKE_DRY_RUN, "-n", "-o", ".venv/.installed", "test"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -131,7 +134,7 @@ def test_make_install_installs_the_lock_hash_checked_with_the_torch_build_asked_
         ("asked", [fresh, "TORCH=cpu"]),
     ):
         result = subprocess.run(
-            ["make", "--no-print-directory", "-n", "-B", "install", *variables],
+            [*MAKE_DRY_RUN, "-n", "-B", "install", *variables],
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -164,7 +167,7 @@ def test_make_lint_runs_ruff_with_the_houses_rules() -> None:
     if shutil.which("make") is None:
         pytest.skip("make is not installed here")
     result = subprocess.run(
-        ["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "lint"],
+        [*MAKE_DRY_RUN, "-n", "-o", ".venv/.installed", "lint"],
         cwd=REPO,
         capture_output=True,
         text=True,

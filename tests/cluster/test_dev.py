@@ -16,6 +16,7 @@ from cluster.dev import banner, prepare, supervise
 from cluster.launcher import REPO_ROOT, Service, free_port
 from shared.settings import load_settings
 from tests.gpu_host.processes import is_running
+from tests.test_dependencies import MAKE_DRY_RUN
 
 
 def test_prepare_writes_settings_both_roles_accept_and_a_private_token(tmp_path: Path) -> None:
@@ -88,7 +89,7 @@ def test_make_run_passes_its_ports_and_config_to_hairgate_dev() -> None:
         pytest.skip("make is not installed here")
     variables = ["PORT=18080", "METRICS_PORT=19464", "WORKER_PORT=28300", "WORKERS=3", "CONFIG=my.toml"]
     result = subprocess.run(
-        ["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "run", *variables],
+        [*MAKE_DRY_RUN, "-n", "-o", ".venv/.installed", "run", *variables],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
