@@ -29,7 +29,7 @@ from tests.gpu_host.processes import cluster_files, start, wait_for
 
 EXAMPLES_PER_OPERATION = 30
 SEED = 20261202
-RUN_TIMEOUT_SECONDS = 170
+RUN_TIMEOUT_SECONDS = 300
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +63,11 @@ def test_schemathesis_finds_nothing_in_the_served_document(gateway_url: str, tmp
     photo.write_bytes(buffer.getvalue())
     faceless = tmp_path / "wall.jpg"
     Image.new("RGB", face.size, (128, 120, 110)).save(faceless, "JPEG", quality=85)  # the same size: points inside both
+    # Without CI=…: Hypothesis loads its "ci" profile there (derandomized, no too-slow health
+    # check), a different and much longer run than the seeded one this test bounds (a fresh-clone
+    # .ci/run went past the time limit with it; the same seed ran in 40-136 s without it).
     environment = {
-        **os.environ,
+        **{name: value for name, value in os.environ.items() if name != "CI"},
         "PYTHONPATH": str(REPO_ROOT),
         "SCHEMATHESIS_HOOKS": "tests.edge.e2e.schemathesis_hooks",
         "HAIRGATE_OPENAPI_PHOTO": str(photo),
