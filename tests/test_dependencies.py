@@ -19,8 +19,22 @@ from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
 # make's plan as a person's shell would see it: under `make test TORCH=cpu` (CI) a nested make
-# inherits the caller's variables and flags through MAKEFLAGS, and the plan is the caller's.
-MAKE_DRY_RUN = ["env", "-u", "MAKEFLAGS", "-u", "MFLAGS", "-u", "MAKELEVEL", "make", "--no-print-directory"]
+# inherits the caller's variables (MAKEFLAGS, and the environment: make exports them), and the plan is the caller's.
+MAKE_DRY_RUN = [
+    "env",
+    "-u",
+    "MAKEFLAGS",
+    "-u",
+    "MFLAGS",
+    "-u",
+    "MAKELEVEL",
+    "-u",
+    "TORCH",
+    "-u",
+    "TORCH_INDEX",
+    "make",
+    "--no-print-directory",
+]
 PACKAGES = ("edge", "gpu_host", "shared", "cluster", "analysis")
 PROJECT = "hairgate"
 
