@@ -192,19 +192,25 @@ def _sqlite_time(moment: datetime) -> str:
     return moment.isoformat(timespec="milliseconds")
 
 
+def _apply_migrations(connection: Any, dialect: str, placeholder: str) -> None:
+    """Take the schema from its recorded version to `SCHEMA_VERSION`; the caller holds the
+    transaction (and, in PostgreSQL, the lock), so a failed step leaves the old version."""
+    connection.execute("CREATE TABLE IF NOT EXISTS audit_schema (version INTEGER NOT NULL)")
+    row = connection.execute("SELECT version FROM audit_schema").fetchone()
+    version = 0 if row is None else row[0]
+    for step in MIGRATIONS[dialect][version:]:
+        for statement in step:
+            connection.execute(statement)
+    if row is None:
+        connection.execute(f"INSERT INTO audit_schema (version) VALUES ({placeholder})", (SCHEMA_VERSION,))
+    else:
+        connection.execute(f"UPDATE audit_schema SET version = {placeholder}", (SCHEMA_VERSION,))
+
+
 def _migrate_sqlite(connection: sqlite3.Connection) -> None:
     connection.execute("BEGIN IMMEDIATE")
     try:
-        connection.execute("CREATE TABLE IF NOT EXISTS audit_schema (version INTEGER NOT NULL)")
-        row = connection.execute("SELECT version FROM audit_schema").fetchone()
-        version = 0 if row is None else row[0]
-        for step in MIGRATIONS["sqlite"][version:]:
-            for statement in step:
-                connection.execute(statement)
-        if row is None:
-            connection.execute("INSERT INTO audit_schema (version) VALUES (?)", (SCHEMA_VERSION,))
-        else:
-            connection.execute("UPDATE audit_schema SET version = ?", (SCHEMA_VERSION,))
+        _apply_migrations(connection, "sqlite", "?")
         connection.execute("COMMIT")
     except BaseException:
         connection.execute("ROLLBACK")
@@ -227,16 +233,7 @@ def _migrate_postgres(connection: Any) -> None:
     """Create or migrate the schema; idempotent, and gateways starting together wait in turn."""
     with connection.transaction():
         connection.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-        connection.execute("CREATE TABLE IF NOT EXISTS audit_schema (version INTEGER NOT NULL)")
-        row = connection.execute("SELECT version FROM audit_schema").fetchone()
-        version = 0 if row is None else row[0]
-        for step in MIGRATIONS["postgresql"][version:]:
-            for statement in step:
-                connection.execute(statement)
-        if row is None:
-            connection.execute("INSERT INTO audit_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
-        else:
-            connection.execute("UPDATE audit_schema SET version = %s", (SCHEMA_VERSION,))
+        _apply_migrations(connection, "postgresql", "%s")
 
 
 def _execute(connection: Any, sql: str, args: Sequence[Any], many: Sequence[Sequence[Any]] | None) -> Any:
