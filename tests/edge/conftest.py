@@ -22,6 +22,29 @@ TOKEN = "unit-test-token-3f9a"
 PHOTO = {"image_base64": PNG_BASE64}
 PHOTO_BODY = json.dumps(PHOTO).encode()
 WORKERS = ["http://127.0.0.1:18190", "http://127.0.0.1:18191", "http://127.0.0.1:18192"]
+# Every request-log line's keys (gateway.md § The request log, docs/edge.md): the unit tests
+# and the real process's end-to-end test hold the log to this one list.
+REQUEST_LOG_FIELDS = frozenset(
+    {
+        "ts",
+        "request_id",
+        "method",
+        "path",
+        "client_ip",
+        "worker",
+        "attempts",
+        "queue_ms",
+        "duration_ms",
+        "http_status",
+        "code",
+        "bytes_in",
+        "bytes_out",
+        "idempotent_replay",
+        "rate_limited",
+        "early_refusal",
+        "failed_workers",
+    }
+)
 
 
 def make_settings(tmp_path: Path, **edge: object) -> Settings:

@@ -12,24 +12,8 @@ import trio
 
 from cluster.launcher import REPO_ROOT, child_env, free_port, hairgate_argv
 from shared.contract import Code
+from tests.edge.conftest import REQUEST_LOG_FIELDS
 from tests.edge.e2e.harness import MEASURE, Cluster, measure, wait_until
-
-REQUEST_LOG_FIELDS = {
-    "ts",
-    "request_id",
-    "method",
-    "path",
-    "client_ip",
-    "worker",
-    "attempts",
-    "queue_ms",
-    "duration_ms",
-    "http_status",
-    "code",
-    "bytes_in",
-    "bytes_out",
-    "idempotent_replay",
-}
 
 
 def _run_edge(config: Path, secrets: Path) -> subprocess.CompletedProcess:
