@@ -1,7 +1,7 @@
 """The `Gateway` object graph: everything one gateway process shares.
 
 `build_gateway(settings)` wires pool, dispatcher, upstream client, image store, request
-log, stats, metrics, admission and API service; handlers reach it through the `Gateway`
+log, stats, metrics, admission, API service and the annotation clean-up; handlers reach it through the `Gateway`
 object (`edge.app.create_app`), never module globals. What must be opened first (the
 shared Redis, the idempotency store) is passed in, and what runs in the background is
 started by `edge.main.serve`, in one nursery.
@@ -20,6 +20,7 @@ from edge.admission.gate import Admission
 from edge.admission.idempotency import Idempotency
 from edge.admission.rate_limit import ClientKeys, build_rate_limiter
 from edge.annotations.rewrite import ImageStore
+from edge.annotations.static_cleanup import StaticCleanup
 from edge.audit.trail import AuditTrail, build_audit
 from edge.forwarding.service import ApiService
 from edge.local.face_workers import FaceWorkers
@@ -58,6 +59,7 @@ class Gateway:
     special_points: SpecialPoints
     features: Features
     audit: AuditTrail
+    static_cleanup: StaticCleanup
     secrets: SecretsSource | None = None  # where `POST /admin/token` persists the token
     redis: coredis.Redis[bytes] | None = None  # the shared state, when configured
     # Held by whatever changes `settings` while serving (a SIGHUP reload, a token switch),
@@ -132,7 +134,7 @@ def build_gateway(
         settings, dispatcher, upstream, request_log, api, file_threads, stats, metrics, admission,
         face_workers, SpecialPoints(face_workers, settings.analysis),
         Features(edge.features, face_workers, settings.analysis, transport=features_transport), audit,
-        secrets, redis,
+        StaticCleanup(edge.static_dir, edge.static_cleanup, file_threads), secrets, redis,
     )  # fmt: skip
 
 

@@ -23,7 +23,6 @@ from quart_trio import QuartTrio
 
 from edge.admission.idempotency import IdempotencyUnavailable, open_idempotency
 from edge.admission.shared_state import redis_client
-from edge.annotations.static_cleanup import StaticCleanup
 from edge.app import create_app
 from edge.gateway import Gateway, build_gateway
 from edge.observe.metrics import metrics_app
@@ -123,7 +122,6 @@ async def serve(
     async with redis_client(edge.shared_state.redis_url) as redis:
         idempotency = await open_idempotency(edge.idempotency, redis) if edge.idempotency.enabled else None
         gateway = build_gateway(settings, idempotency=idempotency, redis=redis, secrets=secrets)
-        cleanup = StaticCleanup(edge.static_dir, lambda: gateway.settings.edge.static_cleanup, gateway.file_threads)
         checks = edge.health_check
         prober = Prober(
             gateway.dispatcher,
@@ -139,7 +137,7 @@ async def serve(
                 await background.start(gateway.audit.run)
                 if idempotency is not None:
                     await background.start(idempotency.run)
-                await background.start(cleanup.run)
+                await background.start(gateway.static_cleanup.run)
                 await background.start(gateway.face_workers.run)  # endpoints 4 and 99
                 await background.start(gateway.features.run)
                 await background.start(prober.run)  # returns after the first probe round

@@ -121,6 +121,7 @@ def apply_settings(gateway: Gateway, app: QuartTrio, prober: Prober, new: Settin
     if rate_limit_changed:  # a new limiter starts with full buckets: only when asked for
         gateway.admission.limiter = build_rate_limiter(edge.rate_limit, gateway.redis)
         gateway.admission.client_keys = ClientKeys(edge.rate_limit)
+    gateway.static_cleanup.reconfigure(edge.static_cleanup)
     gateway.features.settings = edge.features
     gateway.features.limits = gateway.special_points.limits = settings.analysis
     configure_limits(app, settings)  # the rest reads `gateway.settings` when it needs it

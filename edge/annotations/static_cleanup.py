@@ -178,12 +178,13 @@ class WriteCap:
 
 
 class StaticCleanup:
-    """The background task; `settings` is read before each sweep, so a reload takes effect."""
+    """The background task; `reconfigure` (a reload) sets what the next sweep and the next
+    wait use."""
 
     def __init__(
         self,
         static_dir: str | Path,
-        settings: Callable[[], StaticCleanupSettings],
+        settings: StaticCleanupSettings,
         limiter: trio.CapacityLimiter,
         *,
         wall_clock: Callable[[], float] = time.time,  # file times are wall-clock times
@@ -194,15 +195,19 @@ class StaticCleanup:
         self._wall_clock = wall_clock
         self._last_error: str | None = None
 
+    def reconfigure(self, settings: StaticCleanupSettings) -> None:
+        """Reloaded settings: a sleep under way keeps its length, the sweep after it uses them."""
+        self._settings = settings
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Sweep at once (a gateway restarted after days), then every `interval_seconds`."""
         task_status.started()
         while True:
             await self.sweep_once()
-            await trio.sleep(self._settings().interval_seconds)
+            await trio.sleep(self._settings.interval_seconds)
 
     async def sweep_once(self) -> SweepResult | None:
-        settings = self._settings()
+        settings = self._settings
         try:
             result = await trio.to_thread.run_sync(
                 sweep, self.directory, self._wall_clock(), settings, limiter=self._limiter

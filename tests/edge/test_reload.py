@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import time
 from pathlib import Path
 
 import httpx
@@ -152,3 +154,20 @@ async def test_the_shutdown_grace_follows_reloaded_request_timeouts(tmp_path: Pa
     assert config.graceful_timeout == 90, "SIGTERM lets the longest request, as now configured, finish"
     apply_settings(gateway, app, prober, reloaded(tmp_path, max_header_bytes=20_000))
     assert config.h11_max_incomplete_size > 20_000
+
+
+# --- a reload reaches each component it configures (edge.reload pushes; none reads settings itself)
+
+
+async def test_a_reload_reaches_the_static_cleanup(tmp_path: Path, parts) -> None:
+    gateway, app, prober = parts
+    folder = Path(gateway.settings.edge.static_dir) / "annotations"
+    folder.mkdir(parents=True)
+    five_hours_old = folder / "five.png"
+    five_hours_old.write_bytes(b"\x89PNG")
+    os.utime(five_hours_old, (time.time() - 5 * 3600,) * 2)
+    await gateway.static_cleanup.sweep_once()
+    assert five_hours_old.exists(), "72 hours by default"
+    apply_settings(gateway, app, prober, reloaded(tmp_path, static_cleanup={"max_age_hours": 4}))
+    await gateway.static_cleanup.sweep_once()
+    assert not five_hours_old.exists()

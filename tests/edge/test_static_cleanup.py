@@ -71,8 +71,8 @@ def write_png(directory: Path, name: str, size: int, age_hours: float) -> Path:
     return path
 
 
-def cleanup_of(static_dir: Path, settings: list[StaticCleanupSettings]) -> StaticCleanup:
-    return StaticCleanup(static_dir, lambda: settings[0], trio.CapacityLimiter(1), wall_clock=lambda: NOW)
+def cleanup_of(static_dir: Path, settings: StaticCleanupSettings) -> StaticCleanup:
+    return StaticCleanup(static_dir, settings, trio.CapacityLimiter(1), wall_clock=lambda: NOW)
 
 
 async def test_sweep_deletes_real_files_by_age_then_size(tmp_path: Path) -> None:
@@ -83,7 +83,7 @@ async def test_sweep_deletes_real_files_by_age_then_size(tmp_path: Path) -> None
     newer = write_png(directory, "newer.png", MB, 2)
     writing = write_png(directory, ".x.png.tmp", MB, 0)
     (directory / "planted").mkdir()  # not a regular file: never touched
-    cleanup = cleanup_of(tmp_path, [StaticCleanupSettings(max_age_hours=72, max_total_mb=1.5)])
+    cleanup = cleanup_of(tmp_path, StaticCleanupSettings(max_age_hours=72, max_total_mb=1.5))
     result = await cleanup.sweep_once()
     assert result is not None and result.deleted == 2 and result.error is None
     assert not expired.exists() and not oldest.exists()
@@ -91,7 +91,7 @@ async def test_sweep_deletes_real_files_by_age_then_size(tmp_path: Path) -> None
 
 
 async def test_no_directory_yet_is_not_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    result = await cleanup_of(tmp_path, [StaticCleanupSettings()]).sweep_once()
+    result = await cleanup_of(tmp_path, StaticCleanupSettings()).sweep_once()
     assert result is not None and result.deleted == 0 and result.error is None
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
@@ -101,7 +101,7 @@ async def test_a_persistent_error_is_logged_once_and_recovery_once(
 ) -> None:
     caplog.set_level(logging.INFO, logger="edge.static_cleanup")
     (tmp_path / "annotations").write_text("a file where the directory should be")
-    cleanup = cleanup_of(tmp_path, [StaticCleanupSettings()])
+    cleanup = cleanup_of(tmp_path, StaticCleanupSettings())
     for _ in range(3):
         result = await cleanup.sweep_once()
         assert result is not None and result.error is not None
@@ -122,8 +122,7 @@ async def test_run_sweeps_at_start_then_every_interval_with_current_settings(
     directory.mkdir()
     expired = write_png(directory, "expired.png", 100, 100)
     five_hours = write_png(directory, "five.png", 100, 5)
-    settings = [StaticCleanupSettings(interval_seconds=600, max_age_hours=72)]
-    cleanup = cleanup_of(tmp_path, settings)
+    cleanup = cleanup_of(tmp_path, StaticCleanupSettings(interval_seconds=600, max_age_hours=72))
     send, receive = trio.open_memory_channel[float](10)
     sweep_once = cleanup.sweep_once
 
@@ -139,7 +138,7 @@ async def test_run_sweeps_at_start_then_every_interval_with_current_settings(
         assert await receive.receive() == started
         assert not expired.exists() and five_hours.exists()
         await trio.testing.wait_all_tasks_blocked()  # the loop sleeps its 600 s now
-        settings[0] = StaticCleanupSettings(interval_seconds=60, max_age_hours=4)  # a reload
+        cleanup.reconfigure(StaticCleanupSettings(interval_seconds=60, max_age_hours=4))  # a reload
         assert await receive.receive() - started == 600  # the interval that was current then
         assert not five_hours.exists()
         third = await receive.receive()
