@@ -25,6 +25,20 @@ from .images import no_face_photo, rotated, side_by_side
 
 # Beside the checkout (/work/shared/photos for /work/main; ../shared in CI); never in the repo.
 PHOTOS_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "photos"
+# Endpoint 99's points (contract.md): what the analysis answers and what the gateway serves.
+SPECIAL_POINT_NAMES = frozenset(
+    {
+        "trichion",
+        "glabella",
+        "nasion",
+        "subnasale",
+        "menton",
+        "left_temple",
+        "right_temple",
+        "left_iris_center",
+        "right_iris_center",
+    }
+)
 
 
 def _read_only(rgb: np.ndarray) -> np.ndarray:

@@ -31,6 +31,7 @@ from shared.contract import Code, ContractError
 from shared.options import parse_options
 from shared.settings import AnalysisSettings
 
+from .conftest import SPECIAL_POINT_NAMES
 from .images import encode, load_photo, rotated
 from .test_render import visible_share
 
@@ -328,17 +329,7 @@ def test_hairline_styles_in_requested_order(models: Models, grace_hopper: np.nda
 def test_special_points_are_rounded_landmarks(models: Models, astronaut_png: bytes, astronaut: np.ndarray) -> None:
     data = call("special-points", astronaut_png, models)
     assert data["image"] == {"width": 512, "height": 512}
-    assert set(data["points"]) == {
-        "trichion",
-        "glabella",
-        "nasion",
-        "subnasale",
-        "menton",
-        "left_temple",
-        "right_temple",
-        "left_iris_center",
-        "right_iris_center",
-    }
+    assert set(data["points"]) == SPECIAL_POINT_NAMES
     face = models.detector.detect(astronaut)
     assert data["points"]["trichion"] == pytest.approx(face.points[LandmarkId.MESH_TOP], abs=0.051)
     assert data["points"]["left_iris_center"][0] < data["points"]["right_iris_center"][0]

@@ -26,20 +26,10 @@ from edge.local.face_workers import FaceWorkers
 from edge.local.special_points import RETRY_AFTER_SECONDS, SpecialPoints
 from shared.contract import MSG_BACKEND_BUSY, Code
 from shared.settings import AnalysisSettings
+from tests.analysis.conftest import SPECIAL_POINT_NAMES
 from tests.analysis.images import encode, no_face_photo, side_by_side
 
 LIMITS = AnalysisSettings()
-POINT_NAMES = {
-    "trichion",
-    "glabella",
-    "nasion",
-    "subnasale",
-    "menton",
-    "left_temple",
-    "right_temple",
-    "left_iris_center",
-    "right_iris_center",
-}
 
 
 def multipart(image: bytes, **fields: str) -> tuple[bytes, str]:
@@ -67,7 +57,7 @@ async def test_points_of_a_real_face_and_the_hosts_refusals(special_points: Spec
     assert (envelope["code"], envelope["request_id"], answer.retry_after) == (0, "r-1", None)
     assert envelope["data"]["image"] == {"width": 1024, "height": 1024}
     points = envelope["data"]["points"]
-    assert set(points) == POINT_NAMES
+    assert set(points) == SPECIAL_POINT_NAMES
     # Anatomy, top to bottom along the midline and left to right across it.
     heights = [points[name][1] for name in ("trichion", "glabella", "nasion", "subnasale", "menton")]
     assert heights == sorted(heights)
@@ -80,7 +70,7 @@ async def test_points_of_a_real_face_and_the_hosts_refusals(special_points: Spec
     as_json = json.dumps({"image_base64": base64.b64encode(encode(photo, "PNG")).decode()}).encode()
     answer = await special_points.answer(as_json, "application/json", "r-2")
     from_json = answer.envelope["data"]["points"]
-    assert all(from_json[name] == pytest.approx(points[name], abs=1.5) for name in POINT_NAMES)  # PNG, not JPEG
+    assert all(from_json[name] == pytest.approx(points[name], abs=1.5) for name in SPECIAL_POINT_NAMES)  # PNG, not JPEG
 
     refusals = {
         Code.NO_FACE: multipart(encode(upscaled(no_face_photo(), 2), "JPEG")),
