@@ -34,7 +34,7 @@ from prometheus_client.metrics_core import Metric
 
 from edge.admission.rate_limit import ClientKeys, scoped_key
 from edge.audit.ids import ExecutionIds
-from edge.audit.rows import COMPLETED, EXECUTING, FAILED, QUEUED, Execution
+from edge.audit.rows import COLUMNS, COMPLETED, EXECUTING, FAILED, QUEUED, Execution
 from edge.audit.store import AuditStore, AuditStoreError, open_store
 from edge.observe.metrics import GatewayMetrics
 from edge.observe.request_log import RequestRecord
@@ -287,7 +287,7 @@ class AuditTrail:
         yield GaugeMetricFamily("hairgate_audit_pending", "Audit rows waiting to be written", value=len(self._pending))
 
 
-_CLIENT_IP = 4  # index in COLUMNS
+_CLIENT_IP = COLUMNS.index("client_ip")
 
 
 def _checked(values: tuple[Any, ...]) -> tuple[Any, ...]:
