@@ -131,6 +131,7 @@ async def serve(
             timeout_seconds=checks.timeout_seconds,
             request_timeout_seconds=edge.dispatch.request_timeout_seconds,
         )
+        listener = GatewayConfig(edge)
         try:
             async with trio.open_nursery() as background:
                 await background.start(gateway.request_log.run)
@@ -143,13 +144,12 @@ async def serve(
                 await background.start(prober.run)  # returns after the first probe round
                 app = create_app(gateway)
                 if shutdown_trigger is None:
-                    on_hangup = partial(_reload, gateway, app, prober, reload)
+                    on_hangup = partial(_reload, gateway, app, prober, listener, reload)
                     await background.start(_handle_signals, stopping, on_hangup)
                 else:
                     background.start_soon(_stop_on, shutdown_trigger, stopping)
                 async with trio.open_nursery() as server:
-                    config = GatewayConfig(lambda: gateway.settings.edge)
-                    urls = await server.start(_serve, app, config, stopping)
+                    urls = await server.start(_serve, app, listener, stopping)
                     if edge.metrics_bind:
                         metrics_urls = await server.start(
                             _serve, metrics_app(gateway.metrics), _metrics_config(edge.metrics_bind), stopping
@@ -218,12 +218,14 @@ async def _handle_signals(
             return
 
 
-async def _reload(gateway: Gateway, app: QuartTrio, prober: Prober, reload: Callable[[], Settings] | None) -> None:
+async def _reload(
+    gateway: Gateway, app: QuartTrio, prober: Prober, listener: GatewayConfig, reload: Callable[[], Settings] | None
+) -> None:
     if reload is None:
         log.warning("收到 SIGHUP：未提供配置文件，无法重新加载，已忽略")
         return
     try:
-        await reload_settings(gateway, app, prober, reload)
+        await reload_settings(gateway, app, prober, listener, reload)
     except SettingsError as error:  # one line naming the key; keep serving with the old settings
         log.error("SIGHUP：新配置无效，继续使用原配置 | %s", error)
         return

@@ -26,6 +26,7 @@ from edge.admission.rate_limit import ClientKeys, build_rate_limiter
 from edge.app import configure_limits
 from edge.gateway import Gateway, image_store, retry_policy, scheduling_policy, thresholds
 from edge.pool.prober import Prober
+from edge.web.server import GatewayConfig
 from shared.settings import Settings
 
 log = logging.getLogger("edge.reload")
@@ -78,14 +79,16 @@ def keep_restart_keys(current: Settings, new: Settings) -> tuple[Settings, list[
     return new.model_copy(update={"edge": edge}), changed
 
 
-async def reload_settings(gateway: Gateway, app: QuartTrio, prober: Prober, read: Callable[[], Settings]) -> None:
+async def reload_settings(
+    gateway: Gateway, app: QuartTrio, prober: Prober, listener: GatewayConfig, read: Callable[[], Settings]
+) -> None:
     """Read the settings (`read` may raise SettingsError) and apply them, under the lock."""
     async with gateway.settings_lock:
         new = await trio.to_thread.run_sync(read)
-        apply_settings(gateway, app, prober, new)
+        apply_settings(gateway, app, prober, listener, new)
 
 
-def apply_settings(gateway: Gateway, app: QuartTrio, prober: Prober, new: Settings) -> None:
+def apply_settings(gateway: Gateway, app: QuartTrio, prober: Prober, listener: GatewayConfig, new: Settings) -> None:
     """Make `new` the gateway's settings; requests in flight finish under the old ones."""
     settings, kept = keep_restart_keys(gateway.settings, new)
     if kept:
@@ -124,7 +127,8 @@ def apply_settings(gateway: Gateway, app: QuartTrio, prober: Prober, new: Settin
     gateway.static_cleanup.reconfigure(edge.static_cleanup)
     gateway.features.settings = edge.features
     gateway.features.limits = gateway.special_points.limits = settings.analysis
-    configure_limits(app, settings)  # the rest reads `gateway.settings` when it needs it
+    configure_limits(app, settings)
+    listener.reconfigure(edge)  # the rest reads `gateway.settings` when it needs it
     stats = gateway.pool.statistics()
     log.info(
         "SIGHUP：配置已重新加载 | 总数=%d | 在线=%d | 主worker=%d",

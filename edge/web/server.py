@@ -23,7 +23,7 @@ decision Hypercorn takes before the app is asked — `100 Continue`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import h11
@@ -41,14 +41,13 @@ LISTEN_BACKLOG = 1024
 
 
 class GatewayConfig(Config):
-    """Hypercorn's config, with what the gateway's `edge` settings decide read from them
-    when Hypercorn reads it (each new connection, each request, the shutdown): a reload
-    applies from then on."""
+    """Hypercorn's config, with what the gateway's `edge` settings decide; a reload calls
+    `reconfigure`, and Hypercorn reads the new values where it uses them (the header buffer
+    for each new connection, the grace at shutdown, the body limit for each request)."""
 
-    def __init__(self, edge: Callable[[], EdgeSettings]) -> None:
+    def __init__(self, edge: EdgeSettings) -> None:
         super().__init__()
-        self._edge = edge
-        self.bind = [edge().bind]
+        self.bind = [edge.bind]
         self.include_server_header = False
         # Hypercorn's 100 overflowed when 200 clients connected at once (the prelaunch test's
         # 1000 keyed requests): connections the kernel had accepted were dropped unanswered.
@@ -56,23 +55,17 @@ class GatewayConfig(Config):
         self.backlog = LISTEN_BACKLOG
         self.accesslog = None  # the request log is ours; hypercorn's would double it
         self.errorlog = logging.getLogger("hypercorn.error")  # through our handler, once
-        if edge().certfile:
-            self.certfile, self.keyfile = edge().certfile, edge().keyfile
+        if edge.certfile:
+            self.certfile, self.keyfile = edge.certfile, edge.keyfile
         http1_only(self)
+        self.reconfigure(edge)
 
-    @property
-    def h11_max_incomplete_size(self) -> int:  # type: ignore[override]
-        return self._edge().max_header_bytes + REQUEST_LINE_BYTES
-
-    @property
-    def graceful_timeout(self) -> float:  # type: ignore[override]
-        """Stopping lets requests in flight finish: up to the longest request timeout."""
-        dispatch = self._edge().dispatch
-        return max(dispatch.request_timeout_seconds, dispatch.slow_request_timeout_seconds)
-
-    @property
-    def body_limit(self) -> int:
-        return self._edge().max_body_bytes
+    def reconfigure(self, edge: EdgeSettings) -> None:
+        """The settings a reload may change (the listener's own stay as they were bound)."""
+        self.h11_max_incomplete_size = edge.max_header_bytes + REQUEST_LINE_BYTES
+        # Stopping lets requests in flight finish: up to the longest request timeout.
+        self.graceful_timeout = max(edge.dispatch.request_timeout_seconds, edge.dispatch.slow_request_timeout_seconds)
+        self.body_limit = edge.max_body_bytes
 
 
 class GatewayH11Protocol(HTTP1Protocol):

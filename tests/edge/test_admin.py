@@ -14,6 +14,7 @@ from edge.app import create_app
 from edge.gateway import Gateway, build_gateway
 from edge.pool.prober import Prober
 from edge.reload import reload_settings
+from edge.web.server import GatewayConfig
 from shared.secrets_file import SecretsSource
 from shared.settings import ENV_SHARED_PASSWORD, load_settings, token_fingerprint
 from tests.edge.conftest import TOKEN, WORKERS, bring_online, make_settings
@@ -181,7 +182,7 @@ async def test_a_switch_and_a_reload_do_not_undo_each_other(
     prober = Prober(gateway.dispatcher, gateway.upstream.probe, path="/health", interval_seconds=8, timeout_seconds=3)
     app = create_app(gateway)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(reload_settings, gateway, app, prober, read_settings)
+        nursery.start_soon(reload_settings, gateway, app, prober, GatewayConfig(gateway.settings.edge), read_settings)
         await read_started.wait()
         nursery.start_soon(set_token, gateway, token_body(NEW_TOKEN), secrets)
         with trio.fail_after(5):  # the switch is done, or waits for the reload

@@ -6,13 +6,15 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import pytest
 from pydantic import BaseModel
+from quart_trio import QuartTrio
 
 from edge.app import create_app
-from edge.gateway import build_gateway
+from edge.gateway import Gateway, build_gateway
 from edge.main import _reload
 from edge.pool.prober import Prober
 from edge.pool.scheduling import SchedulingPolicy
@@ -37,12 +39,21 @@ class RecordingUpstream:
         raise AssertionError
 
 
+class Parts(NamedTuple):
+    """What a reload applies to (`apply_settings(*parts, new)`)."""
+
+    gateway: Gateway
+    app: QuartTrio
+    prober: Prober
+    listener: GatewayConfig
+
+
 @pytest.fixture
-async def parts(tmp_path: Path):
-    gateway = build_gateway(make_settings(tmp_path), upstream=RecordingUpstream())
+async def parts(tmp_path: Path) -> Parts:
+    gateway = build_gateway(make_settings(tmp_path), upstream=RecordingUpstream())  # type: ignore[arg-type]
     bring_online(gateway, 0, 1, 2)
     prober = Prober(gateway.dispatcher, gateway.upstream.probe, path="/health", interval_seconds=8, timeout_seconds=3)
-    return gateway, create_app(gateway), prober
+    return Parts(gateway, create_app(gateway), prober, GatewayConfig(gateway.settings.edge))
 
 
 def reloaded(tmp_path: Path, **edge) -> object:
@@ -53,7 +64,7 @@ def reloaded(tmp_path: Path, **edge) -> object:
 
 
 async def test_workers_token_limits_and_timings_change_live(tmp_path: Path, parts, caplog) -> None:
-    gateway, router, prober = parts
+    gateway = parts.gateway
     new = reloaded(
         tmp_path,
         pool={"workers": [WORKERS[0], "http://127.0.0.1:18193"], "primary_workers": []},
@@ -61,12 +72,12 @@ async def test_workers_token_limits_and_timings_change_live(tmp_path: Path, part
         dispatch={"queue_wait_seconds": 7, "reserved_fast_workers": 2, "slow_priority_offset_seconds": 0.5},
         rate_limit={"enabled": True, "requests_per_minute": 60, "burst": 2},
     )
-    apply_settings(gateway, router, prober, new)
+    apply_settings(*parts, new)
     assert [w.url for w in gateway.pool.active] == [WORKERS[0], "http://127.0.0.1:18193"]
     assert not gateway.pool.workers[3].online, "a new worker waits for its first probe"
     assert gateway.pool.workers[1].retired and gateway.pool.workers[2].retired
     assert gateway.upstream.token == "rotated-token-1234567"
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=router), base_url="http://gw") as client:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=parts.app), base_url="http://gw") as client:
         answer = (await client.post("/api/v1/hair/measure", content=b"x" * 124)).json()
     assert answer["code"] == 1003 and "123" in answer["message"], "the new body limit applies"
     assert gateway.admission.limiter is not None
@@ -76,10 +87,10 @@ async def test_workers_token_limits_and_timings_change_live(tmp_path: Path, part
 
 
 async def test_keys_that_need_a_restart_keep_their_value_with_one_warning(tmp_path: Path, parts, caplog) -> None:
-    gateway, router, prober = parts
+    gateway = parts.gateway
     old_bind = gateway.settings.edge.bind
     with caplog.at_level(logging.WARNING, logger="edge.reload"):
-        apply_settings(gateway, router, prober, reloaded(tmp_path, bind="127.0.0.1:1", static_dir="/elsewhere"))
+        apply_settings(*parts, reloaded(tmp_path, bind="127.0.0.1:1", static_dir="/elsewhere"))
     assert gateway.settings.edge.bind == old_bind
     assert gateway.settings.edge.static_dir != "/elsewhere"
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -87,21 +98,21 @@ async def test_keys_that_need_a_restart_keep_their_value_with_one_warning(tmp_pa
 
 
 async def test_an_unchanged_rate_limit_keeps_its_buckets(tmp_path: Path, parts) -> None:
-    gateway, router, prober = parts
+    gateway = parts.gateway
     limiter = gateway.admission.limiter
-    apply_settings(gateway, router, prober, reloaded(tmp_path))
+    apply_settings(*parts, reloaded(tmp_path))
     assert gateway.admission.limiter is limiter
 
 
 async def test_invalid_new_settings_keep_the_old_ones_with_one_error_line(parts, caplog) -> None:
-    gateway, router, prober = parts
+    gateway = parts.gateway
     before = gateway.settings
 
     def broken() -> object:
         raise SettingsError("unknown settings key: edge.dispatch.queue_wait_secs")
 
     with caplog.at_level(logging.ERROR):
-        await _reload(gateway, router, prober, broken)
+        await _reload(*parts, broken)
     assert gateway.settings is before
     (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert "edge.dispatch.queue_wait_secs" in line
@@ -134,33 +145,29 @@ def test_every_edge_setting_is_either_live_or_restart_only() -> None:
 
 
 async def test_a_nested_restart_only_setting_keeps_its_value(tmp_path: Path, parts, caplog) -> None:
-    gateway, app, prober = parts
+    gateway = parts.gateway
     with caplog.at_level(logging.WARNING, logger="edge.reload"):
-        apply_settings(gateway, app, prober, reloaded(tmp_path, pool={"workers": WORKERS, "ca_file": "/new/ca.pem"}))
+        apply_settings(*parts, reloaded(tmp_path, pool={"workers": WORKERS, "ca_file": "/new/ca.pem"}))
     assert gateway.settings.edge.pool.ca_file == ""
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "edge.pool.ca_file" in warning and "edge.pool.workers" not in warning
 
 
 async def test_the_shutdown_grace_follows_reloaded_request_timeouts(tmp_path: Path, parts) -> None:
-    gateway, app, prober = parts
-    config = GatewayConfig(lambda: gateway.settings.edge)
     apply_settings(
-        gateway,
-        app,
-        prober,
+        *parts,
         reloaded(tmp_path, dispatch={"request_timeout_seconds": 7, "slow_request_timeout_seconds": 90}),
     )
-    assert config.graceful_timeout == 90, "SIGTERM lets the longest request, as now configured, finish"
-    apply_settings(gateway, app, prober, reloaded(tmp_path, max_header_bytes=20_000))
-    assert config.h11_max_incomplete_size > 20_000
+    assert parts.listener.graceful_timeout == 90, "SIGTERM lets the longest request, as now configured, finish"
+    apply_settings(*parts, reloaded(tmp_path, max_header_bytes=20_000))
+    assert parts.listener.h11_max_incomplete_size > 20_000
 
 
 # --- a reload reaches each component it configures (edge.reload pushes; none reads settings itself)
 
 
 async def test_a_reload_reaches_the_static_cleanup(tmp_path: Path, parts) -> None:
-    gateway, app, prober = parts
+    gateway = parts.gateway
     folder = Path(gateway.settings.edge.static_dir) / "annotations"
     folder.mkdir(parents=True)
     five_hours_old = folder / "five.png"
@@ -168,6 +175,6 @@ async def test_a_reload_reaches_the_static_cleanup(tmp_path: Path, parts) -> Non
     os.utime(five_hours_old, (time.time() - 5 * 3600,) * 2)
     await gateway.static_cleanup.sweep_once()
     assert five_hours_old.exists(), "72 hours by default"
-    apply_settings(gateway, app, prober, reloaded(tmp_path, static_cleanup={"max_age_hours": 4}))
+    apply_settings(*parts, reloaded(tmp_path, static_cleanup={"max_age_hours": 4}))
     await gateway.static_cleanup.sweep_once()
     assert not five_hours_old.exists()

@@ -351,7 +351,7 @@ async def test_an_answer_is_one_write_and_its_end_no_empty_one(
 def test_the_gateway_listener_offers_http_1_1_alone_and_its_protocol_overrides_existing_names(tmp_path: Path) -> None:
     # GatewayH11Protocol replaces two methods of Hypercorn's (pinned: hypercorn==X in
     # pyproject); they must still be the ones its protocol calls
-    config = GatewayConfig(lambda: make_settings(tmp_path).edge)
+    config = GatewayConfig(make_settings(tmp_path).edge)
     assert config.alpn_protocols == ["http/1.1"]
     assert issubclass(GatewayH11Protocol, HTTP1Protocol) and hypercorn.protocol.H11Protocol is GatewayH11Protocol
     assert "_create_stream" in H11Protocol._handle_events.__code__.co_names
