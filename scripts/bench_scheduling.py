@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import random
 import sys
 import tempfile
 import time
@@ -50,12 +49,13 @@ import trio.testing
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.fakes
 
 from cluster.launcher import Process
-from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal
+from edge.pool.dispatch import Dispatcher
 from edge.pool.pool import Pool, ProbeResult
 from edge.pool.scheduling import SchedulingPolicy
 from shared.percentiles import percentile
 from tests.fakes.fake_worker import PNG_BASE64
 from tests.fakes.launch import FakeCluster, FakeWorkerProcess
+from tests.fakes.traffic import Arrival, bursty_arrivals, replay
 
 GROW, MEASURE = "/api/v1/hair/grow", "/api/v1/hair/measure"
 BODY = {"image_base64": PNG_BASE64, "gender": "unknown"}  # the gateway checks the magic bytes
@@ -261,21 +261,7 @@ REPLAY_QUEUE_WAIT = 10.0
 REPLAY_HOSTS = 3
 
 
-def replay_arrivals(seed: int, seconds: float) -> list[tuple[float, bool, float]]:
-    """(arrival, slow, service time): bursts of generations (8-10 s) over a steady trickle
-    of measurements (0.1-0.3 s), so that queues grow past the queue wait and drain again."""
-    rng = random.Random(seed)
-    arrivals: list[tuple[float, bool, float]] = []
-    at = 0.0
-    while at < seconds:
-        at += rng.expovariate(2.0)
-        arrivals.append((at, False, rng.uniform(0.1, 0.3)))
-        if rng.random() < 0.08:  # a burst of generations
-            arrivals += [(at + rng.uniform(0, 2), True, rng.uniform(8, 10)) for _ in range(rng.randint(3, 10))]
-    return sorted(arrivals)
-
-
-async def replay(arrivals: list[tuple[float, bool, float]], early_refusal: bool) -> list[str]:
+async def replay_through(arrivals: list[Arrival], early_refusal: bool) -> list[str]:
     pool = Pool([f"http://host-{n}" for n in range(REPLAY_HOSTS)])
     for index in range(REPLAY_HOSTS):
         pool.record_probe(index, ProbeResult(0.0, ok=True), now=0.0)
@@ -283,34 +269,16 @@ async def replay(arrivals: list[tuple[float, bool, float]], early_refusal: bool)
         pool, max_inflight=64, queue_wait_seconds=REPLAY_QUEUE_WAIT, max_queue_wait_seconds=60,
         policy=SchedulingPolicy(), early_refusal=early_refusal,
     )  # fmt: skip
-    outcomes = [""] * len(arrivals)
-
-    async def request(number: int, slow: bool, service: float) -> None:
-        path = GROW if slow else MEASURE
-        try:
-            async with dispatcher.slot(slow=slow), dispatcher.worker(path=path, slow=slow) as lease:
-                with lease.forwarding(60):
-                    await trio.sleep(service)
-            outcomes[number] = "served"
-        except EarlyRefusal:
-            outcomes[number] = "refused"
-        except Busy:
-            outcomes[number] = "timed out"
-
-    async with trio.open_nursery() as nursery:
-        for number, (at, slow, service) in enumerate(arrivals):
-            await trio.sleep_until(at)
-            nursery.start_soon(request, number, slow, service)
-    return outcomes
+    return await replay(dispatcher, arrivals)
 
 
 def early_refusal_replay(seeds: int, seconds: float) -> dict[str, Any]:
     totals = {"requests": 0, "refused_on": 0, "refused_and_timed_out_off": 0, "refused_but_served_off": 0,
               "timed_out_on": 0, "timed_out_off": 0}  # fmt: skip
     for seed in range(seeds):
-        arrivals = replay_arrivals(seed, seconds)
-        on = trio.run(replay, arrivals, True, clock=trio.testing.MockClock(autojump_threshold=0))
-        off = trio.run(replay, arrivals, False, clock=trio.testing.MockClock(autojump_threshold=0))
+        arrivals = bursty_arrivals(seed, seconds)
+        on = trio.run(replay_through, arrivals, True, clock=trio.testing.MockClock(autojump_threshold=0))
+        off = trio.run(replay_through, arrivals, False, clock=trio.testing.MockClock(autojump_threshold=0))
         totals["requests"] += len(arrivals)
         totals["refused_on"] += on.count("refused")
         totals["timed_out_on"] += on.count("timed out")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import trio
 import trio.testing
@@ -12,6 +10,7 @@ from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal, Unavailable
 from edge.pool.failures import WorkerBusy
 from edge.pool.pool import Pool, ProbeResult
 from edge.pool.scheduling import SchedulingPolicy
+from tests.fakes.traffic import bursty_arrivals, replay
 
 URLS = ["http://w0", "http://w1", "http://w2"]
 
@@ -489,42 +488,13 @@ def test_every_early_refusal_would_have_timed_out() -> None:
     # the same seeded arrivals with early refusal on and off (bursts of 8-10 s generations over
     # 0.1-0.3 s measurements, 3 hosts, 10 s queue wait): the median-based estimate refused
     # requests that were then served
-    rng = random.Random(7)
-    arrivals: list[tuple[float, bool, float]] = []
-    at = 0.0
-    while at < 120:
-        at += rng.expovariate(2.0)
-        arrivals.append((at, False, rng.uniform(0.1, 0.3)))
-        if rng.random() < 0.08:
-            arrivals += [(at + rng.uniform(0, 2), True, rng.uniform(8, 10)) for _ in range(rng.randint(3, 10))]
-    arrivals.sort()
+    arrivals = bursty_arrivals(7, 120)
 
-    async def replay(early_refusal: bool) -> list[str]:
-        dispatcher = make_dispatcher(3, queue_wait=10, early_refusal=early_refusal)
-        outcomes = [""] * len(arrivals)
+    async def replay_with(early_refusal: bool) -> list[str]:
+        return await replay(make_dispatcher(3, queue_wait=10, early_refusal=early_refusal), arrivals)
 
-        async def request(number: int, slow: bool, seconds: float) -> None:
-            try:
-                async with (
-                    dispatcher.slot(slow=slow),
-                    dispatcher.worker(path=GROW if slow else MEASURE, slow=slow) as lease,
-                ):
-                    with lease.forwarding(60):
-                        await trio.sleep(seconds)
-                outcomes[number] = "served"
-            except EarlyRefusal:
-                outcomes[number] = "refused"
-            except Busy:
-                outcomes[number] = "timed out"
-
-        async with trio.open_nursery() as nursery:
-            for number, (arrival, slow, seconds) in enumerate(arrivals):
-                await trio.sleep_until(arrival)
-                nursery.start_soon(request, number, slow, seconds)
-        return outcomes
-
-    on = trio.run(replay, True, clock=trio.testing.MockClock(autojump_threshold=0))
-    off = trio.run(replay, False, clock=trio.testing.MockClock(autojump_threshold=0))
+    on = trio.run(replay_with, True, clock=trio.testing.MockClock(autojump_threshold=0))
+    off = trio.run(replay_with, False, clock=trio.testing.MockClock(autojump_threshold=0))
     refused = [number for number, outcome in enumerate(on) if outcome == "refused"]
     assert len(refused) >= 5, "the replay must exercise early refusals"
     assert [off[number] for number in refused] == ["timed out"] * len(refused)
