@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -142,14 +142,8 @@ class SqliteAuditStore:
             try:
                 if many is None:
                     return connection.execute(sql, args)
-                connection.execute("BEGIN IMMEDIATE")
-                try:
-                    cursor = connection.executemany(sql, many)
-                    connection.execute("COMMIT")
-                except BaseException:
-                    connection.execute("ROLLBACK")
-                    raise
-                return cursor
+                with _sqlite_transaction(connection):
+                    return connection.executemany(sql, many)
             except (sqlite3.Error, OSError) as error:
                 self._drop()
                 raise AuditStoreError(f"SQLite {self.path}: {error}") from None
@@ -207,14 +201,22 @@ def _apply_migrations(connection: Any, dialect: str, placeholder: str) -> None:
         connection.execute(f"UPDATE audit_schema SET version = {placeholder}", (SCHEMA_VERSION,))
 
 
-def _migrate_sqlite(connection: sqlite3.Connection) -> None:
+@contextlib.contextmanager
+def _sqlite_transaction(connection: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN IMMEDIATE (the write lock at once, not at the first write) … COMMIT, or
+    ROLLBACK on any exception, the COMMIT's own included: all of it or none."""
     connection.execute("BEGIN IMMEDIATE")
     try:
-        _apply_migrations(connection, "sqlite", "?")
+        yield
         connection.execute("COMMIT")
     except BaseException:
         connection.execute("ROLLBACK")
         raise
+
+
+def _migrate_sqlite(connection: sqlite3.Connection) -> None:
+    with _sqlite_transaction(connection):
+        _apply_migrations(connection, "sqlite", "?")
 
 
 def _postgres_options() -> dict[str, Any]:
