@@ -18,7 +18,6 @@ import trio
 
 from edge.admission.gate import Admission
 from edge.admission.idempotency import Idempotency
-from edge.admission.rate_limit import ClientKeys, build_rate_limiter
 from edge.annotations.rewrite import ImageStore
 from edge.annotations.static_cleanup import StaticCleanup
 from edge.audit.trail import AuditTrail, build_audit
@@ -104,7 +103,7 @@ def build_gateway(
     file_threads = trio.CapacityLimiter(FILE_THREADS)
     metrics = GatewayMetrics(version("hairgate"), known_paths=API_PATHS)
     metrics.watch_pool(lambda: pool_gauges(pool, _queue_length(dispatcher), dispatcher.counters))
-    audit = build_audit(settings, lambda: admission.client_keys, metrics)  # client keys: as a reload left them
+    audit = build_audit(settings, metrics)
     api = ApiService(
         dispatcher,
         upstream,
@@ -123,8 +122,7 @@ def build_gateway(
     request_log = RequestLog(
         edge.request_log, edge.request_log_max_bytes, observers=(stats.record, metrics.observe_request)
     )
-    limiter = build_rate_limiter(edge.rate_limit, redis)
-    admission = Admission(limiter, ClientKeys(edge.rate_limit), idempotency, metrics)
+    admission = Admission(edge.rate_limit, redis, idempotency, metrics)
     face_workers = FaceWorkers(
         edge.cpu.workers,
         queue_wait_seconds=edge.dispatch.queue_wait_seconds,

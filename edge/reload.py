@@ -22,7 +22,6 @@ import trio
 from pydantic import BaseModel
 from quart_trio import QuartTrio
 
-from edge.admission.rate_limit import ClientKeys, build_rate_limiter
 from edge.app import configure_limits
 from edge.gateway import Gateway, image_store, retry_policy, scheduling_policy, thresholds
 from edge.pool.prober import Prober
@@ -94,7 +93,6 @@ def apply_settings(gateway: Gateway, app: QuartTrio, prober: Prober, listener: G
     if kept:
         log.warning("SIGHUP：以下配置需重启网关才能生效，保持原值 | %s", ", ".join(kept))
     edge = settings.edge
-    rate_limit_changed = edge.rate_limit != gateway.settings.edge.rate_limit
     gateway.settings = settings  # first: the token check and the header limit read it per request
     gateway.dispatcher.reconfigure(
         edge.pool.workers,
@@ -121,9 +119,8 @@ def apply_settings(gateway: Gateway, app: QuartTrio, prober: Prober, listener: G
         limits=settings.analysis,
     )
     gateway.upstream.set_token(settings.auth.shared_password)
-    if rate_limit_changed:  # a new limiter starts with full buckets: only when asked for
-        gateway.admission.limiter = build_rate_limiter(edge.rate_limit, gateway.redis)
-        gateway.admission.client_keys = ClientKeys(edge.rate_limit)
+    gateway.admission.reconfigure(edge.rate_limit)
+    gateway.audit.reconfigure(edge.rate_limit)
     gateway.static_cleanup.reconfigure(edge.static_cleanup)
     gateway.features.settings = edge.features
     gateway.features.limits = gateway.special_points.limits = settings.analysis

@@ -18,6 +18,7 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
+import coredis
 import trio
 
 from edge.admission.idempotency import (
@@ -29,7 +30,7 @@ from edge.admission.idempotency import (
     fingerprint,
     validate_key,
 )
-from edge.admission.rate_limit import ClientKeys, RateLimiter, scoped_key
+from edge.admission.rate_limit import ClientKeys, RateLimiter, build_rate_limiter, scoped_key
 from edge.exchange import ApiResponse, Exchange, LogFacts, encode
 from edge.observe.metrics import GatewayMetrics
 from shared.contract import (
@@ -44,6 +45,7 @@ from shared.contract import (
     ContractError,
     envelope,
 )
+from shared.settings import RateLimitSettings
 
 _KEY = HEADER_IDEMPOTENCY_KEY.lower().encode()
 _REPLAYED = (HEADER_IDEMPOTENCY_REPLAYED.lower().encode(), b"true")
@@ -65,15 +67,26 @@ class Admission:
 
     def __init__(
         self,
-        limiter: RateLimiter | None,
-        client_keys: ClientKeys,
+        rate_limit: RateLimitSettings,
+        redis: coredis.Redis[bytes] | None,
         idempotency: Idempotency | None,
         metrics: GatewayMetrics,
     ) -> None:
-        self.limiter = limiter  # replaceable on a settings reload
-        self.client_keys = client_keys
+        self._rate_limit = rate_limit
+        self._redis = redis  # the limiter's buckets, when shared
+        self.limiter: RateLimiter | None = build_rate_limiter(rate_limit, redis)
+        self.client_keys = ClientKeys(rate_limit)
         self._idempotency = idempotency
         self._metrics = metrics
+
+    def reconfigure(self, rate_limit: RateLimitSettings) -> None:
+        """Reloaded rate limits, for requests that start from now on. A new limiter starts
+        with full buckets: it is built only when the limits changed."""
+        if rate_limit == self._rate_limit:
+            return
+        self._rate_limit = rate_limit
+        self.limiter = build_rate_limiter(rate_limit, self._redis)
+        self.client_keys = ClientKeys(rate_limit)
 
     async def before_body(self, request: Exchange) -> ApiResponse | None:
         if self.limiter is None or request.method != "POST":

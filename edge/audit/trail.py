@@ -24,7 +24,7 @@ import ipaddress
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -40,7 +40,7 @@ from edge.observe.metrics import GatewayMetrics
 from edge.observe.request_log import RequestRecord
 from shared.contract import HEADER_IDEMPOTENCY_KEY, Code
 from shared.logs import FailureLog
-from shared.settings import Settings
+from shared.settings import RateLimitSettings, Settings
 
 log = logging.getLogger("edge.audit")
 T = TypeVar("T")
@@ -76,7 +76,7 @@ class AuditTrail:
         self,
         ids: ExecutionIds,
         store: AuditStore | None,
-        client_keys: Callable[[], ClientKeys],
+        client_keys: ClientKeys,
         *,
         reader: AuditStore | None = None,
         max_pending: int = 100_000,
@@ -86,7 +86,7 @@ class AuditTrail:
         self._ids = ids
         self.store = store
         self.reader = reader  # its own connection: a slow read never holds up the writer
-        self._client_keys = client_keys
+        self._client_keys = client_keys  # who a request is (its IP, its API key), as admission says
         self._max_pending = max_pending
         self._retention_days = retention_days
         self._gpu_ms_usd = gpu_second_usd / 1000
@@ -104,6 +104,11 @@ class AuditTrail:
     def pending(self) -> int:
         return len(self._pending)
 
+    def reconfigure(self, rate_limit: RateLimitSettings) -> None:
+        """Reloaded rate-limit settings: who the requests that arrive from now on are
+        (trusted proxies, `key_header`)."""
+        self._client_keys = ClientKeys(rate_limit)
+
     # --- the request's path ------------------------------------------------------------------
 
     def received(self, request_id: str, path: str, scope: Scope) -> str:
@@ -111,7 +116,7 @@ class AuditTrail:
         execution_id = self._ids.next()
         if self.store is None:
             return execution_id
-        keys = self._client_keys()
+        keys = self._client_keys
         key_name = keys.key_header_name if keys.key_header else None
         forwarded = key = api_key = None
         for name, value in scope["headers"]:
@@ -300,7 +305,7 @@ def _checked(values: tuple[Any, ...]) -> tuple[Any, ...]:
     return values
 
 
-def build_audit(settings: Settings, client_keys: Callable[[], ClientKeys], metrics: GatewayMetrics) -> AuditTrail:
+def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditTrail:
     """The gateway's trail (nothing opened yet: `AuditTrail.run` connects), its metrics registered."""
     audit = settings.edge.audit
     store = open_store(audit.path, settings.audit.postgres_dsn) if audit.enabled else None
@@ -308,7 +313,7 @@ def build_audit(settings: Settings, client_keys: Callable[[], ClientKeys], metri
     trail = AuditTrail(
         ExecutionIds(audit.gateway_id),
         store,
-        client_keys,
+        ClientKeys(settings.edge.rate_limit),
         reader=reader,
         max_pending=audit.max_pending,
         retention_days=audit.retention_days,

@@ -181,7 +181,7 @@ async def test_a_long_request_is_written_in_its_intermediate_state(tmp_path: Pat
 
 def trail_on(store: SqliteAuditStore | None, **options: Any) -> AuditTrail:
     keys = ClientKeys(RateLimitSettings())
-    return AuditTrail(ExecutionIds(0), store, lambda: keys, reader=store, **options)
+    return AuditTrail(ExecutionIds(0), store, keys, reader=store, **options)
 
 
 def arrive(trail: AuditTrail, count: int) -> list[str]:

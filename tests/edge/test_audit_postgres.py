@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 def trail_on(dsn: str, gateway_id: int = 0, **options: Any) -> AuditTrail:
     keys = ClientKeys(RateLimitSettings())
     store = PostgresAuditStore(dsn)
-    return AuditTrail(ExecutionIds(gateway_id), store, lambda: keys, reader=PostgresAuditStore(dsn), **options)
+    return AuditTrail(ExecutionIds(gateway_id), store, keys, reader=PostgresAuditStore(dsn), **options)
 
 
 def table(dsn: str) -> dict[str, dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -21,8 +22,11 @@ from edge.pool.scheduling import SchedulingPolicy
 from edge.pool.upstream import ForwardRequest
 from edge.reload import EDGE_SETTINGS, LIVE, RESTART, apply_settings
 from edge.web.server import GatewayConfig
+from shared.contract import Code
 from shared.settings import EdgeSettings, SettingsError
 from tests.edge.conftest import TOKEN, WORKERS, bring_online, make_settings
+
+MEASURE = "/api/v1/hair/measure"
 
 
 class RecordingUpstream:
@@ -78,7 +82,7 @@ async def test_workers_token_limits_and_timings_change_live(tmp_path: Path, part
     assert gateway.pool.workers[1].retired and gateway.pool.workers[2].retired
     assert gateway.upstream.token == "rotated-token-1234567"
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=parts.app), base_url="http://gw") as client:
-        answer = (await client.post("/api/v1/hair/measure", content=b"x" * 124)).json()
+        answer = (await client.post(MEASURE, content=b"x" * 124)).json()
     assert answer["code"] == 1003 and "123" in answer["message"], "the new body limit applies"
     assert gateway.admission.limiter is not None
     assert gateway.dispatcher._queue_wait_seconds == 7
@@ -178,3 +182,19 @@ async def test_a_reload_reaches_the_static_cleanup(tmp_path: Path, parts) -> Non
     apply_settings(*parts, reloaded(tmp_path, static_cleanup={"max_age_hours": 4}))
     await gateway.static_cleanup.sweep_once()
     assert not five_hours_old.exists()
+
+
+async def test_a_reload_reaches_admission_and_the_audit_trail(tmp_path: Path, parts) -> None:
+    gateway = parts.gateway
+    rate_limit = {"enabled": True, "requests_per_minute": 1, "burst": 1, "key_header": "X-Api-Key"}
+    apply_settings(*parts, reloaded(tmp_path, max_body_bytes=10, rate_limit=rate_limit))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=parts.app), base_url="http://gw") as client:
+        answers = [(await client.post(MEASURE, content=b"x" * 11, headers={"X-Api-Key": "k"})) for _ in range(2)]
+    assert [answer.json()["code"] for answer in answers] == [Code.TOO_LARGE, Code.SYSTEM_ERROR], (
+        "the first takes the key's one token (and is too large), the second finds its bucket empty"
+    )
+    assert "Retry-After" in answers[1].headers
+    await gateway.audit.flush()
+    assert gateway.audit.reader is not None
+    users = gateway.audit.reader.query("SELECT user_id FROM audit_log", ())
+    assert [user for (user,) in users] == [hashlib.sha256(b"k").hexdigest()[:16]] * 2, "the trail knows the key header"
