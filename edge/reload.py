@@ -122,8 +122,8 @@ def apply_settings(gateway: Gateway, app: QuartTrio, prober: Prober, listener: G
     gateway.admission.reconfigure(edge.rate_limit)
     gateway.audit.reconfigure(edge.rate_limit)
     gateway.static_cleanup.reconfigure(edge.static_cleanup)
-    gateway.features.settings = edge.features
-    gateway.features.limits = gateway.special_points.limits = settings.analysis
+    gateway.features.reconfigure(edge.features, settings.analysis)
+    gateway.special_points.reconfigure(settings.analysis)
     configure_limits(app, settings)
     listener.reconfigure(edge)  # the rest reads `gateway.settings` when it needs it
     stats = gateway.pool.statistics()

@@ -167,11 +167,15 @@ class Features:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.settings = settings  # replaceable on a settings reload
+        self.settings = settings
         self.limits = limits
         self._workers = workers
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
+
+    def reconfigure(self, settings: FeaturesSettings, limits: AnalysisSettings) -> None:
+        """Reloaded settings, for the requests that start from now on."""
+        self.settings, self.limits = settings, limits
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the HTTP client (its connections to the LLM) until cancelled."""

@@ -22,7 +22,11 @@ class SpecialPoints:
 
     def __init__(self, workers: FaceWorkers, limits: AnalysisSettings) -> None:
         self._workers = workers
-        self.limits = limits  # replaceable on a settings reload
+        self.limits = limits
+
+    def reconfigure(self, limits: AnalysisSettings) -> None:
+        """Reloaded limits, for the requests that start from now on."""
+        self.limits = limits
 
     async def answer(self, body: bytes, content_type: str | None, request_id: str) -> LocalAnswer:
         try:

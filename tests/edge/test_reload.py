@@ -23,7 +23,7 @@ from edge.pool.upstream import ForwardRequest
 from edge.reload import EDGE_SETTINGS, LIVE, RESTART, apply_settings
 from edge.web.server import GatewayConfig
 from shared.contract import Code
-from shared.settings import EdgeSettings, SettingsError
+from shared.settings import AnalysisSettings, EdgeSettings, Settings, SettingsError
 from tests.edge.conftest import TOKEN, WORKERS, bring_online, make_settings
 
 MEASURE = "/api/v1/hair/measure"
@@ -60,7 +60,7 @@ async def parts(tmp_path: Path) -> Parts:
     return Parts(gateway, create_app(gateway), prober, GatewayConfig(gateway.settings.edge))
 
 
-def reloaded(tmp_path: Path, **edge) -> object:
+def reloaded(tmp_path: Path, **edge: object) -> Settings:
     settings = make_settings(tmp_path, **edge)
     return settings.model_copy(
         update={"auth": settings.auth.model_copy(update={"shared_password": "rotated-token-1234567"})}
@@ -198,3 +198,12 @@ async def test_a_reload_reaches_admission_and_the_audit_trail(tmp_path: Path, pa
     assert gateway.audit.reader is not None
     users = gateway.audit.reader.query("SELECT user_id FROM audit_log", ())
     assert [user for (user,) in users] == [hashlib.sha256(b"k").hexdigest()[:16]] * 2, "the trail knows the key header"
+
+
+async def test_a_reload_reaches_the_endpoints_the_gateway_answers_itself(tmp_path: Path, parts) -> None:
+    gateway = parts.gateway
+    new = reloaded(tmp_path, features={"base_url": "http://llm.test/v1", "model": "m"})
+    new = new.model_copy(update={"analysis": AnalysisSettings(max_image_bytes=1234)})
+    apply_settings(*parts, new)
+    assert (gateway.features.settings.base_url, gateway.features.settings.model) == ("http://llm.test/v1", "m")
+    assert gateway.features.limits.max_image_bytes == gateway.special_points.limits.max_image_bytes == 1234
