@@ -4,8 +4,8 @@ Where to add a route: in the blueprint of its kind — `edge.web.api_routes` (bu
 endpoints under `/api/`), `edge.web.pages` (status pages, the drill, annotation files),
 `edge.web.admin` (token-protected admin). What every request goes through before and
 instead of a view (header block, rate limit, token, body limit and timeouts, the
-envelope of every refusal under `/api/`) is in `edge.web.refusals`; the request log in
-`edge.web.http.GatewayConnection`.
+envelope of every refusal under `/api/`) is in `edge.web.refusals`; the request log is
+ASGI middleware around the app (`edge.web.request_logging`).
 """
 
 from __future__ import annotations
@@ -15,19 +15,20 @@ from quart_trio import QuartTrio
 from edge.gateway import Gateway
 from edge.web.admin import admin_blueprint
 from edge.web.api_routes import api_blueprint
-from edge.web.http import AUDIT, BODY_IDLE_TIMEOUT, REQUEST_LOG, GatewayConnection, GatewayRequest
+from edge.web.http import BODY_IDLE_TIMEOUT, GatewayConnection, GatewayRequest
 from edge.web.openapi import openapi_blueprint
 from edge.web.pages import pages_blueprint
 from edge.web.refusals import register_refusals
+from edge.web.request_logging import RequestLogging
 from shared.settings import Settings
 
 
 def create_app(gateway: Gateway) -> QuartTrio:
     app = QuartTrio("edge", static_folder=None, template_folder=None)
     app.request_class = GatewayRequest  # a body limit a view can lower, an idle bound on the body
-    app.asgi_http_class = GatewayConnection  # the request-log line of each `/api/` request
-    app.extensions[REQUEST_LOG] = gateway.request_log.record
-    app.extensions[AUDIT] = gateway.audit  # the execution id and audit row of each `/api/` request
+    app.asgi_http_class = GatewayConnection  # an answer in memory as one ASGI message
+    # the request id of each request, the execution id, audit row and log line of each `/api/` one
+    app.asgi_app = RequestLogging(app.asgi_app, gateway.request_log.record, gateway.audit)  # type: ignore[method-assign]
     app.config.update(
         PROVIDE_AUTOMATIC_OPTIONS=False,  # OPTIONS is a method like any other: 405 (an envelope under /api/)
         RESPONSE_TIMEOUT=None,  # a slow reader of a large answer is the client's business

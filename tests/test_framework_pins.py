@@ -30,7 +30,6 @@ from hypercorn.config import Config
 from hypercorn.protocol.h11 import H11Protocol
 from quart.asgi import ASGIHTTPConnection
 from quart.wrappers.request import Body, Request
-from quart_trio.asgi import TrioASGIHTTPConnection
 from quart_trio.wrappers.request import TrioBody, TrioRequest
 
 from tests.test_lock import APPLICATION, read_lock
@@ -103,27 +102,7 @@ PINNED = [
         ("self",),
         why="HTTP1Protocol waits for a body its answer left unread before recycling (shared/http_server.py)",
     ),
-    # quart-trio's and Quart's ASGI connection (edge/web/http.py)
-    Pin(
-        TrioASGIHTTPConnection,
-        "__call__",
-        ("self", "receive", "send"),
-        "98802020652fd68b",
-        why="GatewayConnection.__call__ is a copy with the request log's `sent` in between",
-    ),
-    Pin(
-        TrioASGIHTTPConnection,
-        "handle_messages",
-        ("self", "nursery", "request", "receive"),
-        why="called by the copied __call__",
-    ),
-    Pin(
-        TrioASGIHTTPConnection,
-        "handle_request",
-        ("self", "nursery", "request", "send"),
-        why="called by the copied __call__",
-    ),
-    Pin(ASGIHTTPConnection, "_create_request_from_scope", ("self", "send"), why="called by the copied __call__"),
+    # Quart's ASGI connection (edge/web/http.py)
     Pin(
         ASGIHTTPConnection,
         "_send_response",

@@ -4,7 +4,7 @@ The GPU endpoints (`GPU_ENDPOINT_PATHS`) are checked, queued and forwarded by
 `ApiService` (`edge.forwarding.service`); endpoints 4 and 99 are answered by the gateway itself
 (`edge.local`). Around every one: the rate limit before the body (`before_the_body` in
 `edge.web.refusals`), the body limit and timeouts (`GatewayRequest`), the Idempotency-Key
-(`Admission.around`), the request-log line (`GatewayConnection`). A wrong method or an
+(`Admission.around`), the request-log line (`edge.web.request_logging`). A wrong method or an
 unknown path gets its envelope from the app's error handlers (`edge.web.refusals`).
 """
 
@@ -51,7 +51,7 @@ def api_blueprint(gateway: Gateway) -> Blueprint:
 
 async def _business(gateway: Gateway, handle: Handle) -> QuartResponse:
     request = current_gateway_request()
-    exchange = request.exchange or exchange_of(request)  # built by the rate limit, if it ran
+    exchange = request.notes.exchange or exchange_of(request)  # built by the rate limit, if it ran
     exchange.body = await request.read_body()
     response = await gateway.admission.around(exchange, lambda: handle(gateway, exchange))
     return as_quart_response(request, response)
@@ -60,7 +60,7 @@ async def _business(gateway: Gateway, handle: Handle) -> QuartResponse:
 def as_quart_response(request: GatewayRequest, response: ApiResponse) -> QuartResponse:
     """An `/api/` answer as Quart's response (the last step of every one); notes its
     outcome for the request log."""
-    request.outcome = response.outcome
+    request.notes.log_facts = response.outcome
     answer = QuartResponse(response.body, status=response.status, content_type=JSON)
     for name, value in response.headers:  # a replay's include the X-Request-ID it was stored with
         answer.headers[name.decode("latin-1")] = value.decode("latin-1")

@@ -1,15 +1,13 @@
 """The gateway's HTTP layer on Quart: what it adds to quart-trio, each piece in the slot
-Quart provides for it (`app.request_class`, `app.asgi_http_class`; `edge.app` fills them):
+Quart provides for it (`app.request_class`, `app.asgi_http_class`; `edge.app` fills them;
+the request log is ASGI middleware around the app, `edge.web.request_logging`):
 - `GatewayRequest`: Quart's request with a body limit that a view can lower
   (`request.max_content_length = n` bounds the body itself, not only form parsing) and
   an idle bound between two body chunks beside Quart's `BODY_TIMEOUT` for the whole body
   (Hypercorn's `read_timeout` cannot be that bound: it also cuts off a client that
   is quietly waiting for a 20 s answer);
-- `GatewayConnection`: the request-log line of every `/api/` request, taken after its
-  answer was written — or with status 499 when its client left first (quart-trio then
-  cancels the handler: that is how a departed client frees its place in the queue), or
-  left or stopped reading during it (with the bytes its socket took) — and an answer
-  held in memory sent as one ASGI message (the log itself is `app.extensions[REQUEST_LOG]`).
+- `GatewayConnection`: quart-trio's, with an answer held in memory sent as one ASGI
+  message.
 
 The `/api/` handlers work on an `Exchange` (request id, headers, body) and answer an
 `ApiResponse`; those types live below every sub-package, in `edge.exchange` (admission
@@ -20,19 +18,11 @@ from __future__ import annotations
 
 import hmac
 import logging
-import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any, cast
 
 import trio
-from hypercorn.typing import (
-    ASGIReceiveCallable,
-    ASGISendCallable,
-    ASGISendEvent,
-    HTTPResponseBodyEvent,
-    HTTPResponseStartEvent,
-)
+from hypercorn.typing import ASGISendCallable, HTTPResponseBodyEvent, HTTPResponseStartEvent
 from quart import Response as QuartResponse
 from quart import current_app, request
 from quart.utils import encode_headers
@@ -41,19 +31,13 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 from quart_trio.wrappers.request import TrioBody, TrioRequest
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
-from edge.exchange import Exchange, LogFacts, encode
-from edge.observe.request_log import RequestRecord
-from shared.contract import API_PREFIX, HEADER_REQUEST_ID, request_id_from_header
-from shared.http_server import connection_writes
+from edge.exchange import Exchange, encode
+from edge.web.request_logging import RequestNotes, request_notes
 
 log = logging.getLogger("edge.http")
 
-CLIENT_CLOSED = 499  # request-log status of a client that left before its answer (nginx's)
-REQUEST_LOG = "hairgate.request_log"  # app.extensions key: takes each `/api/` request's log line
-AUDIT = "hairgate.audit"  # app.extensions key: the audit trail's hooks (`edge.audit.AuditTrail`)
 BODY_IDLE_TIMEOUT = "HAIRGATE_BODY_IDLE_TIMEOUT"  # app.config key: longest gap between two body chunks
 JSON = "application/json"
-_REQUEST_ID = HEADER_REQUEST_ID.lower().encode()
 Scope = Mapping[str, Any]  # an ASGI HTTP scope
 
 
@@ -140,20 +124,17 @@ class GatewayBody(TrioBody):
 
 
 class GatewayRequest(TrioRequest):
-    """Quart's request plus the gateway's per-request facts: its id, and what the request
-    log records about an `/api/` answer (`outcome`, `exchange`)."""
+    """Quart's request plus the gateway's per-request facts (`notes`, shared with the
+    request log: its ids, and what the log records about an `/api/` answer)."""
 
     body_class = GatewayBody
     body: GatewayBody
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        headers = self.scope["headers"]
-        given = next((value for name, value in headers if name == _REQUEST_ID), None)
-        self.request_id = request_id_from_header(None if given is None else given.decode("latin-1"))
-        self.outcome: LogFacts | None = None
-        self.exchange: Exchange | None = None
-        self.execution_id = ""  # an `/api/` request's, given on arrival (`edge.audit`)
+        self.notes: RequestNotes = request_notes(self.scope)
+        self.request_id = self.notes.request_id
+        self.execution_id = self.notes.execution_id  # an `/api/` request's, given on arrival
 
     @property
     def max_content_length(self) -> int | None:
@@ -195,7 +176,7 @@ def exchange_of(request: GatewayRequest) -> Exchange:
         request_id=request.request_id,
         execution_id=request.execution_id,
     )
-    request.exchange = exchange
+    request.notes.exchange = exchange
     return exchange
 
 
@@ -203,23 +184,7 @@ def exchange_of(request: GatewayRequest) -> Exchange:
 
 
 class GatewayConnection(TrioASGIHTTPConnection):
-    """quart-trio's connection, plus the request-log line of each `/api/` request."""
-
-    async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-        started = time.perf_counter()
-        request = cast(GatewayRequest, self._create_request_from_scope(send))
-        if request.path.startswith(API_PREFIX):  # named on arrival, before any check
-            request.execution_id = self.app.extensions[AUDIT].received(request.request_id, request.path, request.scope)
-        sent = _Sent(send)
-        try:
-            async with trio.open_nursery() as nursery:  # quart-trio's, with `sent` in between
-                nursery.start_soon(self.handle_messages, nursery, request, receive)
-                nursery.start_soon(self.handle_request, nursery, request, sent.send)
-        finally:
-            if request.path.startswith(API_PREFIX):
-                entry = _record(request, sent, started)
-                self.app.extensions[REQUEST_LOG](entry)
-                self.app.extensions[AUDIT].finished(request.execution_id, entry)
+    """quart-trio's connection, sending an answer held in memory as one ASGI message."""
 
     async def _send_response(self, send: ASGISendCallable, response: Any) -> None:
         if not isinstance(response, QuartResponse) or not isinstance(response.response, DataBody):
@@ -234,71 +199,6 @@ class GatewayConnection(TrioASGIHTTPConnection):
         }
         await send(cast(HTTPResponseStartEvent, start))
         await send(cast(HTTPResponseBodyEvent, {"type": "http.response.body", "body": response.response.data}))
-
-
-class _Sent:
-    """What went out on an ASGI connection: the status, the body's size, and whether all of
-    it reached the socket (`complete`) or how much did (`sent_bytes`)."""
-
-    def __init__(self, send: ASGISendCallable) -> None:
-        self._send = send
-        self.status: int | None = None
-        self.body_bytes = 0
-        self.complete = False
-        self._writes = connection_writes()  # None when served without Hypercorn (the tests' ASGI client)
-        self._written_before = self._writes.sent_bytes if self._writes else 0
-
-    @property
-    def sent_bytes(self) -> int:
-        """The body's bytes sent: all of them once complete, else what the socket took for
-        this answer (its head included, so at most the body's size)."""
-        if self.complete:
-            return self.body_bytes
-        if self._writes is None:
-            return 0
-        return min(self.body_bytes, self._writes.sent_bytes - self._written_before)
-
-    async def send(self, message: ASGISendEvent) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-        elif message["type"] == "http.response.body":
-            self.body_bytes += len(message.get("body", b""))
-            if not message.get("more_body", False):
-                # Hypercorn ends the exchange inside this call (and closes the connection
-                # when it must): the client's disconnect it causes would otherwise cancel
-                # that half-way (quart-trio's receiver cancels the sender). The socket's
-                # write below is bounded (`shared.http_server`): a client that stops
-                # reading holds this no longer than that.
-                with trio.CancelScope(shield=True):
-                    await self._send(message)
-                self.complete = self._writes is None or not self._writes.failed
-                return
-        await self._send(message)
-
-
-def _record(request: GatewayRequest, sent: _Sent, started: float) -> RequestRecord:
-    outcome = request.outcome or LogFacts(None)
-    left = not sent.complete
-    exchange = request.exchange
-    return RequestRecord(
-        ts=datetime.now(UTC).isoformat(timespec="milliseconds"),
-        request_id=request.request_id,
-        method=request.method,
-        path=request.path,
-        client_ip=exchange.client_ip if exchange else _client_ip(request.scope),
-        worker=outcome.worker,
-        attempts=outcome.attempts,
-        queue_ms=round(outcome.queue_seconds * 1000, 3),
-        duration_ms=round((time.perf_counter() - started) * 1000, 3),
-        http_status=CLIENT_CLOSED if left or sent.status is None else sent.status,
-        code=outcome.code,
-        bytes_in=len(exchange.body) if exchange else 0,
-        bytes_out=sent.sent_bytes,
-        idempotent_replay=outcome.idempotent_replay,
-        rate_limited=outcome.rate_limited,
-        early_refusal=outcome.early_refusal,
-        failed_workers=outcome.failed_workers,
-    )
 
 
 # --- small shared pieces -----------------------------------------------------------------
@@ -340,8 +240,3 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
             value = headers[name] + b", " + value
         headers[name] = value
     return headers
-
-
-def _client_ip(scope: Scope) -> str:
-    client = scope.get("client")
-    return client[0] if client else ""

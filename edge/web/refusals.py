@@ -94,7 +94,7 @@ def register_refusals(app: Quart, gateway: Gateway) -> None:
         expecting = request.headers.get("Expect", "").lower() == "100-continue"
         if expecting and withholds_continue(request.scope["headers"], gateway.settings.edge.max_body_bytes):
             return _refused(request, Code.TOO_LARGE, message, close=True)  # refused before its body was sent
-        request.outcome = LogFacts(int(Code.TOO_LARGE))
+        request.notes.log_facts = LogFacts(int(Code.TOO_LARGE))
         return _answer_then_drain(request, encode(envelope(Code.TOO_LARGE, request.request_id, None, message)))
 
     @app.errorhandler(RequestTimeout)
