@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from importlib.metadata import version
+from typing import TypedDict
 
 import coredis
 import httpx
@@ -36,7 +37,7 @@ from edge.pool.scheduling import SchedulingPolicy
 from edge.pool.upstream import Upstream
 from edge.web.api_routes import API_PATHS
 from shared.secrets_file import SecretsSource
-from shared.settings import Settings
+from shared.settings import AnalysisSettings, Settings
 
 FILE_THREADS = 4  # concurrent file reads/writes; PNGs are small, the disk is the limit
 
@@ -86,15 +87,8 @@ def build_gateway(
     opened by the caller, who closes them.
     """
     edge = settings.edge
-    checks = edge.health_check
     pool = Pool(edge.pool.workers, edge.pool.primary_workers, thresholds(settings))
-    dispatcher = Dispatcher(
-        pool,
-        max_inflight=edge.dispatch.max_inflight,
-        queue_wait_seconds=edge.dispatch.queue_wait_seconds,
-        max_queue_wait_seconds=edge.dispatch.max_queue_wait_seconds,
-        policy=scheduling_policy(settings),
-    )
+    dispatcher = Dispatcher(pool, **dispatch_options(settings))
     upstream = upstream or Upstream(
         settings.auth.shared_password,
         keepalive_connections=2 * len(edge.pool.workers) + 8,
@@ -109,11 +103,8 @@ def build_gateway(
         upstream,
         image_store(settings, file_threads),
         retry_policy(settings),
-        request_timeout_seconds=edge.dispatch.request_timeout_seconds,
-        slow_request_timeout_seconds=edge.dispatch.slow_request_timeout_seconds,
-        probe_interval_seconds=checks.interval_seconds,
+        **forward_options(settings),
         metrics=metrics,
-        limits=settings.analysis,
         audit=audit,
         host_leases=build_host_leases(redis),
     )
@@ -134,6 +125,64 @@ def build_gateway(
         Features(edge.features, face_workers, settings.analysis, transport=features_transport), audit,
         StaticCleanup(edge.static_dir, edge.static_cleanup, file_threads), secrets, redis,
     )  # fmt: skip
+
+
+# What the components take from the settings, given at construction and again on a reload
+# (`edge.reload`): written once, so the two cannot drift apart.
+
+
+class DispatchOptions(TypedDict):
+    max_inflight: int
+    queue_wait_seconds: float
+    max_queue_wait_seconds: float
+    policy: SchedulingPolicy
+
+
+class ProbeOptions(TypedDict):
+    path: str
+    interval_seconds: float
+    timeout_seconds: float
+    request_timeout_seconds: float
+
+
+class ForwardOptions(TypedDict):
+    request_timeout_seconds: float
+    slow_request_timeout_seconds: float
+    probe_interval_seconds: float
+    limits: AnalysisSettings
+
+
+def dispatch_options(settings: Settings) -> DispatchOptions:
+    """`Dispatcher`'s keyword arguments (beside the pool's workers and thresholds)."""
+    dispatch = settings.edge.dispatch
+    return DispatchOptions(
+        max_inflight=dispatch.max_inflight,
+        queue_wait_seconds=dispatch.queue_wait_seconds,
+        max_queue_wait_seconds=dispatch.max_queue_wait_seconds,
+        policy=scheduling_policy(settings),
+    )
+
+
+def probe_options(settings: Settings) -> ProbeOptions:
+    """`Prober`'s keyword arguments."""
+    checks = settings.edge.health_check
+    return ProbeOptions(
+        path=checks.path,
+        interval_seconds=checks.interval_seconds,
+        timeout_seconds=checks.timeout_seconds,
+        request_timeout_seconds=settings.edge.dispatch.request_timeout_seconds,
+    )
+
+
+def forward_options(settings: Settings) -> ForwardOptions:
+    """`ApiService`'s keyword arguments from the settings (beside its image store and retry policy)."""
+    dispatch = settings.edge.dispatch
+    return ForwardOptions(
+        request_timeout_seconds=dispatch.request_timeout_seconds,
+        slow_request_timeout_seconds=dispatch.slow_request_timeout_seconds,
+        probe_interval_seconds=settings.edge.health_check.interval_seconds,
+        limits=settings.analysis,
+    )
 
 
 def thresholds(settings: Settings) -> Thresholds:

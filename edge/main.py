@@ -24,7 +24,7 @@ from quart_trio import QuartTrio
 from edge.admission.idempotency import IdempotencyUnavailable, open_idempotency
 from edge.admission.shared_state import redis_client
 from edge.app import create_app
-from edge.gateway import Gateway, build_gateway
+from edge.gateway import Gateway, build_gateway, probe_options
 from edge.observe.metrics import metrics_app
 from edge.pool.prober import Prober
 from edge.reload import reload_settings
@@ -122,15 +122,7 @@ async def serve(
     async with redis_client(edge.shared_state.redis_url) as redis:
         idempotency = await open_idempotency(edge.idempotency, redis) if edge.idempotency.enabled else None
         gateway = build_gateway(settings, idempotency=idempotency, redis=redis, secrets=secrets)
-        checks = edge.health_check
-        prober = Prober(
-            gateway.dispatcher,
-            gateway.upstream.probe,
-            path=checks.path,
-            interval_seconds=checks.interval_seconds,
-            timeout_seconds=checks.timeout_seconds,
-            request_timeout_seconds=edge.dispatch.request_timeout_seconds,
-        )
+        prober = Prober(gateway.dispatcher, gateway.upstream.probe, **probe_options(settings))
         listener = GatewayConfig(edge)
         try:
             async with trio.open_nursery() as background:

@@ -7,6 +7,25 @@ be left undecided. A restart-only setting that changed keeps its old value, with
 warning naming it. Invalid new settings never get here: the caller logs one error line
 and keeps serving with the old ones.
 
+One idiom applies a reload, and `apply_settings` is the one place: it replaces
+`Gateway.settings` (the record that per-request checks read: the token, the header and
+body limits), then tells each component its part through the component's `reconfigure()`
+(the upstream client's token: `set_token`; the app's body bounds: `configure_limits`).
+Requests in flight finish with what they started with. No component is handed a reader of
+the live settings (a lambda over `gateway.settings`); `tests/edge/test_reload_idiom.py`
+fails on one, and a test in `test_reload.py` fails if a component that has `reconfigure()`
+is missing from the list below. The arguments the pool's and the forward service's
+components take are computed by `edge.gateway`'s `*_options` functions, once for their
+construction and for a reload.
+
+Why the settings are pushed and not read when used: part of a reload is work, not a value
+to read. The dispatcher retires removed workers, adds new ones, resizes its slots and
+wakes or fails the requests waiting (`Dispatcher.reconfigure`); the rate limiter is rebuilt
+only when its limits changed, because a new one starts with full buckets. A reader cannot
+do either, so reading at use could only ever be the second idiom beside this one. Pushed,
+each component holds exactly what the reload decided (restart-only keys kept as they were),
+and the list of what a reload reaches is the body of `apply_settings`.
+
 A reload and a token switch (`POST /admin/token`) both hold `Gateway.settings_lock` from
 reading to applying, so neither undoes the other: the one that comes second starts from
 what the first left (the switch writes the secrets file that the reload then reads).
@@ -23,7 +42,15 @@ from pydantic import BaseModel
 from quart_trio import QuartTrio
 
 from edge.app import configure_limits
-from edge.gateway import Gateway, image_store, retry_policy, scheduling_policy, thresholds
+from edge.gateway import (
+    Gateway,
+    dispatch_options,
+    forward_options,
+    image_store,
+    probe_options,
+    retry_policy,
+    thresholds,
+)
 from edge.pool.prober import Prober
 from edge.web.server import GatewayConfig
 from shared.settings import Settings
@@ -88,35 +115,18 @@ async def reload_settings(
 
 
 def apply_settings(gateway: Gateway, app: QuartTrio, prober: Prober, listener: GatewayConfig, new: Settings) -> None:
-    """Make `new` the gateway's settings; requests in flight finish under the old ones."""
+    """Make `new` the gateway's settings: the record, then each component told its part."""
     settings, kept = keep_restart_keys(gateway.settings, new)
     if kept:
         log.warning("SIGHUP：以下配置需重启网关才能生效，保持原值 | %s", ", ".join(kept))
     edge = settings.edge
-    gateway.settings = settings  # first: the token check and the header limit read it per request
+    gateway.settings = settings  # first: the record the token check and the header limit read per request
     gateway.dispatcher.reconfigure(
-        edge.pool.workers,
-        edge.pool.primary_workers,
-        thresholds(settings),
-        max_inflight=edge.dispatch.max_inflight,
-        queue_wait_seconds=edge.dispatch.queue_wait_seconds,
-        max_queue_wait_seconds=edge.dispatch.max_queue_wait_seconds,
-        policy=scheduling_policy(settings),
+        edge.pool.workers, edge.pool.primary_workers, thresholds(settings), **dispatch_options(settings)
     )
-    checks = edge.health_check
-    prober.reconfigure(
-        path=checks.path,
-        interval_seconds=checks.interval_seconds,
-        timeout_seconds=checks.timeout_seconds,
-        request_timeout_seconds=edge.dispatch.request_timeout_seconds,
-    )
+    prober.reconfigure(**probe_options(settings))
     gateway.api.reconfigure(
-        image_store(settings, gateway.file_threads),
-        retry_policy(settings),
-        request_timeout_seconds=edge.dispatch.request_timeout_seconds,
-        slow_request_timeout_seconds=edge.dispatch.slow_request_timeout_seconds,
-        probe_interval_seconds=checks.interval_seconds,
-        limits=settings.analysis,
+        image_store(settings, gateway.file_threads), retry_policy(settings), **forward_options(settings)
     )
     gateway.upstream.set_token(settings.auth.shared_password)
     gateway.admission.reconfigure(edge.rate_limit)
@@ -125,7 +135,7 @@ def apply_settings(gateway: Gateway, app: QuartTrio, prober: Prober, listener: G
     gateway.features.reconfigure(edge.features, settings.analysis)
     gateway.special_points.reconfigure(settings.analysis)
     configure_limits(app, settings)
-    listener.reconfigure(edge)  # the rest reads `gateway.settings` when it needs it
+    listener.reconfigure(edge)
     stats = gateway.pool.statistics()
     log.info(
         "SIGHUP：配置已重新加载 | 总数=%d | 在线=%d | 主worker=%d",
