@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"hairgate audit: {error}", file=sys.stderr)
         return 2
     audit = settings.edge.audit
-    store = open_store(audit.path, settings.audit.postgres_dsn)
+    store = open_store(audit.path, settings.audit.postgres_dsn, command=True)
     if isinstance(store, SqliteAuditStore) and not Path(audit.path).exists():
         print(
             f"hairgate audit: no audit file at {audit.path} (edge.audit.path): has a gateway run here?", file=sys.stderr

@@ -30,8 +30,10 @@ POSTGRES_CONNECT_TIMEOUT_SECONDS = 5
 # without a word (a half-open TCP after a failover) end in an error within seconds instead of
 # holding the writer's thread, and the gateway's shutdown with it, without limit.
 POSTGRES_STATEMENT_TIMEOUT_MS = 5000
+# `hairgate audit` is an operator's one query over a range of days: it holds no writer and no
+# request, so it may scan for a minute before it is cut.
+POSTGRES_COMMAND_STATEMENT_TIMEOUT_MS = 60_000
 POSTGRES_LOCK_TIMEOUT_MS = 2000
-_POSTGRES_OPTIONS = f"-c statement_timeout={POSTGRES_STATEMENT_TIMEOUT_MS} -c lock_timeout={POSTGRES_LOCK_TIMEOUT_MS}"
 READER_POOL_SIZE = 4  # concurrent /admin/audit reads; more wait for a connection
 POOL_CLOSE_SECONDS = 1.0  # at shutdown, on the event loop: the pool's threads are idle by then
 POSTGRES_KEEPALIVE_IDLE_SECONDS, POSTGRES_KEEPALIVE_INTERVAL_SECONDS, POSTGRES_KEEPALIVE_COUNT = 10, 5, 3
@@ -219,10 +221,10 @@ def _migrate_sqlite(connection: sqlite3.Connection) -> None:
         _apply_migrations(connection, "sqlite", "?")
 
 
-def _postgres_options() -> dict[str, Any]:
+def _postgres_options(statement_timeout_ms: int) -> dict[str, Any]:
     return {
         "connect_timeout": POSTGRES_CONNECT_TIMEOUT_SECONDS,
-        "options": _POSTGRES_OPTIONS,
+        "options": f"-c statement_timeout={statement_timeout_ms} -c lock_timeout={POSTGRES_LOCK_TIMEOUT_MS}",
         "autocommit": False,
         "keepalives": 1,
         "keepalives_idle": POSTGRES_KEEPALIVE_IDLE_SECONDS,
@@ -259,8 +261,9 @@ class PostgresAuditStore:
     dialect = "postgresql"
     where = "PostgreSQL"
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, statement_timeout_ms: int | None = None) -> None:
         self._dsn = dsn
+        self._statement_timeout_ms = statement_timeout_ms
         self._connection: Any = None
         self._lock = threading.Lock()
 
@@ -270,7 +273,8 @@ class PostgresAuditStore:
         if self._connection is not None and not self._connection.closed:
             return self._connection
         try:
-            connection = psycopg.connect(self._dsn, **_postgres_options())
+            timeout_ms = self._statement_timeout_ms or POSTGRES_STATEMENT_TIMEOUT_MS
+            connection = psycopg.connect(self._dsn, **_postgres_options(timeout_ms))
         except psycopg.Error as error:
             raise AuditStoreError(f"PostgreSQL: cannot connect ({_postgres_reason(error)})") from None
         try:
@@ -329,7 +333,7 @@ class PostgresAuditReaders(PostgresAuditStore):
         super().__init__(dsn)
         self._pool: ConnectionPool[Any] = ConnectionPool(
             dsn,
-            kwargs=_postgres_options(),
+            kwargs=_postgres_options(POSTGRES_STATEMENT_TIMEOUT_MS),
             min_size=1,
             max_size=size,
             open=False,  # opened at the first read, in a worker thread
@@ -370,12 +374,15 @@ def _postgres_reason(error: Exception) -> str:
     return f"{first} [{sqlstate}]" if sqlstate else first
 
 
-def open_store(path: str | Path, postgres_dsn: str, *, readers: bool = False) -> AuditStore:
+def open_store(path: str | Path, postgres_dsn: str, *, readers: bool = False, command: bool = False) -> AuditStore:
     """The store the settings name: PostgreSQL when the DSN secret is set, else SQLite at `path`
-    (`readers`: the gateway's concurrent reads, a pool in PostgreSQL; SQLite's WAL reads are local).
+    (`readers`: the gateway's concurrent reads, a pool in PostgreSQL; SQLite's WAL reads are local;
+    `command`: `hairgate audit`'s one query, with the longer statement timeout).
     Nothing is opened yet: the first call connects (and creates or migrates the schema)."""
     if postgres_dsn:
-        return PostgresAuditReaders(postgres_dsn) if readers else PostgresAuditStore(postgres_dsn)
+        if readers:
+            return PostgresAuditReaders(postgres_dsn)
+        return PostgresAuditStore(postgres_dsn, POSTGRES_COMMAND_STATEMENT_TIMEOUT_MS if command else None)
     return SqliteAuditStore(path)
 
 

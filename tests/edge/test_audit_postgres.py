@@ -26,7 +26,7 @@ from edge.admission.rate_limit import ClientKeys
 from edge.app import create_app
 from edge.audit import queries
 from edge.audit.ids import ExecutionIds
-from edge.audit.store import PostgresAuditReaders, PostgresAuditStore
+from edge.audit.store import PostgresAuditReaders, PostgresAuditStore, open_store
 from edge.audit.trail import AuditTrail
 from edge.gateway import build_gateway
 from shared.contract import HEADER_EXECUTION_ID
@@ -203,7 +203,8 @@ async def test_shutdown_is_bounded_while_postgresql_blocks_the_write(
     # /tmp/rev/pghang.py of the review: a SIGTERM with a row pending while another session
     # holds the table never returned. Now the flush is abandoned at its deadline.
     monkeypatch.setattr(trail_module, "SHUTDOWN_FLUSH_SECONDS", 0.5)
-    monkeypatch.setattr(store_module, "_POSTGRES_OPTIONS", "-c lock_timeout=60000")  # the server does not help here
+    for timeout in ("POSTGRES_LOCK_TIMEOUT_MS", "POSTGRES_STATEMENT_TIMEOUT_MS"):
+        monkeypatch.setattr(store_module, timeout, 60_000)  # the server does not help here
     dsn = postgres.create_database("audit_shutdown")
     PostgresAuditStore(dsn).write([])  # the schema
     trail = trail_on(dsn)
@@ -225,6 +226,17 @@ async def test_shutdown_is_bounded_while_postgresql_blocks_the_write(
     assert trail.writes["dropped"] == 1 and trail.pending == 0, "the row not written in time is counted"
     lost = [record for record in caplog.records if "未能写入" in record.getMessage()]
     assert len(lost) == 1, "logged once"
+
+
+def test_the_audit_command_may_scan_longer_than_the_gateways_sessions(postgres: PostgresCluster) -> None:
+    dsn = postgres.create_database("audit_command_timeout")
+    expected = {"command": "1min", "writer": "5s", "readers": "5s"}  # /admin/audit's reads stay short too
+    for kind in expected:
+        store = open_store("unused", dsn, command=kind == "command", readers=kind == "readers")
+        try:
+            assert store.query("SELECT current_setting('statement_timeout')", []) == [(expected[kind],)], kind
+        finally:
+            store.close()
 
 
 def sleeping(dsn: str) -> int:
