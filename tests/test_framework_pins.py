@@ -180,10 +180,11 @@ def test_where_hypercorn_looks_up_what_is_replaced_or_read() -> None:
     # what GatewayH11Protocol uses of its instance: set in H11Protocol.__init__
     assert {"config", "connection", "send"} <= set(H11Protocol.__init__.__code__.co_names)
     assert h11.InformationalResponse and h11.LocalProtocolError and h11.ERROR
-    # GatewayConfig turns these two settings into properties that read live settings: they must
-    # stay plain class attributes of Config (no __init__ assigning them)
+    # GatewayConfig.reconfigure (a reload) assigns these two: Hypercorn must read them where it
+    # uses them, not copy them at start (the header buffer per connection, the grace at shutdown)
     assert {"h11_max_incomplete_size", "graceful_timeout"} <= set(vars(Config))
-    assert Config.__init__ is object.__init__
+    assert "h11_max_incomplete_size" in H11Protocol.__init__.__code__.co_names
+    assert "graceful_timeout" in hypercorn.trio.run.worker_serve.__code__.co_names
 
 
 def _our_classes_on_frameworks() -> list[type]:
