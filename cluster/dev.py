@@ -6,16 +6,21 @@ service as a child process (`hairgate gpu-host` / `hairgate edge`, exactly as an
 would), prefixes their log lines with the service name, waits until every host is ready
 and the gateway sees them all, then prints a curl that works. Ctrl-C or SIGTERM stops
 everything; so does any service exiting on its own (a dev cluster with a hole in it would
-only confuse). Paths are relative to the working directory.
+only confuse). Paths are relative to the working directory; one `hairgate dev` at a time
+may use it (a second would overwrite the first one's token and settings under it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +35,11 @@ DEV_DIR = Path("var/dev")
 READY_POLL_SECONDS = 0.5
 READY_WARN_AFTER_SECONDS = 300
 SAMPLE_PHOTO = "astronaut.png"
+LOCK_FILE = "dev.lock"
+
+
+class DirectoryInUse(OSError):
+    """Another `hairgate dev` holds the dev directory."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,27 @@ class DevCluster:
     @property
     def services(self) -> list[Service]:
         return [*self.hosts, self.gateway]
+
+
+@contextlib.contextmanager
+def holding(directory: Path = DEV_DIR) -> Iterator[None]:
+    """The dev directory to this run alone, until it exits (the kernel drops the lock with the
+    process, so a killed run leaves nothing to clean up)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / LOCK_FILE, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            owner = lock.read().strip() or "?"
+            raise DirectoryInUse(
+                f"another `hairgate dev` (pid {owner}) runs from {directory}: stop it first"
+                " (a second one would overwrite its token and settings)"
+            ) from None
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
 
 
 def prepare(
@@ -192,6 +223,15 @@ def _is_ready(client: httpx.Client, service: Service, hosts: int) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        with holding():
+            return _run_holding(args)
+    except DirectoryInUse as error:
+        print(f"hairgate dev: {error}", file=sys.stderr)
+        return 2
+
+
+def _run_holding(args: argparse.Namespace) -> int:
     try:
         cluster = prepare(
             Path(args.config), args.workers, args.port, args.first_worker_port, metrics_port=args.metrics_port

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.dev import banner, prepare, supervise
+from cluster.dev import banner, holding, prepare, supervise
 from cluster.launcher import REPO_ROOT, Service, free_port
 from shared.settings import load_settings
 from tests.gpu_host.processes import is_running
@@ -100,3 +100,21 @@ def test_make_run_passes_its_ports_and_config_to_hairgate_dev() -> None:
     assert (
         "hairgate dev --config my.toml --workers 3 --port 18080 --metrics-port 19464 --first-worker-port 28300"
     ) in command
+
+
+def test_a_second_dev_run_from_the_same_directory_refuses_and_leaves_the_first_ones_token(tmp_path: Path) -> None:
+    with holding(tmp_path / "var" / "dev"):
+        first = prepare(REPO_ROOT / "settings.toml", 1, free_port(), free_port(), tmp_path / "var" / "dev")
+        second = subprocess.run(
+            [sys.executable, "-m", "shared.cli", "dev", "--config", str(REPO_ROOT / "settings.toml")],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 2, second.stderr
+        assert f"another `hairgate dev` (pid {os.getpid()}) runs from var/dev: stop it first" in second.stderr
+        assert first.token in first.secrets_path.read_text(), "the first run's token is not overwritten"
+    with holding(tmp_path / "var" / "dev"):
+        pass  # free again once the first run let go
