@@ -61,7 +61,6 @@ class Gateway:
     audit: AuditTrail
     static_cleanup: StaticCleanup
     secrets: SecretsSource | None = None  # where `POST /admin/token` persists the token
-    redis: coredis.Redis[bytes] | None = None  # the shared state, when configured
     # Held by whatever changes `settings` while serving (a SIGHUP reload, a token switch),
     # so that none of them undoes another.
     settings_lock: trio.Lock = field(default_factory=trio.Lock)
@@ -123,7 +122,7 @@ def build_gateway(
         settings, dispatcher, upstream, request_log, api, file_threads, stats, metrics, admission,
         face_workers, SpecialPoints(face_workers, settings.analysis),
         Features(edge.features, face_workers, settings.analysis, transport=features_transport), audit,
-        StaticCleanup(edge.static_dir, edge.static_cleanup, file_threads), secrets, redis,
+        StaticCleanup(edge.static_dir, edge.static_cleanup, file_threads), secrets,
     )  # fmt: skip
 
 
