@@ -15,7 +15,7 @@ from quart_trio import QuartTrio
 from edge.gateway import Gateway
 from edge.web.admin import admin_blueprint
 from edge.web.api_routes import api_blueprint
-from edge.web.http import BODY_IDLE_TIMEOUT, GatewayConnection, GatewayRequest
+from edge.web.http import BODY_IDLE_TIMEOUT, GatewayRequest
 from edge.web.openapi import openapi_blueprint
 from edge.web.pages import pages_blueprint
 from edge.web.refusals import register_refusals
@@ -26,7 +26,6 @@ from shared.settings import Settings
 def create_app(gateway: Gateway) -> QuartTrio:
     app = QuartTrio("edge", static_folder=None, template_folder=None)
     app.request_class = GatewayRequest  # a body limit a view can lower, an idle bound on the body
-    app.asgi_http_class = GatewayConnection  # an answer in memory as one ASGI message
     # the request id of each request, the execution id, audit row and log line of each `/api/` one
     app.asgi_app = RequestLogging(app.asgi_app, gateway.request_log.record, gateway.audit)  # type: ignore[method-assign]
     app.config.update(

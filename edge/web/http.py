@@ -1,13 +1,10 @@
-"""The gateway's HTTP layer on Quart: what it adds to quart-trio, each piece in the slot
-Quart provides for it (`app.request_class`, `app.asgi_http_class`; `edge.app` fills them;
-the request log is ASGI middleware around the app, `edge.web.request_logging`):
-- `GatewayRequest`: Quart's request with a body limit that a view can lower
-  (`request.max_content_length = n` bounds the body itself, not only form parsing) and
-  an idle bound between two body chunks beside Quart's `BODY_TIMEOUT` for the whole body
-  (Hypercorn's `read_timeout` cannot be that bound: it also cuts off a client that
-  is quietly waiting for a 20 s answer);
-- `GatewayConnection`: quart-trio's, with an answer held in memory sent as one ASGI
-  message.
+"""The gateway's HTTP layer on Quart: what it adds to quart-trio's request, in the slot
+Quart provides for it (`app.request_class`, which `edge.app` fills). `GatewayRequest` is
+Quart's request with a body limit that a view can lower (`request.max_content_length = n`
+bounds the body itself, not only form parsing) and an idle bound between two body chunks
+beside Quart's `BODY_TIMEOUT` for the whole body (Hypercorn's `read_timeout` cannot be
+that bound: it also cuts off a client that is quietly waiting for a 20 s answer). The
+request log is ASGI middleware around the app (`edge.web.request_logging`).
 
 The `/api/` handlers work on an `Exchange` (request id, headers, body) and answer an
 `ApiResponse`; those types live below every sub-package, in `edge.exchange` (admission
@@ -22,12 +19,8 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 import trio
-from hypercorn.typing import ASGISendCallable, HTTPResponseBodyEvent, HTTPResponseStartEvent
 from quart import Response as QuartResponse
 from quart import current_app, request
-from quart.utils import encode_headers
-from quart.wrappers.response import DataBody
-from quart_trio.asgi import TrioASGIHTTPConnection
 from quart_trio.wrappers.request import TrioBody, TrioRequest
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
@@ -181,24 +174,6 @@ def exchange_of(request: GatewayRequest) -> Exchange:
 
 
 # --- the app ---------------------------------------------------------------------------
-
-
-class GatewayConnection(TrioASGIHTTPConnection):
-    """quart-trio's connection, sending an answer held in memory as one ASGI message."""
-
-    async def _send_response(self, send: ASGISendCallable, response: Any) -> None:
-        if not isinstance(response, QuartResponse) or not isinstance(response.response, DataBody):
-            await super()._send_response(send, response)  # a streamed answer (a drain)
-            return
-        # A body in memory goes out in one message, not a chunk and an empty end: one pass
-        # fewer through Hypercorn on every request.
-        start = {
-            "type": "http.response.start",
-            "status": response.status_code,
-            "headers": encode_headers(response.headers),
-        }
-        await send(cast(HTTPResponseStartEvent, start))
-        await send(cast(HTTPResponseBodyEvent, {"type": "http.response.body", "body": response.response.data}))
 
 
 # --- small shared pieces -----------------------------------------------------------------

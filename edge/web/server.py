@@ -13,11 +13,7 @@ decision Hypercorn takes before the app is asked — `100 Continue`.
   gateway's protocol (`GatewayH11Protocol`) withholds it, so that the client reads
   the 1003 instead of sending megabytes to be dropped.
 - HTTP/1.1 only, and a failing connection contained: `shared.http_server`, whose
-  protocol this one extends.
-- An answer's head and its body go out in one write (Hypercorn writes them apart: two
-  system calls per answer, a sixth of the gateway's CPU at its ceiling), and its end,
-  no bytes under `Content-Length`, is not written at all (Hypercorn's empty write takes
-  the connection's send lock and yields to the scheduler twice per answer).
+  protocol this one extends. An answer is written as Hypercorn writes it.
 """
 
 from __future__ import annotations
@@ -29,7 +25,6 @@ from typing import Any
 import h11
 import hypercorn.protocol
 from hypercorn.config import Config
-from hypercorn.events import RawData
 
 from shared.http_server import HTTP1Protocol, http1_only
 from shared.settings import EdgeSettings
@@ -71,39 +66,21 @@ class GatewayConfig(Config):
 class GatewayH11Protocol(HTTP1Protocol):
     """Hypercorn's HTTP/1.1 protocol, HTTP/1.1 only (`shared.http_server`); on a gateway
     listener (`GatewayConfig`) it sends no `100 Continue` to a request whose declared body
-    is over the limit, writes an answer's head together with its first body bytes (one
-    write, not two, per answer) and writes nothing for an event that encodes to no bytes."""
+    is over the limit. Hypercorn has no hook for that decision: `_create_stream` and
+    `_send_h11_event` are overridden (pinned, tests/test_framework_pins.py)."""
 
     _withhold_continue = False
-    _head = b""  # an answer's head, held for its body
 
     async def _create_stream(self, request: h11.Request) -> None:
-        self._withhold_continue = self._on_gateway() and withholds_continue(request.headers, self.config.body_limit)  # type: ignore[attr-defined]
+        self._withhold_continue = isinstance(self.config, GatewayConfig) and withholds_continue(
+            request.headers, self.config.body_limit
+        )
         await super()._create_stream(request)
 
     async def _send_h11_event(self, event: Any) -> None:
-        if not self._on_gateway():
-            await super()._send_h11_event(event)
-        elif isinstance(event, h11.InformationalResponse) and event.status_code == 100 and self._withhold_continue:
+        if isinstance(event, h11.InformationalResponse) and event.status_code == 100 and self._withhold_continue:
             return
-        elif isinstance(event, h11.Response):
-            self._head = self._encode(event)
-        elif self._head:
-            head, self._head = self._head, b""
-            await self.send(RawData(data=head + self._encode(event)))
-        elif data := self._encode(event):  # an answer's end under Content-Length is no bytes: no empty write
-            await self.send(RawData(data=data))
-
-    def _encode(self, event: Any) -> bytes:
-        try:
-            return self.connection.send(event) or b""
-        except h11.LocalProtocolError:
-            if self.connection.their_state != h11.ERROR:  # as Hypercorn: a broken peer gets nothing
-                raise
-            return b""
-
-    def _on_gateway(self) -> bool:
-        return isinstance(self.config, GatewayConfig)
+        await super()._send_h11_event(event)
 
 
 def withholds_continue(headers: Iterable[tuple[bytes, bytes]], body_limit: int) -> bool:
