@@ -1,11 +1,13 @@
 """The `/api/` request and answer as every layer of the gateway sees them, below all of them.
 
 `Exchange` (request id, headers, body) goes in, `ApiResponse` (status, body, headers, and
-the `LogFacts` the request log records) comes out; admission and idempotency
-(`edge.admission`), the forward service (`edge.forwarding`) and the routes (`edge.web`)
-all import them from here, so no sub-package imports upward from `edge.web`. `encode` is
-the JSON every envelope the gateway makes is written with. Nothing here imports the rest
-of `edge`.
+the `LogFacts` the request log records) comes out — whoever answers: a worker through the
+forward service (`edge.forwarding`), the gateway's own endpoints (`edge.local`, through
+the routes), admission and idempotency (`edge.admission`: a refusal, a replay), the
+refusals of `edge.web`. They all import the types from here, so no sub-package imports
+upward from `edge.web`; `edge.web.api_routes.as_quart_response` is the one conversion, to
+Quart's response. `encode` is the JSON every envelope the gateway makes is written with.
+Nothing here imports the rest of `edge`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from shared.contract import HEADER_RETRY_AFTER
+
+_RETRY_AFTER = HEADER_RETRY_AFTER.lower().encode()
 
 
 @dataclass(frozen=True)
@@ -52,13 +58,22 @@ class Exchange:
 
 @dataclass
 class ApiResponse:
-    """An `/api/` answer: status, body, extra headers; `outcome` feeds the request log."""
+    """An `/api/` answer: status, body, extra headers; `log_facts` feed the request log."""
 
     status: int
     body: bytes
+    log_facts: LogFacts
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-    outcome: LogFacts | None = None
     storable: bool = True  # may be replayed to a retry with the same Idempotency-Key
+
+    @classmethod
+    def of_envelope(
+        cls, body: bytes, code: int | None, *, retry_after_seconds: int | None = None, storable: bool = True
+    ) -> ApiResponse:
+        """An envelope (its JSON bytes) as the contract sends it: HTTP 200, `Retry-After`
+        when given; its code in the log facts."""
+        headers = [] if retry_after_seconds is None else [(_RETRY_AFTER, str(retry_after_seconds).encode())]
+        return cls(200, body, LogFacts(code), headers, storable)
 
 
 def encode(document: Any) -> bytes:

@@ -37,7 +37,6 @@ from shared.contract import (
     HEADER_IDEMPOTENCY_KEY,
     HEADER_IDEMPOTENCY_REPLAYED,
     HEADER_REQUEST_ID,
-    HEADER_RETRY_AFTER,
     MSG_BACKEND_UNAVAILABLE,
     MSG_IDEMPOTENCY_KEY_REUSED,
     MSG_RATE_LIMITED,
@@ -49,7 +48,6 @@ from shared.settings import RateLimitSettings
 
 _KEY = HEADER_IDEMPOTENCY_KEY.lower().encode()
 _REPLAYED = (HEADER_IDEMPOTENCY_REPLAYED.lower().encode(), b"true")
-_RETRY_AFTER = HEADER_RETRY_AFTER.lower().encode()
 STORE_DOWN_RETRY_AFTER_SECONDS = 5
 FINGERPRINT_INLINE_BYTES = 64 * 1024  # larger bodies are fingerprinted in a worker thread
 
@@ -162,7 +160,7 @@ class Admission:
 async def _run(handle: Callable[[], Awaitable[ApiResponse]], produced: list[ApiResponse], request_id: str) -> RunResult:
     response = await handle()
     produced.append(response)
-    code = response.outcome.code if response.outcome else None
+    code = response.log_facts.code
     headers = tuple((name.decode("latin-1"), value.decode("latin-1")) for name, value in response.headers)
     stored = StoredResponse(
         status=response.status,
@@ -182,18 +180,17 @@ def _replay(stored: StoredResponse) -> ApiResponse:
         stored.status,
         stored.body,
         headers=[*headers, _REPLAYED],
-        outcome=LogFacts(stored.code, idempotent_replay=True),
+        log_facts=LogFacts(stored.code, idempotent_replay=True),
     )
 
 
 def _rate_limited(request_id: str, retry_after_seconds: int) -> ApiResponse:
     response = _envelope(request_id, Code.SYSTEM_ERROR, MSG_RATE_LIMITED, retry_after_seconds)
-    assert response.outcome is not None
-    response.outcome = replace(response.outcome, rate_limited=True)
+    response.log_facts = replace(response.log_facts, rate_limited=True)
     return response
 
 
 def _envelope(request_id: str, code: Code, message: str | None, retry_after: float | None = None) -> ApiResponse:
-    headers = [] if retry_after is None else [(_RETRY_AFTER, str(max(1, math.ceil(retry_after))).encode())]
+    seconds = None if retry_after is None else max(1, math.ceil(retry_after))
     body = encode(envelope(code, request_id, None, message))
-    return ApiResponse(200, body, headers=headers, outcome=LogFacts(int(code)), storable=False)
+    return ApiResponse.of_envelope(body, int(code), retry_after_seconds=seconds, storable=False)

@@ -2,7 +2,7 @@
 
 This is the gateway's request policy with no HTTP server in it (so it lives in
 `edge.forwarding`, above `edge.pool` and below `edge.web`): `ApiService.handle()` takes a
-`ForwardRequest` and returns an `ApiAnswer` holding an envelope, so every failure
+`ForwardRequest` and returns an `ApiResponse` (`edge.exchange`) holding an envelope, so every failure
 the client sees is an envelope (never a bare disconnect or a 5xx page). A client that
 leaves cancels `handle()` (quart-trio cancels the handler): a queued request gives back
 its place and never reaches a worker; a forward under way is abandoned, its upstream
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import trio
 
 from edge.annotations.rewrite import BadImage, DecodedImages, ImageStore, ImageWriteError, has_images
 from edge.audit.trail import AuditTrail
-from edge.exchange import encode
+from edge.exchange import ApiResponse, encode
 from edge.observe.metrics import GatewayMetrics
 from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal, Unavailable
 from edge.pool.failures import (
@@ -50,27 +50,6 @@ log = logging.getLogger("edge.api")
 
 BUSY_RETRY_AFTER_SECONDS = 2
 CHECK_INLINE_BYTES = 64 * 1024  # larger bodies are checked in a worker thread
-
-
-@dataclass
-class ApiAnswer:
-    """The envelope to send (JSON bytes) and what the request log needs to know."""
-
-    body: bytes
-    code: int | None
-    retry_after: int | None = None
-    worker: int | None = None
-    attempts: int = 0
-    queue_seconds: float = 0.0
-    gateway_made: bool = False  # the gateway's own envelope, not a worker's answer
-    early_refusal: bool = False  # busy at once: by the estimate it could not start in its queue wait
-    failed_workers: tuple[int, ...] = ()  # workers whose forward failed (then retried elsewhere, or not)
-
-    @property
-    def storable(self) -> bool:
-        """May be replayed to a retry with the same Idempotency-Key: never a gateway-made
-        1007 (no worker, busy, retries exhausted), which the client should try again."""
-        return not (self.gateway_made and self.code == Code.SYSTEM_ERROR)
 
 
 class ApiService:
@@ -120,24 +99,29 @@ class ApiService:
         self._slow_request_timeout_seconds = slow_request_timeout_seconds
         self._probe_interval_seconds = probe_interval_seconds
 
-    def gateway_failure(self, request_id: str, code: Code, message: str) -> ApiAnswer:
-        """An envelope made by the gateway; a 1007 carries Retry-After."""
-        retry_after = None
-        if code is Code.SYSTEM_ERROR:
+    def gateway_failure(
+        self, request_id: str, code: Code, message: str, *, retry_after_seconds: int | None = None
+    ) -> ApiResponse:
+        """An envelope made by the gateway; a 1007 carries Retry-After (`retry_after_seconds`,
+        else when a worker may be free) and is never replayed to a retry with the same
+        Idempotency-Key (no worker, busy, retries exhausted): the client should try again."""
+        if code is Code.SYSTEM_ERROR and retry_after_seconds is None:
             pool = self._dispatcher.pool
-            retry_after = BUSY_RETRY_AFTER_SECONDS
+            retry_after_seconds = BUSY_RETRY_AFTER_SECONDS
             if not pool.any_online():  # after ejections: not before their cooldown ends
-                retry_after = math.ceil(
+                retry_after_seconds = math.ceil(
                     pool.seconds_until_one_may_return(trio.current_time(), self._probe_interval_seconds)
                 )
-        return ApiAnswer(encode(envelope(code, request_id, None, message)), int(code), retry_after, gateway_made=True)
+        body = encode(envelope(code, request_id, None, message))
+        storable = code is not Code.SYSTEM_ERROR
+        return ApiResponse.of_envelope(body, int(code), retry_after_seconds=retry_after_seconds, storable=storable)
 
-    async def handle(self, request: ForwardRequest) -> ApiAnswer:
+    async def handle(self, request: ForwardRequest) -> ApiResponse:
         # only the GPU endpoints' POST routes get here (`edge.web.api_routes`)
         try:
             await self._check(request)
         except ContractError as error:  # refused before taking a slot or a worker
-            return ApiAnswer(encode(failure_envelope(error, request.request_id)), int(error.code))
+            return ApiResponse.of_envelope(encode(failure_envelope(error, request.request_id)), int(error.code))
         self._audit.queued(request.execution_id)
         progress = _Progress()
         progress.wait_began()
@@ -146,23 +130,26 @@ class ApiService:
                 progress.wait_ended()
                 answer = await self._forward_with_retries(request, progress)
         except EarlyRefusal as refusal:
-            answer = self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_BUSY)
-            answer.retry_after, answer.early_refusal = refusal.retry_after_seconds, True
+            answer = self.gateway_failure(
+                request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_BUSY, retry_after_seconds=refusal.retry_after_seconds
+            )
+            answer.log_facts = replace(answer.log_facts, early_refusal=True)
             progress.waiting_since, progress.queue_seconds = None, 0.0  # it did not wait (gateway.md)
         except Busy:
             answer = self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_BUSY)
         except Unavailable:
             answer = self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_UNAVAILABLE)
         progress.wait_ended()  # a wait that ended in Busy or Unavailable still counts
-        answer.worker, answer.attempts, answer.queue_seconds = (
-            progress.worker,
-            progress.attempts,
-            progress.queue_seconds,
+        answer.log_facts = replace(
+            answer.log_facts,
+            worker=progress.worker,
+            attempts=progress.attempts,
+            queue_seconds=progress.queue_seconds,
+            failed_workers=tuple(progress.failed_workers),
         )
-        answer.failed_workers = tuple(progress.failed_workers)
         return answer
 
-    async def _forward_with_retries(self, request: ForwardRequest, progress: _Progress) -> ApiAnswer:
+    async def _forward_with_retries(self, request: ForwardRequest, progress: _Progress) -> ApiResponse:
         timeout_seconds = self._timeout_for(request.path)
         tried: set[int] = set()
         busy_elsewhere_since: float | None = None
@@ -261,17 +248,17 @@ class ApiService:
         self._dispatcher.eject(index, str(failure))
         self._metrics.observe_ejection(index, failure.kind.value)
 
-    async def _finish(self, request: ForwardRequest, answer: WorkerAnswer, images: DecodedImages | None) -> ApiAnswer:
+    async def _finish(self, request: ForwardRequest, answer: WorkerAnswer, images: DecodedImages | None) -> ApiResponse:
         """The client-facing envelope; the worker is already free while the files are written."""
         code = answer.envelope["code"]
         if images is None:
-            return ApiAnswer(answer.raw, code)  # passed through byte for byte
+            return ApiResponse.of_envelope(answer.raw, code)  # passed through byte for byte
         try:
             rewritten = await self._images.write(answer.envelope, images)
         except ImageWriteError as error:  # the gateway's own disk: no retry, no ejection
             log.error("标注图写入失败（网关本地存储） | request_id=%s | 错误=%s", request.request_id, error)
             return self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, DEFAULT_MESSAGES[Code.SYSTEM_ERROR])
-        return ApiAnswer(encode(rewritten), code)
+        return ApiResponse.of_envelope(encode(rewritten), code)
 
     def is_slow(self, path: str) -> bool:
         """A generation endpoint (`slow_paths`): its own timeout, class and reservation."""

@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING
 from quart import Blueprint
 from quart import Response as QuartResponse
 
-from edge.exchange import ApiResponse, Exchange, LogFacts, encode
-from edge.forwarding.service import ApiAnswer
+from edge.exchange import ApiResponse, Exchange, encode
 from edge.local.local_answer import LocalAnswer
 from edge.pool.upstream import ForwardRequest
 from edge.web.http import JSON, GatewayRequest, current_gateway_request, exchange_of
-from shared.contract import GPU_ENDPOINT_PATHS, HEADER_RETRY_AFTER
+from shared.contract import GPU_ENDPOINT_PATHS, Code
 
 if TYPE_CHECKING:
     from edge.gateway import Gateway
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 SPECIAL_POINTS_PATH = "/api/v1/face/special-points"  # endpoint 99
 FEATURES_PATH = "/api/v1/face/features"  # endpoint 4
 API_PATHS = (*GPU_ENDPOINT_PATHS, SPECIAL_POINTS_PATH, FEATURES_PATH)  # every business route: the metric labels
-_RETRY_AFTER = HEADER_RETRY_AFTER.lower().encode()
 
 Handle = Callable[["Gateway", Exchange], Awaitable[ApiResponse]]
 LocalEndpoint = Callable[[bytes, "str | None", str], Awaitable[LocalAnswer]]
@@ -59,8 +57,8 @@ async def _business(gateway: Gateway, handle: Handle) -> QuartResponse:
 
 def as_quart_response(request: GatewayRequest, response: ApiResponse) -> QuartResponse:
     """An `/api/` answer as Quart's response (the last step of every one); notes its
-    outcome for the request log."""
-    request.notes.log_facts = response.outcome
+    log facts for the request log."""
+    request.notes.log_facts = response.log_facts
     answer = QuartResponse(response.body, status=response.status, content_type=JSON)
     for name, value in response.headers:  # a replay's include the X-Request-ID it was stored with
         answer.headers[name.decode("latin-1")] = value.decode("latin-1")
@@ -80,29 +78,19 @@ async def _forwarded(gateway: Gateway, exchange: Exchange) -> ApiResponse:
         forwarded_for=_forwarded_for(exchange.headers.get(b"x-forwarded-for"), exchange.client_ip),
         execution_id=exchange.execution_id,
     )
-    return as_api_response(await gateway.api.handle(forward))
+    return await gateway.api.handle(forward)
 
 
 async def _answered_here(endpoint: Callable[[], LocalEndpoint], gateway: Gateway, exchange: Exchange) -> ApiResponse:
     """Endpoints 4 and 99, run by the gateway itself (never a GPU host, never a pool slot)."""
     gateway.audit.executing(exchange.execution_id)
     answer = await endpoint()(exchange.body, exchange.header(b"content-type"), exchange.request_id)
-    return as_api_response(ApiAnswer(encode(answer.envelope), answer.code, answer.retry_after, gateway_made=True))
-
-
-def as_api_response(answer: ApiAnswer) -> ApiResponse:
-    """An `ApiService`/local answer as the `ApiResponse` the admission layer and the log see
-    (then `as_quart_response` sends it)."""
-    outcome = LogFacts(
+    return ApiResponse.of_envelope(
+        encode(answer.envelope),
         answer.code,
-        answer.worker,
-        answer.attempts,
-        answer.queue_seconds,
-        early_refusal=answer.early_refusal,
-        failed_workers=answer.failed_workers,
+        retry_after_seconds=answer.retry_after,
+        storable=answer.code != Code.SYSTEM_ERROR,  # its 1007 says to retry: never replayed
     )
-    headers = [] if answer.retry_after is None else [(_RETRY_AFTER, str(answer.retry_after).encode())]
-    return ApiResponse(200, answer.body, headers=headers, outcome=outcome, storable=answer.storable)
 
 
 def _forwarded_for(existing: bytes | None, client_ip: str) -> str:

@@ -27,7 +27,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, Reque
 
 from edge.exchange import ApiResponse, LogFacts, encode
 from edge.web import monitor
-from edge.web.api_routes import as_api_response, as_quart_response
+from edge.web.api_routes import as_quart_response
 from edge.web.http import (
     BODY_IDLE_TIMEOUT,
     JSON,
@@ -147,7 +147,7 @@ def register_refusals(app: Quart, gateway: Gateway) -> None:
         if not _is_api(request):
             return json_page(500, monitor.error_answer("internal error"))
         answer = gateway.api.gateway_failure(request.request_id, Code.SYSTEM_ERROR, DEFAULT_MESSAGES[Code.SYSTEM_ERROR])
-        return as_quart_response(request, as_api_response(answer))
+        return as_quart_response(request, answer)
 
     @app.after_request
     async def name_the_request(response: QuartResponse) -> QuartResponse:
@@ -176,7 +176,7 @@ def requires_token(gateway: Gateway) -> Callable[[View], View]:
 
 def _refused(request: GatewayRequest, code: Code, message: str, *, close: bool = False) -> QuartResponse:
     body = encode(envelope(code, request.request_id, None, message))
-    answer = as_quart_response(request, ApiResponse(200, body, outcome=LogFacts(int(code))))
+    answer = as_quart_response(request, ApiResponse.of_envelope(body, int(code)))
     return close_after(answer) if close else answer
 
 
