@@ -183,7 +183,7 @@ def _grown(rgb: np.ndarray, found: Analysis, design: designs.Design, options: di
         return {"grown_image_base64": None, "generator": None}
     if options.get(INPAINT_MASK_OPTION):
         return {"grown_image_base64": None, "generator": None, INPAINT_MASK_KEY: _inpaint_mask(found, design)}
-    grown = preview.grow_preview(rgb, found.face, found.hairline, found.segmentation.hair, design, found.calibration)
+    grown = preview.grow_preview(rgb, found.face, found.hairline, found.segmentation, design, found.calibration)
     if grown is None:
         return {"grown_image_base64": None, "generator": None}
     return {"grown_image_base64": render.png_base64(grown), "generator": GENERATOR_PREVIEW}

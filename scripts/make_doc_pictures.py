@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""The before/after pictures of docs/generation.md, from licence-clear photos only.
+"""The before/after pictures of docs/generation.md: licence-clear ones to commit, dev-photo crops to look at.
 
-    .venv/bin/python scripts/make_doc_pictures.py [--out docs/images]
+    .venv/bin/python scripts/make_doc_pictures.py [--out docs/images] [--photos ../shared/photos]
+        [--crops docs/pictures]
 
 The photos are the two real faces shipped inside installed packages: scikit-image's
 astronaut (Eileen Collins, NASA, public domain) and matplotlib's `grace_hopper.jpg`. No
@@ -13,6 +14,12 @@ head is cropped to. Written per photo and drop: `preview_<photo>_<drop>mm.jpg`, 
 panels side by side: the photo, the marked line, the preview. A photo without a hairline to
 lower (`occluded`, `no_hairline`: `mark` refuses `drop_mm`, nothing is grown) gets
 `measure_<photo>.jpg` instead: the photo and what `measure` draws, whole.
+
+Beside the texture table (issue 27), where `--photos` exists: per labelled photo whose shown
+plan (`bench_preview.shown_plan`) lowers the line, `<photo>.jpg` in `--crops`, the hairline
+region (the band and the hair above it) before | after, at least `CROP_HEIGHT` px tall.
+They derive from press photos: `docs/pictures/` is git-ignored (its own `.gitignore`), the
+pictures are remade on any checkout beside `../shared/photos`, never committed.
 """
 
 from __future__ import annotations
@@ -31,12 +38,19 @@ from skimage import data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from analysis.drawing.preview import grown_edge
 from analysis.endpoints import run_endpoint
 from analysis.models import load_models
+from scripts.bench_preview import DEFAULT_PHOTOS, grown_photos
 from shared.options import parse_options
 from shared.settings import AnalysisSettings
 
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "images"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+DEFAULT_OUT = DOCS / "images"
+DEFAULT_CROPS = DOCS / "pictures"
+CROP_HEIGHT = 240  # px of a crop pair: a band of a few mm at 2-10 px per mm, enlarged to be seen
+CROP_QUALITY = 85
+HALF_WIDTH_MM, ABOVE_MM, BELOW_MM = 22.0, 8.0, 5.0  # the crop: the deepest drop, the hair lent, the new edge
 DROPS_MM = (4, 8)
 PANEL_HEIGHT = 300  # px of each picture: the heads are ~150 px tall in the photos, shown 2x
 QUALITY = 90
@@ -66,18 +80,55 @@ def head_box(measured: dict[str, Any], shape: tuple[int, ...]) -> tuple[int, int
     return left, top, right, bottom
 
 
-def picture(panels: list[np.ndarray], box: tuple[int, int, int, int]) -> Image.Image:
+def picture(panels: list[np.ndarray], box: tuple[int, int, int, int], height: int = PANEL_HEIGHT) -> Image.Image:
     left, top, right, bottom = box
     strip = np.concatenate([panel[top:bottom, left:right] for panel in panels], axis=1)
     image = Image.fromarray(strip)
-    scale = PANEL_HEIGHT / image.height
-    return image.resize((round(image.width * scale), PANEL_HEIGHT), Image.Resampling.LANCZOS)
+    scale = height / image.height
+    return image.resize((round(image.width * scale), height), Image.Resampling.LANCZOS)
+
+
+def crop_box(old: np.ndarray, edge: np.ndarray, px_per_mm: float, shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """left, top, right, bottom: `HALF_WIDTH_MM` either side of the deepest drop, from
+    `ABOVE_MM` above the old line (the hair lent) to `BELOW_MM` below the new edge."""
+    old, edge = old[np.argsort(old[:, 0])], edge[np.argsort(edge[:, 0])]
+    drop = edge[:, 1] - np.interp(edge[:, 0], old[:, 0], old[:, 1])
+    centre = float(edge[int(np.argmax(drop)), 0])
+    left, right = centre - HALF_WIDTH_MM * px_per_mm, centre + HALF_WIDTH_MM * px_per_mm
+    inside = (edge[:, 0] >= left) & (edge[:, 0] <= right)
+    top = float(np.interp(edge[inside, 0], old[:, 0], old[:, 1]).min()) - ABOVE_MM * px_per_mm
+    bottom = float(edge[inside, 1].max()) + BELOW_MM * px_per_mm
+    return max(0, int(left)), max(0, int(top)), min(shape[1], int(right) + 1), min(shape[0], int(bottom) + 1)
+
+
+def hairline_crops(photos: Path, out: Path) -> None:
+    """`<photo>.jpg`: the hairline region before | after, for each photo whose shown plan grows."""
+    out.mkdir(parents=True, exist_ok=True)
+    for photo in grown_photos(photos):
+        plan, grown = photo.shown()
+        name = Path(photo.label["file"]).stem
+        if grown is None or not plan.drop_mm:
+            print(f"{name}: no crop ({plan.name} drops {plan.drop_mm or 0.0:.1f} mm, preview {grown is not None})")
+            continue
+        found = photo.found
+        edge = grown_edge(found.face, found.hairline, plan, found.calibration)
+        assert edge is not None and found.hairline.points is not None  # a grown preview has both
+        box = crop_box(np.asarray(found.hairline.points), edge, 1.0 / found.calibration.mm_per_px, photo.rgb.shape)
+        path = out / f"{name}.jpg"
+        picture([photo.rgb, grown], box, CROP_HEIGHT).save(path, quality=CROP_QUALITY)
+        print(f"{path} ({plan.name}, drop {plan.drop_mm:.1f} mm)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--photos", type=Path, default=DEFAULT_PHOTOS)
+    parser.add_argument("--crops", type=Path, default=DEFAULT_CROPS)
     args = parser.parse_args()
+    if (args.photos / "labels.json").is_file():
+        hairline_crops(args.photos, args.crops)
+    else:
+        print(f"{args.photos}: no labelled photos, no hairline crops")
     args.out.mkdir(parents=True, exist_ok=True)
     limits = AnalysisSettings()
     models = load_models("", "cpu")

@@ -13,7 +13,10 @@ Recipe, in the face's midline frame (`frame.FaceFrame`: `v` up the midline, `u` 
   on the new line. Where the hair above is shorter than the band needs, further copies of
   the hair strip (each from a slightly different column, `JITTER_MM`) continue it upwards,
   cross-faded over `OVERLAP` of their height: strands repeat softly, nothing is stretched
-  or smeared into columns;
+  or smeared into columns. The repeats carry the strip's strands on the colour of the hair
+  moved once (`TREND_MM`), and every move resamples with Lanczos (`RESAMPLING`): the band
+  keeps the hair's fine detail and shows no stripe per repeat. Only hair inside the
+  person's outline is lent;
 - blended over `UNDER_EDGE_MM` below the new edge (skin into skin) and faded into the
   original hair above the old edge's see-through front.
 A plan that does not lower the line (0 mm) returns the photo unchanged, bit for bit. Nothing
@@ -35,7 +38,7 @@ import numpy as np
 
 from ..face.head_samples import brow_curve
 from ..frame import FaceFrame
-from ..types import Calibration, Face, Hairline
+from ..types import Calibration, Face, Hairline, HairSegmentation
 from .designs import Design, current_heights, has_hairline
 
 FEATHER_MM = 2.5  # blend width at the top of the fill, above the old edge zone
@@ -69,6 +72,17 @@ JITTER_MM = 4.0  # each repeat of the strip comes from a column up to this far a
 BROW_MARGIN_MM = 3.0  # nothing changes below this line above the brows
 MIN_DROP_PX = 0.5  # a plan lowering the line by less than this changes nothing
 COLUMN_STEP_PX = 1.0
+# The hair is moved by a smooth, sub-pixel drop in a rotated frame: every pixel is resampled
+# between four source pixels. Bilinear resampling averages them, a low-pass filter on detail
+# one or two pixels wide, which is what strands are in a small photo (rose_leslie, 2 px/mm:
+# the band kept 0.69 of the hair's high-frequency energy, 1.0 moved by whole pixels).
+# Lanczos (8x8 taps) keeps that detail (0.92-1.02) without the staircase of whole-pixel moves.
+RESAMPLING = cv2.INTER_LANCZOS4
+# Each repeat of the hair strip carries the strip's strands (detail finer than TREND_MM, the
+# sigma of the photo's low-pass) on the colour the hair has at the top of the strip moved
+# once: the strip's own trend (lighter at its front, darker at its top) repeated was a
+# stripe every repeat (deepface_img1's deep drop: bands 3-4 mm apart).
+TREND_MM = 1.0
 _SEED = 17  # of the edge pattern and the repeats' columns
 
 
@@ -76,14 +90,17 @@ def grow_preview(
     rgb: np.ndarray,
     face: Face,
     hairline: Hairline,
-    hair: np.ndarray,
+    segmentation: HairSegmentation,
     design: Design,
     calibration: Calibration,
 ) -> np.ndarray | None:
     """The photo with hair grown down to `design`, or None without hair to grow from.
 
-    `rgb` is the analysed photo (H, W, 3) uint8, `hair` its hair mask (bool, same size),
+    `rgb` is the analysed photo (H, W, 3) uint8, `segmentation` its masks (same size),
     `hairline` the detected one, `design` the planned or marked line (image px)."""
+    # only hair inside the head's outline is lent: a hair network that paints the background
+    # beyond a stubble rim as hair (statham_big) would lend the wall, repeated as stripes
+    hair = segmentation.hair & segmentation.person
     if not has_hairline(hairline) or not hair.any():
         return None
     frame = FaceFrame.from_face(face)
@@ -251,13 +268,16 @@ def _jitters(count: int, px_per_mm: float) -> np.ndarray:
 
 def _source_heights(
     columns: _Columns, u: np.ndarray, reach: np.ndarray, px_per_mm: float
-) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
-    """Where each pixel's hair comes from, as two (u, v) sources and the second's weight.
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """Where each pixel's hair comes from, as two (u, v) sources and the second's weight,
+    and where its low-frequency colour comes from (`held`).
 
     `reach` is how far above the current line the pure downward move would fetch it. The old
     edge strip (up to `edge` above the line) is fetched once; above it the hair strip of
     height `period / (1 - OVERLAP)` repeats every `period`, each repeat from another column,
-    and where two repeats overlap the earlier one fades out."""
+    and where two repeats overlap the earlier one fades out. `held` is the pure move up to
+    the first repeat's top and that point above it: the repeats carry the strip's strands,
+    never its trend from the light front to the dense hair, which repeated is a stripe."""
     hair_height = np.interp(u, columns.u, columns.hair_height)
     edge = np.minimum(EDGE_STRIP_MM * px_per_mm, 0.4 * hair_height)
     strip = np.maximum(hair_height - edge, 1.0)
@@ -277,7 +297,8 @@ def _source_heights(
     current = source(repeat, within)
     earlier = source(repeat - 1, within + period)  # the previous repeat, still inside its strip
     fade = (1.0 - _smoothstep(0.0, OVERLAP * strip, within)) * (repeat >= 1) * (reach >= edge)
-    return [current, earlier], fade
+    held = source(np.zeros_like(repeat), np.minimum(above_edge, period))
+    return [current, earlier], fade, held
 
 
 def _blend(
@@ -292,24 +313,36 @@ def _blend(
     # the pure downward move fetches from `drop` higher up: the old edge lands on the new one;
     # below the new edge (the lower feather) it is the skin under the old edge
     reach = drop + (v - current)
-    sources, fade = _source_heights(columns, u, np.maximum(reach, 0.0), px_per_mm)
+    sources, fade, held = _source_heights(columns, u, np.maximum(reach, 0.0), px_per_mm)
     shape = ys.shape
+    points = [
+        frame.to_image(np.stack([np.where(reach < 0, u, su), np.where(reach < 0, v + drop, sv)], axis=1))
+        for su, sv in (*sources, held)
+    ]
+    # the photo's low frequencies (colour and light over more than ~TREND_MM), around the sources only
+    margin = 3.0 * TREND_MM * px_per_mm + 2.0
+    corner = np.floor(np.min([p.min(axis=0) for p in points], axis=0) - margin).astype(int)
+    far = np.ceil(np.max([p.max(axis=0) for p in points], axis=0) + margin).astype(int)
+    left, upper = (int(value) for value in np.maximum(corner, 0))
+    right, lower = (int(value) for value in np.minimum(far, (rgb.shape[1], rgb.shape[0])))
+    trend = cv2.GaussianBlur(rgb[upper:lower, left:right].astype(np.float32), (0, 0), TREND_MM * px_per_mm)
 
-    def moved(source_u: np.ndarray, source_v: np.ndarray) -> np.ndarray:
-        source_v = np.where(reach < 0, v + drop, source_v)
-        source_u = np.where(reach < 0, u, source_u)
-        source = frame.to_image(np.stack([source_u, source_v], axis=1)).astype(np.float32)
+    def moved(image: np.ndarray, source: np.ndarray, resampling: int, origin: tuple[int, int] = (0, 0)) -> np.ndarray:
+        at: np.ndarray = (source - np.asarray(origin, dtype=np.float64)).astype(np.float32)
         return cv2.remap(
-            rgb,
-            source[:, 0].reshape(shape),
-            source[:, 1].reshape(shape),
-            cv2.INTER_LINEAR,
-            borderMode=cv2.BORDER_REFLECT,
+            image, at[:, 0].reshape(shape), at[:, 1].reshape(shape), resampling, borderMode=cv2.BORDER_REFLECT
         ).astype(np.float32)
 
-    fill = moved(*sources[0])
+    def smooth_at(source: np.ndarray) -> np.ndarray:  # the trend has no detail to lose: bilinear
+        return moved(trend, source, cv2.INTER_LINEAR, (left, upper))
+
+    def strands(source: np.ndarray) -> np.ndarray:  # the photo less its trend, at the source
+        return moved(rgb, source, RESAMPLING) - smooth_at(source)
+
+    fill = strands(points[0])
     if fade.any():  # the second source only matters where a repeat cross-fades into it
-        fill += fade.reshape(shape)[..., None].astype(np.float32) * (moved(*sources[1]) - fill)
+        fill += fade.reshape(shape)[..., None].astype(np.float32) * (strands(points[1]) - fill)
+    fill += smooth_at(points[2])
     new_edge = current - drop
     top = current + EDGE_ZONE_MM * px_per_mm
     under = UNDER_EDGE_MM * px_per_mm

@@ -4,7 +4,7 @@ paints there is hair-coloured, and that a bald head gets no preview."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,7 @@ def _preview(photo: Analysed, plan: designs.Design) -> np.ndarray | None:
     key = (id(photo), np.asarray(plan.points).tobytes(), plan.drop_mm)
     if key not in _PREVIEWS:
         _PREVIEWS[key] = grow_preview(
-            photo.rgb, photo.face, photo.hairline, photo.segmentation.hair, plan, photo.calibration
+            photo.rgb, photo.face, photo.hairline, photo.segmentation, plan, photo.calibration
         )
     return _PREVIEWS[key]
 
@@ -174,9 +174,25 @@ def test_bald_heads_get_no_preview(analysed: dict[str, Analysed], photo_labels: 
 
 def test_a_hairline_without_hair_above_it_gets_no_preview(analysed: dict[str, Analysed]) -> None:
     photo = analysed["lacamoire.jpg"]
-    no_hair = np.zeros_like(photo.segmentation.hair)
+    no_hair = replace(photo.segmentation, hair=np.zeros_like(photo.segmentation.hair))
     assert _preview(photo, photo.plans[-1]) is not None
     assert grow_preview(photo.rgb, photo.face, photo.hairline, no_hair, photo.plans[-1], photo.calibration) is None
+
+
+def test_hair_the_mask_paints_beyond_the_head_outline_is_not_lent(analysed: dict[str, Analysed]) -> None:
+    """Only hair inside the person's outline is lent: a hair mask running on over the
+    background above a stubble rim (statham_big under the hair network) would lend the wall."""
+    photo = analysed["lacamoire.jpg"]
+    frame = FaceFrame.from_face(photo.face)
+    height, width = photo.rgb.shape[:2]
+    ys, xs = np.mgrid[0:height, 0:width]
+    v = frame.to_frame(np.stack([xs.ravel(), ys.ravel()], axis=1))[:, 1].reshape(height, width)
+    hairline_v = frame.to_frame(np.asarray(photo.hairline.points))[:, 1]
+    # the head's outline just above the highest point of the hairline: no hair of the head above it
+    outline = hairline_v.max() + 1.0 / photo.calibration.mm_per_px
+    headless = replace(photo.segmentation, person=photo.segmentation.person & (v < outline))
+    assert _preview(photo, photo.plans[-1]) is not None
+    assert grow_preview(photo.rgb, photo.face, photo.hairline, headless, photo.plans[-1], photo.calibration) is None
 
 
 def test_a_plan_on_the_current_hairline_changes_nothing(analysed: dict[str, Analysed]) -> None:
