@@ -2,8 +2,10 @@
 
 The plausibility gates (analysis.md § Real photos) exist because the simple recipe gave
 confident wrong numbers on real clients. Each failed gate adds a note and turns `ok` into
-`uncertain` with a band of at least `UNCERTAIN_FLOOR_MM`; a fringe that reaches the brows
-is `occluded` (nothing of the hairline is visible).
+`uncertain` with a band of at least `UNCERTAIN_FLOOR_MM`. A fringe whose edge no hairline
+could be at, within 5 mm of the brows or under `MIN_FOREHEAD_MM` above the glabella, hides
+the hairline: `occluded` (contract.md endpoint 1: "a cap, hat or fringe hides the
+hairline"), no number; a fringe edge higher up may be a low hairline: `uncertain`.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ RECEDING_MM, M_SHAPE_MM, ROUNDED_MM, PEAK_MM = 20.0, 6.0, -6.0, 3.0
 
 NOTE_FRINGE = "头发垂至前额（如刘海）：测得的是头发下缘，可能不是真实发际线"
 NOTE_FRINGE_TO_BROWS = "刘海垂至眉毛，发际线被遮挡"
+NOTE_FRINGE_COVERS = "刘海遮住前额，发际线被遮挡：请把刘海撩起后重拍"
 NOTE_RATIO = "额头与面中部比例超出常见范围，结果需人工复核"
 NOTE_SHORT = "额头高度低于 40 mm，可能是刘海或分割错误"
 NOTE_FLOODED = "前额大面积被识别为头发，边缘不可靠"
@@ -119,6 +122,11 @@ def judge(
     fringe = trichion_v < mesh_top_v + ABOVE_MESH_TOP * face_height_px(face)
     if fringe and (found - _brow_v(trace, face)).mean() * mm_per_work_px < FRINGE_TO_BROWS_MM:
         return Hairline(status="occluded", notes=(*evidence.notes, NOTE_FRINGE_TO_BROWS))
+    if fringe and trichion_v * mm_per_work_px < MIN_FOREHEAD_MM:
+        # the edge lies where no adult's hairline is (the < 40 mm gate): the forehead number
+        # would be the fringe's, a claim about a forehead the photo does not show (the
+        # astronaut: 19.8 mm "uncertain" before)
+        return Hairline(status="occluded", notes=(*evidence.notes, NOTE_FRINGE_COVERS))
 
     notes = list(evidence.notes) + _gate_notes(trace, face, hair, trichion_v, mesh_top_v, mm_per_work_px, fringe)
     if calibration.mm_per_px > MAX_OK_MM_PER_PX:

@@ -66,7 +66,10 @@ def midline_edge_profile(
         return None
     row = int(falling[np.argmin(np.abs(falling - edge_row))])
     crossing = row + (t[row] - 0.5) / (t[row] - t[row + 1])
-    slope = (t[row - 1] - t[row + 2]) / 3.0  # over the 3 px around the crossing
+    # over the 3 px around the crossing; at least the fall across the crossing's own pixel,
+    # which is positive by construction (a ragged profile made the 3 px slope negative:
+    # a "ramp" of 856838 mm and a band to match, deepface_img54 recoloured white)
+    slope = max((t[row - 1] - t[row + 2]) / 3.0, t[row] - t[row + 1])
     return EdgeProfile(
         crossing_row=float(crossing), sharpness=float(slope * np.sqrt(span)), width_px=float(1.0 / max(slope, 1e-6))
     )

@@ -63,6 +63,19 @@ def headwear_in_mask(rgb: np.ndarray, face: Face, segmentation: HairSegmentation
     return traced.crop.paste(traced.headwear, rgb.shape[:2])
 
 
+def midline_edge(rgb: np.ndarray, face: Face, segmentation: HairSegmentation) -> tuple[float, float] | None:
+    """The mask's traced lower edge on the midline (the median over the trichion's window),
+    in image pixels, before any check judges it: where a fringe hides the hairline, the
+    fringe's edge. None where nothing was traced (bald, hat, no edge)."""
+    traced = _traced(rgb, face, segmentation)
+    if isinstance(traced, Hairline):
+        return None
+    window = traced.trace.near(0.0, MIDLINE_HALF_WINDOW)
+    found = window[~np.isnan(window)]
+    point = traced.crop.to_image(traced.trace.frame.to_image(np.array([[0.0, float(np.median(found))]])))[0]
+    return float(point[0]), float(point[1])
+
+
 @dataclass(frozen=True)
 class _Traced:
     """The mask's lower edge in the working frame, and what it was traced from."""

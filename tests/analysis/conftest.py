@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import pytest
 from matplotlib import cbook
@@ -21,10 +22,12 @@ from analysis.segmentation.hairnet import HairNetSegmenter
 from analysis.types import Calibration, Face
 from shared.settings import AnalysisSettings
 
-from .images import no_face_photo, rotated, side_by_side
+from .images import fringe_lifted, no_face_photo, rotated, side_by_side
 
 # Beside the checkout (/work/shared/photos for /work/main; ../shared in CI); never in the repo.
 PHOTOS_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "photos"
+# the hairline painted on the astronaut (`astronaut_lifted`): 10 px above her landmark 10
+ASTRONAUT_LIFTED_ROW = 61.7
 # Endpoint 99's points (contract.md): what the analysis answers and what the gateway serves.
 SPECIAL_POINT_NAMES = frozenset(
     {
@@ -89,6 +92,15 @@ def hairnet() -> Iterator[HairNetSegmenter]:
 def face(detector: FaceMeshDetector, astronaut: np.ndarray) -> Face:
     """The astronaut's landmarks: the face the design and drawing tests draw on."""
     return detector.detect(astronaut)
+
+
+@pytest.fixture(scope="session")
+def astronaut_lifted(astronaut: np.ndarray, face: Face, segmenter: FallbackSegmenter) -> np.ndarray:
+    """The astronaut with her fringe brushed back (`fringe_lifted`): a straight hairline at
+    `ASTRONAUT_LIFTED_ROW`, 10 px above landmark 10 (a forehead of ~48 mm). Her own photo is
+    `occluded`, her fringe covering her forehead; this is the shipped face with a hairline."""
+    hair = cv2.dilate(segmenter.segment(astronaut, face).hair.astype(np.uint8), np.ones((5, 5), np.uint8)) > 0
+    return _read_only(fringe_lifted(astronaut, hair, face.points, ASTRONAUT_LIFTED_ROW))
 
 
 @pytest.fixture(scope="session")

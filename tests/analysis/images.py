@@ -39,6 +39,20 @@ def pasted_on_canvas(rgb: np.ndarray, size: int, top: int, left: int, gray: int 
     return canvas
 
 
+def fringe_lifted(rgb: np.ndarray, hair: np.ndarray, points: np.ndarray, line_row: float) -> np.ndarray:
+    """`rgb` with the hair in `hair` between `line_row` and the brows, over the forehead's
+    width (landmarks 54 to 284 of `points`), painted with the forehead's own skin (a little
+    noise): a fringe brushed back, showing a straight hairline at `line_row`."""
+    x, y = points[151].round().astype(int)
+    skin = np.median(rgb[y + 2 : y + 6, x - 10 : x + 10].reshape(-1, 3), axis=0)
+    noise = np.random.default_rng(0).normal(0, 3, rgb.shape)
+    painted = np.clip(skin[None, None, :] + noise, 0, 255).astype(np.uint8)
+    rows, columns = np.arange(rgb.shape[0])[:, None], np.arange(rgb.shape[1])[None, :]
+    brows = points[[70, 63, 105, 66, 107, 300, 293, 334, 296, 336], 1].min()
+    forehead = (rows > line_row) & (rows < brows) & (columns >= points[54][0]) & (columns <= points[284][0])
+    return np.where((hair & forehead)[..., None], painted, rgb)
+
+
 def load_photo(photos_dir: Path, name: str) -> np.ndarray:
     """A labelled photo as RGB uint8 (several are below 480 px: call the analysis directly)."""
     with Image.open(photos_dir / name) as image:

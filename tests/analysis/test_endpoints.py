@@ -24,6 +24,7 @@ from analysis.endpoints import (
     special_points,
 )
 from analysis.face.calibration import calibrate
+from analysis.hairline.checks import NOTE_FRINGE_COVERS
 from analysis.hairline.hair_evidence import NOTE_HAT
 from analysis.models import Models, load_models
 from analysis.types import Face, Hairline, LandmarkId, Pose
@@ -31,7 +32,7 @@ from shared.contract import Code, ContractError
 from shared.options import parse_options
 from shared.settings import AnalysisSettings
 
-from .conftest import SPECIAL_POINT_NAMES
+from .conftest import ASTRONAUT_LIFTED_ROW, SPECIAL_POINT_NAMES
 from .images import encode, load_photo, rotated
 from .test_render import visible_share
 
@@ -58,8 +59,14 @@ def astronaut_png(astronaut: np.ndarray) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def measured(astronaut_png: bytes, models: Models) -> dict[str, Any]:
-    return run_endpoint("measure", astronaut_png, parse_options("measure", {"gender": "female"}), models, LIMITS)
+def lifted_png(astronaut_lifted: np.ndarray) -> bytes:
+    """The astronaut with her fringe brushed back: a face with a hairline to measure and grow."""
+    return encode(astronaut_lifted, "PNG")
+
+
+@pytest.fixture(scope="module")
+def measured(lifted_png: bytes, models: Models) -> dict[str, Any]:
+    return run_endpoint("measure", lifted_png, parse_options("measure", {"gender": "female"}), models, LIMITS)
 
 
 def assert_plain_json(value: Any) -> None:
@@ -141,6 +148,25 @@ def test_measure_returns_the_contract_fields(measured: dict[str, Any]) -> None:
     assert png(measured["annotated_image_base64"]).shape == (512, 512, 3)
 
 
+def test_the_lifted_fringes_line_is_measured(measured: dict[str, Any]) -> None:
+    hairline = measured["hairline"]
+    assert hairline["status"] in ("ok", "uncertain") and hairline["uncertainty_mm"] is not None
+    assert abs(hairline["trichion"][1] - ASTRONAUT_LIFTED_ROW) <= 2.0  # px: the painted line
+    assert measured["measurements"]["forehead_height_mm"] > 40
+
+
+def test_a_fringe_over_the_forehead_is_occluded(models: Models, astronaut_png: bytes) -> None:
+    """The astronaut's fringe covers her forehead: its edge lies 20 mm above her glabella,
+    where no hairline is. A forehead number would be the fringe's, so none is given; it was
+    `uncertain`, forehead 19.8 mm (contract.md endpoint 1: a fringe that hides the hairline
+    is `occluded`)."""
+    data = call("measure", astronaut_png, models)
+    assert data["hairline"]["status"] == "occluded" and data["hairline"]["trichion"] is None
+    assert NOTE_FRINGE_COVERS in data["assessment"]["notes"]
+    assert all(data["measurements"][key] is None for key in NULL_WITHOUT_HAIRLINE)
+    assert data["measurements"]["middle_third_mm"] > 30
+
+
 def test_a_gif_is_1002(models: Models, astronaut: np.ndarray) -> None:
     assert refused("measure", encode(astronaut, "GIF"), models).code == Code.UNSUPPORTED_IMAGE
 
@@ -168,11 +194,12 @@ def turned_point(point: Any, degrees: float, shape: tuple[int, ...]) -> np.ndarr
 
 @pytest.mark.parametrize("degrees", [20, -24])  # her own roll is about -3°: -27° near the 30° limit
 def test_a_tilted_head_is_measured_upright_in_the_photos_pixels(
-    models: Models, astronaut: np.ndarray, degrees: float
+    models: Models, astronaut_lifted: np.ndarray, degrees: float
 ) -> None:
     # issue 17: a 16° tilt was refused with 1008. Roll up to 30° is undone, not refused.
-    # (The astronaut at 2x, a 16 px iris: grace_hopper's hairline is under her cap, occluded.)
-    photo = cv2.resize(astronaut, (1024, 1024), interpolation=cv2.INTER_CUBIC)
+    # (The astronaut at 2x, a 16 px iris, her fringe brushed back: her own fringe and
+    # grace_hopper's cap hide their hairlines, occluded.)
+    photo = cv2.resize(astronaut_lifted, (1024, 1024), interpolation=cv2.INTER_CUBIC)
     upright = call("measure", encode(photo, "PNG"), models)
     tilted = call("measure", encode(rotated(photo, degrees), "PNG"), models)
     assert abs(tilted["face"]["pose"]["roll"]) > 15
@@ -267,8 +294,8 @@ def test_a_caps_band_is_no_hair_in_the_mask(models: Models, grace_hopper: np.nda
         assert np.count_nonzero(mask & grey) > 0.6 * np.count_nonzero(grey)
 
 
-def test_grow_draws_the_requested_plans(models: Models, astronaut_png: bytes) -> None:
-    data = call("grow", astronaut_png, models, plans="aggressive,conservative", gender="male")
+def test_grow_draws_the_requested_plans(models: Models, lifted_png: bytes) -> None:
+    data = call("grow", lifted_png, models, plans="aggressive,conservative", gender="male")
     assert [result["plan"] for result in data["results"]] == ["aggressive", "conservative"]
     for result in data["results"]:
         assert set(result) == {"plan", "hairline_drop_mm", "image_base64", "grown_image_base64", "generator"}
@@ -278,10 +305,10 @@ def test_grow_draws_the_requested_plans(models: Models, astronaut_png: bytes) ->
 
 
 def test_grow_returns_inpainting_masks_only_when_the_host_asks(
-    models: Models, astronaut_png: bytes, astronaut: np.ndarray
+    models: Models, lifted_png: bytes, astronaut: np.ndarray
 ) -> None:
     options = {**parse_options("grow", {"plans": ["standard"]}), INPAINT_MASK_OPTION: True}
-    data = run_endpoint("grow", astronaut_png, options, models, LIMITS)
+    data = run_endpoint("grow", lifted_png, options, models, LIMITS)
     mask = png(data["results"][0][INPAINT_MASK_KEY])
     assert data["results"][0]["grown_image_base64"] is None  # ComfyUI draws it, not the preview
     assert mask.shape == astronaut.shape[:2] and set(np.unique(mask)) <= {0, 255}
