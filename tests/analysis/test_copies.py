@@ -24,16 +24,17 @@ from .test_real_photos import OK_WITHIN_MM, _labels
 
 COPIES = ("blonde", "white", "top cropped")
 DEFAULT_RUN = {"obama.jpg", "biden2.jpg", "deepface_img1.jpg", "openface_adams.jpg", "willis_white.png"}
-# measured, not wished away (docs/analysis_science.md § Robustness copies): recolouring
-# exactly the network's mask paints a new, sharp colour edge at the mask's own edge, which
-# the image-crossing view then confirms; where the network's edge sat off the label (fine
-# dark hairs below it left dark) the copy is confidently that far off
+# measured, not wished away (docs/analysis_science.md § Robustness copies): below light
+# paint the hair network's mask runs 2.6-7.1 mm further down the forehead than on the
+# photo itself, and the image crossing, sampled about the mask's edge, follows it (the
+# clear forehead stops 5-6 mm higher but is not trusted on light hair: on biden2's real
+# white hair it runs 25 mm up into the hair); carell's labelled line tops a 15 mm fade
 KNOWN_NUMBER_MISSES = {
-    ("deepface_img7.jpg", "white"),
-    ("deepface_img22.jpg", "white"),
-    ("deepface_img33.jpg", "blonde"),
-    ("deepface_img33.jpg", "white"),
+    ("lacamoire.jpg", "blonde"),
+    ("deepface_img4.jpg", "blonde"),
+    ("deepface_img19.jpg", "blonde"),
     ("openface_carell.jpg", "blonde"),
+    ("openface_carell.jpg", "white"),
 }
 
 
@@ -60,7 +61,7 @@ def test_a_copy_makes_no_false_claim(
     if copy == "top cropped":
         edited, rows_cut = cropped_above_hair(rgb, segmentation.hair)
     else:
-        edited = recoloured(rgb, segmentation.hair, copy)
+        edited = recoloured(rgb, segmentation.hair, face, copy)
     edited_face = detector.detect(edited)
     calibration = calibrate(edited_face)
     hairline = trace_hairline(edited, edited_face, hairnet.segment(edited, edited_face), calibration)
