@@ -87,7 +87,8 @@ def build_gateway(
     """
     edge = settings.edge
     pool = Pool(edge.pool.workers, edge.pool.primary_workers, thresholds(settings))
-    dispatcher = Dispatcher(pool, **dispatch_options(settings))
+    host_leases = build_host_leases(redis)  # the dispatcher hears their releases, the forwards take them
+    dispatcher = Dispatcher(pool, **dispatch_options(settings), host_leases=host_leases)
     upstream = upstream or Upstream(
         settings.auth.shared_password,
         keepalive_connections=2 * len(edge.pool.workers) + 8,
@@ -105,7 +106,7 @@ def build_gateway(
         **forward_options(settings),
         metrics=metrics,
         audit=audit,
-        host_leases=build_host_leases(redis),
+        host_leases=host_leases,
     )
     stats = RequestStats(known_paths=API_PATHS)
     metrics.classify = stats.classify = api.is_slow  # read per record: a reload of slow_paths applies at once

@@ -134,6 +134,8 @@ async def serve(
                 await background.start(gateway.face_workers.run)  # endpoints 4 and 99
                 await background.start(gateway.features.run)
                 await background.start(prober.run)  # returns after the first probe round
+                # another gateway's host lease given back: its waiters here take the host at once
+                await background.start(gateway.dispatcher.watch_host_leases)
                 app = create_app(gateway)
                 if shutdown_trigger is None:
                     on_hangup = partial(_reload, gateway, app, prober, listener, reload)

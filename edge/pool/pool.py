@@ -10,7 +10,22 @@ Invariants:
   sent after the gateway's last request to it ended;
 - a worker that answered a forward "busy" (another gateway's job runs there) is marked
   busy in the same step that gives the lease back (`release(busy_elsewhere=True)`), so no
-  waiter can be handed it in between; only a probe sent after that says it is free again;
+  waiter can be handed it in between; only a probe sent after that says it is free again,
+  and only when a second one sent `FREE_CONFIRM_SECONDS` later still says so (a host
+  between two jobs of the gateway that holds it is free for a moment, and that gateway's
+  next job is already on its way); until then it is *seen free*, selectable only by a
+  waiter that has waited too long to defer (`select(seen_free=True)`);
+- a worker *shared* (busy elsewhere in the last `SHARED_MEMORY_SECONDS`) that is idle on
+  knowledge older than `FREE_CONFIRM_SECONDS` (our own answer, or the confirming probe)
+  is held again until probes say free (`expire_holds`): another gateway may have taken it
+  since, and a stale "idle" would send it an upload it refuses;
+- with `leases_shared` (the gateways lease hosts in Redis) the lease, not /health, guards
+  a forward: one free probe ends a busy hold, nothing is held as stale, and a release
+  announced for a host also ends the hold a busy probe put on it;
+- a worker whose shared lease (Redis) another gateway holds is leased elsewhere: not
+  selectable until that lease is announced given back (`lease_released`) or its time is
+  up (`release(leased_elsewhere_seconds=…)`); probes do not end that hold (a host between
+  two of the holder's jobs says free while the holder keeps it);
 - a worker whose request was abandoned mid-forward (its client left) is draining: it is
   not selectable until a probe sent after the abandonment says it is free, or until the
   attempt's timeout has passed (by then the host has given up the job itself);
@@ -31,6 +46,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from shared.contract import CHECK_COMFYUI, CHECK_DISK, CHECK_DOWN, CHECK_LOW, CHECK_OK
+
+# gateway.md § Several gateways: a host busy elsewhere is free when two probes this far
+# apart say so; longer than the holder's turn-around from its answer to its next forward.
+FREE_CONFIRM_SECONDS = 0.05
+# … and a host found busy elsewhere counts as shared with other gateways for this long.
+SHARED_MEMORY_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +80,10 @@ class WorkerState:
     idle_since: float = -math.inf
     retired: bool = False  # removed from the settings: gets nothing new, counts nowhere
     draining_until: float | None = None  # its client left mid-forward: the host may still be at it
+    leased_elsewhere_until: float | None = None  # another gateway holds its shared lease (Redis)
+    free_seen_at: float | None = None  # busy elsewhere, then a probe sent then said free: unconfirmed
+    shared_until: float = -math.inf  # found busy elsewhere lately: another gateway uses it too
+    known_free_at: float = -math.inf  # when we last knew it free (our answer, a confirming probe)
     running_slow: bool = False  # leased (or draining) with a slow request: the reservation counts it
     leased_at: float = -math.inf
     leased_path: str = ""
@@ -67,13 +92,30 @@ class WorkerState:
 
     @property
     def busy(self) -> bool:
-        """Running a job: ours (leased), another gateway's (it said so), or one a departed
-        client left behind (draining)."""
-        return self.leased or self.reported_busy or self.draining_until is not None
+        """Running a job: ours (leased), another gateway's (it said so, or holds its shared
+        lease), or one a departed client left behind (draining)."""
+        return (
+            self.leased
+            or self.reported_busy
+            or self.draining_until is not None
+            or self.leased_elsewhere_until is not None
+        )
 
     @property
     def idle(self) -> bool:
         return self.online and not self.busy
+
+    @property
+    def seen_free(self) -> bool:
+        """Busy elsewhere by the last word, but one probe since said free (not yet confirmed)."""
+        return (
+            self.online
+            and self.reported_busy
+            and self.free_seen_at is not None
+            and not self.leased
+            and self.draining_until is None
+            and self.leased_elsewhere_until is None
+        )
 
     @property
     def awaiting_probe(self) -> bool:
@@ -153,6 +195,7 @@ class Pool:
         primaries = set(primary_workers) or set(workers)  # empty means all are primary
         self.thresholds = thresholds
         self.drill = False
+        self.leases_shared = False  # the gateways lease hosts through shared state (set by the dispatcher)
         self.workers = [WorkerState(i, url, url in primaries) for i, url in enumerate(workers)]
 
     @property
@@ -204,7 +247,13 @@ class Pool:
         # A probe sent while (or before) our own request ran says nothing about whether the
         # worker is free now; only one sent after that request ended may (un)set the flag.
         if result.sent_at >= worker.last_request_ended:
-            worker.reported_busy = result.busy and not worker.leased
+            if result.busy:  # while draining: our own abandoned job, the drain already holds it
+                worker.reported_busy = not worker.leased and worker.draining_until is None
+                worker.free_seen_at = None
+                if worker.reported_busy:
+                    worker.shared_until = now + SHARED_MEMORY_SECONDS
+            elif worker.reported_busy:
+                _confirm_free(worker, result.sent_at, at_once=self.leases_shared)
             if not result.busy and worker.draining_until is not None:
                 worker.draining_until, worker.running_slow = None, False
         if worker.online or now < worker.cooldown_until:
@@ -241,28 +290,47 @@ class Pool:
             tier = [w for w in tier if not w.comfyui_down]
         return [w for w in tier if w.index not in exclude]
 
-    def select(self, exclude: frozenset[int] = frozenset(), *, slow: bool = False) -> WorkerState | None:
-        """The idle eligible worker idle the longest (ties: lowest index), or None."""
-        idle = [w for w in self.eligible(exclude, slow=slow) if w.idle]
+    def select(
+        self, exclude: frozenset[int] = frozenset(), *, slow: bool = False, seen_free: bool = False
+    ) -> WorkerState | None:
+        """The idle eligible worker idle the longest (ties: lowest index), or None.
+        `seen_free`: for a waiter that no longer defers, a seen-free worker when none is idle."""
+        eligible = self.eligible(exclude, slow=slow)
+        idle = [w for w in eligible if w.idle] or ([w for w in eligible if w.seen_free] if seen_free else [])
         return min(idle, key=lambda w: (w.idle_since, w.index), default=None)
 
     def lease(self, index: int, now: float = 0.0, *, path: str = "", slow: bool = False) -> None:
         worker = self.workers[index]
-        if not worker.idle:
+        if not (worker.idle or worker.seen_free):
             raise RuntimeError(f"worker {index} is not idle")
+        worker.reported_busy, worker.free_seen_at = False, None  # a seen-free one taken: ours now
         worker.leased = True
         worker.leased_at, worker.leased_path, worker.running_slow = now, path, slow
 
     def release(
-        self, index: int, now: float, *, drain_seconds: float | None = None, busy_elsewhere: bool = False
+        self,
+        index: int,
+        now: float,
+        *,
+        drain_seconds: float | None = None,
+        busy_elsewhere: bool = False,
+        leased_elsewhere_seconds: float | None = None,
     ) -> None:
         """The request on `index` is over. `drain_seconds`: it was abandoned mid-forward, so
         the worker waits for a probe that says it is free, at most that long.
-        `busy_elsewhere`: it answered "busy" (or another gateway holds its shared lease), so
-        it is busy from this very step until a probe sent after it says free."""
+        `busy_elsewhere`: it answered "busy", so it is busy from this very step until a
+        probe sent after it says free. `leased_elsewhere_seconds`: another gateway holds
+        its shared lease, so it is busy from this very step until that lease is announced
+        given back (`lease_released`) or this time is up."""
         worker = self.workers[index]
         worker.leased = False
-        worker.reported_busy = busy_elsewhere
+        worker.reported_busy, worker.free_seen_at = busy_elsewhere, None
+        if busy_elsewhere:
+            worker.shared_until = now + SHARED_MEMORY_SECONDS
+        elif leased_elsewhere_seconds is None and drain_seconds is None:
+            worker.known_free_at = now  # its answer came: free now
+        if leased_elsewhere_seconds is not None:
+            worker.leased_elsewhere_until = now + leased_elsewhere_seconds
         worker.last_request_ended = now
         worker.idle_since = now
         if drain_seconds is None:
@@ -270,11 +338,33 @@ class Pool:
         else:
             worker.draining_until = now + drain_seconds
 
-    def expire_holds(self, now: float) -> None:
-        """End the hold that ends by time alone: draining (the host gave the job up by then)."""
+    def expire_holds(self, now: float) -> list[int]:
+        """End the holds that end by time alone: draining (the host gave the job up by then)
+        and another gateway's lease (it expires by itself, or is looked at again); hold
+        again a shared worker idle on stale knowledge (those are returned: someone must look)."""
+        stale: list[int] = []
         for worker in self.workers:
             if worker.draining_until is not None and worker.draining_until <= now:
                 worker.draining_until, worker.running_slow = None, False
+            if worker.leased_elsewhere_until is not None and worker.leased_elsewhere_until <= now:
+                worker.leased_elsewhere_until = None
+            if self.leases_shared:
+                continue
+            if worker.idle and now < worker.shared_until and now > worker.known_free_at + FREE_CONFIRM_SECONDS:
+                worker.reported_busy = True  # stale: another gateway may have it now; look again
+                stale.append(worker.index)
+        return stale
+
+    def lease_released(self, url: str | None) -> bool:
+        """Another gateway gave back its lease on `url` (None: any may have been missed):
+        the hold on it ends. True when a worker became free of that hold."""
+        ended = False
+        for worker in self.workers:
+            if worker.leased_elsewhere_until is not None and url in (None, worker.url):
+                worker.leased_elsewhere_until, ended = None, True
+            if worker.url == url and worker.reported_busy and not worker.leased and worker.draining_until is None:
+                worker.reported_busy, worker.free_seen_at, ended = False, None, True  # the job a probe saw ended
+        return ended
 
     def eject(self, index: int, now: float, reason: str) -> PoolEvent | None:
         """Passive ejection after a failed forward: offline at once, then a cooldown.
@@ -317,3 +407,16 @@ class Pool:
             drill=self.drill,
             workers_generation_ready=sum(w.generation_ready for w in active),
         )
+
+
+def _confirm_free(worker: WorkerState, sent_at: float, *, at_once: bool = False) -> None:
+    """A probe sent at `sent_at` says the worker held busy elsewhere is free: the first
+    such one makes it seen free; one `FREE_CONFIRM_SECONDS` after that ends the hold
+    (`at_once`: the first one does, a shared lease guards the forward)."""
+    if at_once:
+        worker.reported_busy, worker.free_seen_at = False, None
+    elif worker.free_seen_at is None:
+        worker.free_seen_at = sent_at
+    elif sent_at >= worker.free_seen_at + FREE_CONFIRM_SECONDS:  # as the prober computes its second look
+        worker.reported_busy, worker.free_seen_at = False, None
+        worker.known_free_at = sent_at

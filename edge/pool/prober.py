@@ -8,8 +8,9 @@ waits for a request to finish.
 
 Beside the rounds, a worker whose forward was abandoned (its client left), or that
 answered a forward "busy" (another gateway's job), is probed at once and then every
-`HELD_PROBE_INTERVAL_SECONDS` until a probe says it is free, so the GPU serves the
-next request within a probe's round trip of being free.
+`HELD_PROBE_INTERVAL_SECONDS` until a probe says it is free (a worker busy elsewhere:
+twice, `FREE_CONFIRM_SECONDS` apart, the second look sent that soon), so the GPU serves
+the next request within a probe's round trip of being free.
 Each probe also keeps the host's deep `checks` and its `inference_timeout_seconds`; a
 host whose timeout leaves no margin below the gateway's request timeout is named in one
 warning (per worker and value).
@@ -26,7 +27,7 @@ from typing import Any
 import trio
 
 from edge.pool.dispatch import Dispatcher
-from edge.pool.pool import ProbeResult
+from edge.pool.pool import FREE_CONFIRM_SECONDS, ProbeResult
 from edge.pool.upstream import HealthAnswer
 from shared.contract import BUSY_KEY, HEALTH_CHECKS_KEY, HEALTH_LOADING
 from shared.settings import timeout_margin_seconds
@@ -131,6 +132,8 @@ class Prober:
             while worker.awaiting_probe and worker.online:
                 await self._probe_one(index, worker.url)
                 next_probe = max(next_probe + HELD_PROBE_INTERVAL_SECONDS, trio.current_time())
+                if worker.free_seen_at is not None:  # seen free once: the look that confirms it comes sooner
+                    next_probe = max(worker.free_seen_at + FREE_CONFIRM_SECONDS, trio.current_time())
                 await trio.sleep_until(min(next_probe, worker.draining_until or next_probe))
                 self._dispatcher.expire_holds()
         finally:

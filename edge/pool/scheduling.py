@@ -9,7 +9,10 @@ functions answer (gateway.md § Scheduling), so that they are tables in the test
   that would leave fewer than `reserved_fast_workers` eligible online workers not running
   slow jobs (unless the eligible pool is no larger than the reservation). A waiter that
   cannot be served lets the next one try: a measurement behind a reserved-out generation
-  takes the reserved worker.
+  takes the reserved worker. A waiter that arrived before `impatient_before` (it has
+  waited a good part of its queue wait) no longer defers to another gateway's next job:
+  it may take a worker only seen free (`Pool.select(seen_free=True)`), or a gateway
+  that holds every shared host would keep them from the others for good.
 - `next_slot`: the next waiter for one of the `max_inflight` slots, in the same service
   order, with the same reservation: a slow request never takes a slot that would leave
   fewer than `reserved_fast_workers` slots free of slow requests, so a burst of
@@ -98,20 +101,26 @@ def reservation_allows_slow(pool: Pool, policy: SchedulingPolicy) -> bool:
     return free_of_slow - 1 >= policy.reserved_fast_workers
 
 
-def pick_worker(pool: Pool, waiting: Waiting, policy: SchedulingPolicy) -> WorkerState | None:
+def pick_worker(
+    pool: Pool, waiting: Waiting, policy: SchedulingPolicy, impatient_before: float = -math.inf
+) -> WorkerState | None:
     """The worker `waiting` would get now, or None."""
-    worker = pool.select(waiting.exclude, slow=waiting.slow)
+    worker = pool.select(waiting.exclude, slow=waiting.slow, seen_free=waiting.arrived_at < impatient_before)
     if worker is None or (waiting.slow and not reservation_allows_slow(pool, policy)):
         return None
     return worker
 
 
-def next_assignment(pool: Pool, waiters: Sequence[Waiting], policy: SchedulingPolicy) -> tuple[int, int] | None:
-    """(position in `waiters`, worker index) of the next hand-over, or None."""
-    if not waiters or pool.select() is None:
+def next_assignment(
+    pool: Pool, waiters: Sequence[Waiting], policy: SchedulingPolicy, impatient_before: float = -math.inf
+) -> tuple[int, int] | None:
+    """(position in `waiters`, worker index) of the next hand-over, or None; waiters that
+    arrived before `impatient_before` may take a worker only seen free."""
+    impatient = any(w.arrived_at < impatient_before for w in waiters)
+    if not waiters or pool.select(seen_free=impatient) is None:
         return None  # nothing idle at all: cheap when the pool is saturated
     for position in service_order(waiters, policy):
-        worker = pick_worker(pool, waiters[position], policy)
+        worker = pick_worker(pool, waiters[position], policy, impatient_before)
         if worker is not None:
             return position, worker.index
     return None

@@ -6,9 +6,10 @@ import pytest
 import trio
 import trio.testing
 
-from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal, Unavailable
+from edge.pool.dispatch import IMPATIENT_FRACTION, LEASE_RECHECK_SECONDS, Busy, Dispatcher, EarlyRefusal, Unavailable
 from edge.pool.failures import WorkerBusy
-from edge.pool.pool import Pool, ProbeResult
+from edge.pool.host_leases import HostLeased, Turn
+from edge.pool.pool import FREE_CONFIRM_SECONDS, Pool, ProbeResult
 from edge.pool.scheduling import SchedulingPolicy
 from tests.fakes.traffic import bursty_arrivals, replay
 
@@ -457,6 +458,10 @@ async def test_a_busy_answer_marks_the_worker_before_any_waiter_is_handed_it(aut
         dispatcher.record_probe(0, ProbeResult(0.005, ok=True, busy=False))  # sent before it said busy
         await trio.testing.wait_all_tasks_blocked()
         assert len(handed) == 1, "a probe sent before the busy answer says nothing"
+        dispatcher.record_probe(0, ProbeResult(trio.current_time(), ok=True, busy=False))
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(handed) == 1, "free once: the other gateway's next job may be on its way"
+        await trio.sleep(FREE_CONFIRM_SECONDS)
         freed_at = trio.current_time()
         dispatcher.record_probe(0, ProbeResult(freed_at, ok=True, busy=False))
     assert handed[-1] == ("waiter", freed_at)
@@ -498,3 +503,79 @@ def test_every_early_refusal_would_have_timed_out() -> None:
     refused = [number for number, outcome in enumerate(on) if outcome == "refused"]
     assert len(refused) >= 5, "the replay must exercise early refusals"
     assert [off[number] for number in refused] == ["timed out"] * len(refused)
+
+
+async def test_a_host_leased_elsewhere_goes_to_a_waiter_when_its_release_is_heard(autojump_clock) -> None:
+    # the hold used to end only at a probe (every 100 ms), which between two of the holder's
+    # jobs said free although the lease was still taken
+    dispatcher = make_dispatcher(1)
+    handed: list[float] = []
+
+    async def leased_elsewhere() -> None:
+        with pytest.raises(HostLeased):
+            async with dispatcher.worker(path=MEASURE) as lease:
+                with lease.forwarding(10):
+                    raise HostLeased(30.0)
+
+    async def waiter() -> None:
+        async with dispatcher.worker(path=MEASURE):
+            handed.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        await leased_elsewhere()
+        assert not dispatcher.pool.workers[0].awaiting_probe, "no probe is sent: only the lease can say"
+        nursery.start_soon(waiter)
+        await trio.sleep(0.5)
+        dispatcher.record_probe(0, ProbeResult(trio.current_time(), ok=True, busy=False))
+        dispatcher.record_probe(0, ProbeResult(trio.current_time() + 0.1, ok=True, busy=False))
+        await trio.testing.wait_all_tasks_blocked()
+        assert handed == [], "a free /health does not end another gateway's lease"
+        dispatcher.lease_released("http://elsewhere")
+        await trio.testing.wait_all_tasks_blocked()
+        assert handed == []
+        released_at = trio.current_time()
+        dispatcher.lease_released(URLS[0])
+    assert handed == [released_at]
+
+
+async def test_a_lease_heard_of_by_nobody_is_looked_at_again_within_the_recheck(autojump_clock) -> None:
+    dispatcher = make_dispatcher(1)
+    with pytest.raises(HostLeased):
+        async with dispatcher.worker(path=MEASURE) as lease:
+            with lease.forwarding(10):
+                raise HostLeased(30.0)  # its holder died, or its release was published unheard
+    left_at = trio.current_time()
+    async with dispatcher.worker(path=MEASURE):
+        waited = trio.current_time() - left_at
+    assert waited <= LEASE_RECHECK_SECONDS
+
+
+async def test_the_turn_says_whether_a_waiter_here_takes_the_host_next_and_if_it_was_impatient(
+    autojump_clock,
+) -> None:
+    dispatcher = make_dispatcher(2, queue_wait=8)
+    release = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(hold_worker, dispatcher, release, [])
+        await nursery.start(hold_worker, dispatcher, release, [])
+        assert dispatcher.turn(URLS[0]) == Turn(impatient=False, successor_waiting=False)
+        nursery.start_soon(hold_worker, dispatcher, release, [])
+        await trio.testing.wait_all_tasks_blocked()
+        assert dispatcher.turn(URLS[0]).successor_waiting, "a third request waits for either host"
+        release.set()
+    assert dispatcher.turn(URLS[0]) == Turn(), "nothing runs there"
+    # a waiter that waited past a quarter of its queue wait takes the host impatient
+    dispatcher.pool.release(0, trio.current_time(), busy_elsewhere=True)
+    dispatcher.pool.release(1, trio.current_time(), busy_elsewhere=True)
+    impatient: list[bool] = []
+
+    async def late() -> None:
+        async with dispatcher.worker(path=MEASURE) as lease:
+            impatient.append(lease.impatient)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(late)
+        await trio.sleep(0.1)
+        dispatcher.record_probe(0, ProbeResult(trio.current_time(), ok=True, busy=False))  # seen free, once
+        await trio.sleep(IMPATIENT_FRACTION * 8 + 1)
+    assert impatient == [True], "it took the host only seen free, and says so to the leases"

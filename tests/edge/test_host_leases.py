@@ -5,16 +5,52 @@ answer is the guard)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
+import trio.testing
 
 from cluster.launcher import free_port
 from edge.admission.shared_state import redis_client
-from edge.pool.host_leases import HostLeased, RedisHostLeases
+from edge.pool.host_leases import HANDOVER_GRACE_SECONDS, HostLeased, RedisHostLeases, Turn
 from tests.fakes.redis_server import RedisServer
 
 HOST = "http://gpu-1:8000"
+
+
+class Listener:
+    """The dispatcher as the leases see it: the turn of the forward at hand, releases heard."""
+
+    def __init__(self) -> None:
+        self.now = Turn()
+        self.heard: list[str | None] = []
+        self.subscribed = trio.Event()
+
+    def turn(self, url: str) -> Turn:
+        return self.now
+
+    def lease_released(self, url: str | None) -> None:
+        self.heard.append(url)
+        if url is None:
+            self.subscribed.set()
+
+
+@asynccontextmanager
+async def watched(*leases: RedisHostLeases) -> AsyncIterator[list[Listener]]:
+    """Each gateway's leases watching, with its listener."""
+    listeners = [Listener() for _ in leases]
+    async with trio.open_nursery() as nursery:
+        for lease, listener in zip(leases, listeners, strict=True):
+            await nursery.start(lease.watch, listener)
+            await listener.subscribed.wait()
+        yield listeners
+        nursery.cancel_scope.cancel()
+
+
+IMPATIENT = Turn(impatient=True)
+NEXT_WAITS = Turn(successor_waiting=True)
 
 
 async def test_a_host_leased_by_one_gateway_is_busy_to_another_until_given_back(redis_server: RedisServer) -> None:
@@ -84,3 +120,69 @@ async def test_a_lease_this_gateway_failed_to_give_back_is_taken_over_not_mistak
                 async with gateway_b.hold(HOST, 10):
                     pass
         assert await redis_a.exists([RedisHostLeases.PREFIX + HOST]) == 0
+
+
+async def test_a_lease_given_back_is_announced_to_every_gateway(redis_server: RedisServer) -> None:
+    # a gateway that found the host leased learned it was free only at its next probe (100 ms)
+    async with redis_client(redis_server.url) as redis_a, redis_client(redis_server.url) as redis_b:
+        assert redis_a is not None and redis_b is not None
+        gateway_a, gateway_b = RedisHostLeases(redis_a), RedisHostLeases(redis_b)
+        async with watched(gateway_b) as (listener,):
+            async with gateway_a.hold(HOST, 10):
+                with pytest.raises(HostLeased) as leased:
+                    async with gateway_b.hold(HOST, 10):
+                        pass
+                assert 9 < leased.value.seconds <= 11, "the other lease's time left bounds the hold"
+            with trio.fail_after(5):
+                while len(listener.heard) < 2:
+                    await trio.sleep(0.01)
+        assert listener.heard == [None, HOST], "None first: releases before the subscription may have been missed"
+
+
+async def test_a_lease_is_kept_across_a_hand_over_to_this_gateways_next_waiter(redis_server: RedisServer) -> None:
+    async with redis_client(redis_server.url) as redis_a, redis_client(redis_server.url) as redis_b:
+        assert redis_a is not None and redis_b is not None
+        gateway_a, gateway_b = RedisHostLeases(redis_a), RedisHostLeases(redis_b)
+        async with watched(gateway_a, gateway_b) as (listener_a, listener_b):
+            listener_a.now = NEXT_WAITS
+            async with gateway_a.hold(HOST, 10):
+                pass
+            ttl_ms = await redis_a.pttl(RedisHostLeases.PREFIX + HOST)
+            assert 0 < ttl_ms <= HANDOVER_GRACE_SECONDS * 1000, "kept, for the grace only"
+            with pytest.raises(HostLeased):
+                async with gateway_b.hold(HOST, 10):
+                    pass
+            listener_a.now = Turn()
+            async with gateway_a.hold(HOST, 10):
+                pass  # its next waiter takes it over, then gives it back
+            assert await redis_a.exists([RedisHostLeases.PREFIX + HOST]) == 0
+            assert listener_b.heard == [None, HOST], "announced once: when given back, not when kept"
+
+
+async def test_an_impatient_gateway_gets_the_host_its_holder_would_have_kept(redis_server: RedisServer) -> None:
+    # kept leases alone would leave a gateway without hosts for good while the others stay busy
+    async with (
+        redis_client(redis_server.url) as redis_a,
+        redis_client(redis_server.url) as redis_b,
+        redis_client(redis_server.url) as redis_c,
+    ):
+        assert redis_a is not None and redis_b is not None and redis_c is not None
+        holder, starved, third = RedisHostLeases(redis_a), RedisHostLeases(redis_b), RedisHostLeases(redis_c)
+        async with watched(holder, starved, third) as (holding, starving, _):
+            holding.now = NEXT_WAITS
+            async with holder.hold(HOST, 10):
+                starving.now = IMPATIENT
+                with pytest.raises(HostLeased):
+                    async with starved.hold(HOST, 10):
+                        pass
+            assert await redis_a.exists([RedisHostLeases.PREFIX + HOST]) == 0, "given back, not kept"
+            holding.now = Turn()
+            for patient in (holder, third):
+                with pytest.raises(HostLeased):
+                    async with patient.hold(HOST, 10):
+                        pass
+            starving.now = Turn()
+            async with starved.hold(HOST, 10):
+                pass  # reserved for the gateway that wanted it
+            async with third.hold(HOST, 10):
+                pass  # served: the mark is gone

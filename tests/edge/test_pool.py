@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from edge.pool.pool import Pool, ProbeResult, Thresholds, Transition
+from edge.pool.pool import FREE_CONFIRM_SECONDS, SHARED_MEMORY_SECONDS, Pool, ProbeResult, Thresholds, Transition
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 OK = ProbeResult(sent_at=0.0, ok=True)
@@ -161,11 +161,12 @@ def test_busy_report_counts_only_from_a_probe_sent_after_our_last_request(probe_
     assert (pool.select() is not None) is idle
 
 
-def test_a_later_free_probe_clears_a_busy_report() -> None:
+def test_later_free_probes_clear_a_busy_report() -> None:
     pool = online_pool(A)
     pool.record_probe(0, ProbeResult(1.0, ok=True, busy=True), now=1.0)
     assert pool.select() is None and pool.statistics().workers_busy == 1
     pool.record_probe(0, ProbeResult(2.0, ok=True, busy=False), now=2.0)
+    pool.record_probe(0, ProbeResult(2.0 + 2 * FREE_CONFIRM_SECONDS, ok=True, busy=False), now=2.1)
     assert pool.select() is not None
 
 
@@ -272,27 +273,109 @@ def test_a_departure_drains_the_worker_until_a_later_probe_or_the_timeout(probe,
     assert (pool.statistics().workers_busy == 1) is not idle
 
 
+FREE_AT = [ProbeResult(t, ok=True, busy=False) for t in (0.0, 0.01, FREE_CONFIRM_SECONDS, 0.2)]
+BUSY_AT = [ProbeResult(t, ok=True, busy=True) for t in (0.0, 0.01, FREE_CONFIRM_SECONDS, 0.2)]
+
+
 @pytest.mark.parametrize(
-    ("probe", "now", "idle"),
+    ("probes", "now", "idle", "seen_free"),
     [
-        (None, 0.0, False),  # busy from the very step that gave the lease back
-        (None, 3600.0, False),  # … and time alone never frees it: another gateway's job may be long
-        (ProbeResult(0.0, ok=True, busy=False), 0.1, True),  # a probe after the busy answer: free
-        (ProbeResult(0.0, ok=True, busy=True), 0.1, False),  # still running the other job
-        (ProbeResult(-0.5, ok=True, busy=False), 0.1, False),  # sent before the answer: stale
+        ([], 0.0, False, False),  # busy from the very step that gave the lease back
+        ([], 3600.0, False, False),  # … and time alone never frees it: another gateway's job may be long
+        # a probe after the busy answer says free: only seen free (the other gateway's next job
+        # may be on its way) until one FREE_CONFIRM_SECONDS later says so too
+        ([FREE_AT[0]], 0.1, False, True),
+        ([FREE_AT[0], FREE_AT[1]], 0.1, False, True),  # too soon after: not yet
+        ([FREE_AT[0], FREE_AT[2]], 0.08, True, False),
+        ([FREE_AT[0], BUSY_AT[1], FREE_AT[2]], 0.2, False, True),  # the other job began between: again
+        ([FREE_AT[0], BUSY_AT[1], FREE_AT[2], FREE_AT[3]], 0.22, True, False),
+        ([BUSY_AT[0]], 0.1, False, False),  # still running the other job
+        ([ProbeResult(-0.5, ok=True, busy=False)] * 2, 0.1, False, False),  # sent before the answer: stale
     ],
 )
-def test_a_busy_answer_holds_the_worker_until_a_later_probe_says_free(probe, now, idle) -> None:
+def test_a_busy_answer_holds_the_worker_until_probes_apart_say_free(probes, now, idle, seen_free) -> None:
     pool = online_pool(A, B)
     pool.lease(0, -1.0, path="/api/v1/hair/measure")
     pool.release(0, 0.0, busy_elsewhere=True)
     assert pool.select() is pool.workers[1], "nobody can be handed the busy worker"
-    if probe is not None:
+    for probe in probes:
         pool.record_probe(0, probe, now=now)
     pool.expire_holds(now)
     assert pool.workers[0].idle is idle
+    assert pool.workers[0].seen_free is seen_free
     assert pool.workers[0].awaiting_probe is not idle, "the prober follows it until it is free"
     assert pool.workers[0].online, "busy elsewhere is not a failure"
+
+
+def test_a_seen_free_worker_goes_only_to_who_asks_for_one_and_is_then_ours() -> None:
+    pool = online_pool(A)
+    pool.lease(0, -1.0)
+    pool.release(0, 0.0, busy_elsewhere=True)
+    pool.record_probe(0, FREE_AT[0], now=0.01)
+    assert pool.select() is None, "a patient waiter defers to the other gateway's next job"
+    taken = pool.select(seen_free=True)
+    assert taken is pool.workers[0]
+    pool.lease(0, 0.02)
+    assert not taken.reported_busy and taken.leased
+    pool.release(0, 0.3)
+    assert pool.select() is taken, "our own answer says it is free: no second look needed"
+
+
+@pytest.mark.parametrize(
+    ("shared", "now", "idle"),
+    [
+        (False, 3600.0, True),  # one gateway alone: its own answer says free for as long as it likes
+        (True, 10.0 + FREE_CONFIRM_SECONDS / 2, True),  # fresh: nobody else could have confirmed it free yet
+        (True, 10.0 + 2 * FREE_CONFIRM_SECONDS, False),  # stale: another gateway may have it by now
+        (True, 10.0 + SHARED_MEMORY_SECONDS + 1, True),  # not found busy elsewhere for long: not shared any more
+    ],
+)
+def test_a_shared_worker_idle_on_stale_knowledge_is_looked_at_again(shared, now, idle) -> None:
+    # a gateway sent uploads to hosts it had last seen free long before (its own answer,
+    # or the probe that confirmed it): others had taken them since, and they refused
+    pool = online_pool(A)
+    if shared:
+        pool.lease(0, -1.0)
+        pool.release(0, 0.0, busy_elsewhere=True)
+        pool.record_probe(0, ProbeResult(0.1, ok=True, busy=False), now=0.1)
+        pool.record_probe(0, ProbeResult(0.2, ok=True, busy=False), now=0.2)
+    pool.lease(0, 9.0)
+    pool.release(0, 10.0)
+    assert pool.expire_holds(now) == ([] if idle else [0]), "a stale one is returned: someone must look"
+    assert pool.workers[0].idle is idle
+    assert pool.workers[0].awaiting_probe is not idle
+
+
+@pytest.mark.parametrize(
+    ("event", "idle"),
+    [
+        ("nothing", False),
+        ("free probes", False),  # the holder keeps it between its jobs: the lease says more than /health
+        ("released", True),
+        ("another released", False),
+        ("releases missed", True),  # a (re)subscription: any release may have gone unheard
+        ("lease time up", True),
+    ],
+)
+def test_a_host_leased_elsewhere_is_held_until_its_release_is_announced_or_its_time_is_up(event, idle) -> None:
+    pool = online_pool(A, B)
+    pool.lease(0, -1.0)
+    pool.release(0, 0.0, leased_elsewhere_seconds=1.0)
+    assert pool.select() is pool.workers[1] and not pool.workers[0].awaiting_probe, "no probe can end it"
+    now = 0.5
+    if event == "free probes":
+        for probe in FREE_AT:
+            pool.record_probe(0, probe, now=now)
+    elif event == "released":
+        assert pool.lease_released(A)
+    elif event == "another released":
+        assert not pool.lease_released(B)
+    elif event == "releases missed":
+        assert pool.lease_released(None)
+    elif event == "lease time up":
+        now = 1.0
+    pool.expire_holds(now)
+    assert pool.workers[0].idle is idle
 
 
 def test_with_nothing_online_a_worker_may_return_after_its_cooldown_or_the_next_probe() -> None:
@@ -303,3 +386,31 @@ def test_with_nothing_online_a_worker_may_return_after_its_cooldown_or_the_next_
     assert pool.seconds_until_one_may_return(69.0, probe_interval_seconds=8) == 8, "the next probe at the soonest"
     unprobed = Pool([A])  # never online, never ejected: the next probe may bring it
     assert unprobed.seconds_until_one_may_return(0.0, probe_interval_seconds=8) == 8
+
+
+@pytest.mark.parametrize(
+    ("leases_shared", "events", "idle"),
+    [
+        (False, ["free"], False),  # /health alone: a second look must confirm it
+        (True, ["free"], True),  # the lease guards the forward: one free probe does
+        (True, ["released"], True),  # the holder's release announced: the job the probe saw is over
+        (False, ["free", "free later", "much later"], False),  # stale knowledge of a shared host …
+        (True, ["free", "much later"], True),  # … is the lease's business with Redis
+    ],
+)
+def test_with_shared_leases_the_lease_not_health_guards_a_forward(leases_shared, events, idle) -> None:
+    pool = online_pool(A)
+    pool.leases_shared = leases_shared
+    pool.record_probe(0, ProbeResult(1.0, ok=True, busy=True), now=1.0)  # another gateway's job
+    now = 1.0
+    for event in events:
+        if event == "free":
+            pool.record_probe(0, ProbeResult(1.1, ok=True, busy=False), now=1.1)
+        elif event == "free later":
+            pool.record_probe(0, ProbeResult(1.2, ok=True, busy=False), now=1.2)
+        elif event == "released":
+            assert pool.lease_released(A)
+        else:
+            now = 5.0
+    pool.expire_holds(now)
+    assert pool.workers[0].idle is idle

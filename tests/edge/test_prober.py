@@ -10,8 +10,8 @@ import trio
 import trio.testing
 
 from edge.pool.dispatch import Dispatcher
-from edge.pool.pool import Pool, Thresholds
-from edge.pool.prober import HealthAnswer, Prober, judge
+from edge.pool.pool import FREE_CONFIRM_SECONDS, Pool, Thresholds
+from edge.pool.prober import HELD_PROBE_INTERVAL_SECONDS, HealthAnswer, Prober, judge
 
 URLS = ["http://w0", "http://w1", "http://w2"]
 
@@ -97,13 +97,34 @@ async def test_worker_going_down_then_up_is_logged_on_transitions_only(autojump_
     assert [r.levelname for r in caplog.records] == ["INFO", "WARNING", "INFO"]
 
 
-async def test_busy_health_keeps_a_worker_from_dispatch_until_a_later_probe(autojump_clock) -> None:
+async def test_busy_health_keeps_a_worker_from_dispatch_until_later_probes(autojump_clock) -> None:
     prober, dispatcher, fakes = make({URLS[0]: HealthAnswer(200, b'{"busy": true}')})
     await prober.probe_all()
     assert dispatcher.pool.workers[0].online and dispatcher.pool.select() is None
     fakes.answers[URLS[0]] = HEALTHY
     await prober.probe_all()
+    assert dispatcher.pool.select() is None, "free once: another gateway's next job may be on its way"
+    await trio.sleep(FREE_CONFIRM_SECONDS)
+    await prober.probe_all()
     assert dispatcher.pool.select() is not None
+
+
+async def test_a_round_that_finds_a_host_busy_has_it_followed_and_confirmed_free(autojump_clock) -> None:
+    # a round's busy answer held the worker for a whole interval: nobody followed it
+    prober, dispatcher, fakes = make({URLS[0]: HealthAnswer(200, b'{"busy": true}')})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(prober.run)
+        assert dispatcher.pool.select() is None
+        await trio.sleep(0.25)
+        fakes.answers[URLS[0]] = HEALTHY
+        freed_at = trio.current_time()
+        while dispatcher.pool.select() is None:
+            await trio.sleep(0.001)
+        waited = trio.current_time() - freed_at
+        nursery.cancel_scope.cancel()
+    assert waited <= HELD_PROBE_INTERVAL_SECONDS + FREE_CONFIRM_SECONDS + 0.01, "followed, not left to the next round"
+    probes = [at for url, at in fakes.calls if url.startswith(URLS[0])]
+    assert 4 <= len(probes) <= 6, "the round, every 100 ms while busy, then one look to confirm"
 
 
 async def test_probe_does_not_wait_for_a_worker_serving_a_request(autojump_clock) -> None:
