@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.contract import GENERATOR_PREVIEW, Code, ContractError
+from shared.contract import GENERATOR_PREVIEW, MSG_NO_HAIRLINE_TO_LOWER, Code, ContractError
 from shared.options import INPAINT_MASK_KEY, INPAINT_MASK_OPTION
 from shared.settings import AnalysisSettings
 
@@ -235,11 +235,7 @@ def mark(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: Analy
         design = designs.marked_hairline(points)
         caption = "marked hairline"
     elif not designs.has_hairline(found.hairline):
-        raise ContractError(
-            Code.INVALID_PARAMETER,
-            f"未检测到可下移的发际线（状态：{found.hairline.status}），无法使用 drop_mm；"
-            "请改用 hairline_points 标记发际线",
-        )
+        raise ContractError(Code.INVALID_PARAMETER, MSG_NO_HAIRLINE_TO_LOWER.format(status=found.hairline.status))
     else:
         design = designs.lowered_hairline(found.face, found.hairline, found.calibration, options["drop_mm"])
         caption = f"hairline lowered {options['drop_mm']:.1f} mm"

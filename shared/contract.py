@@ -81,6 +81,10 @@ MSG_REFUSED_BY_HOST = "后端拒绝了该请求（HTTP {status}），请检查�
 MSG_RATE_LIMITED = "请求过于频繁，请稍后重试"  # 1007, with Retry-After
 MSG_IDEMPOTENCY_KEY_REUSED = "Idempotency-Key 已用于不同的请求"  # 1001
 MSG_IDEMPOTENCY_KEY_INVALID = "Idempotency-Key 无效：须为 1–128 个可打印 ASCII 字符"  # 1001
+# 1001 from mark: `drop_mm` needs a hairline to lower (no_hairline, occluded: the client draws one)
+MSG_NO_HAIRLINE_TO_LOWER = (
+    "未检测到可下移的发际线（状态：{status}），无法使用 drop_mm；请改用 hairline_points 标记发际线"
+)
 
 # Endpoint 4 (the gateway's vision LLM), 1007 with Retry-After.
 MSG_FEATURES_NOT_CONFIGURED = "面部特征分析未配置"
