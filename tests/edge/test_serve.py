@@ -18,13 +18,15 @@ import trio.testing
 from hypercorn.config import Config
 from hypercorn.protocol.h11 import H11Protocol
 
+from cluster.launcher import free_port
 from edge.main import serve
 from edge.web.server import GatewayConfig, GatewayH11Protocol
 from shared.contract import Code, envelope
 from shared.http_server import HTTP1Protocol
 from tests.edge.conftest import PHOTO, PHOTO_BODY, make_settings
 
-GATEWAY_PORT = 18150
+# One free port per test process (a fixed one clashed when two runs of the suite met).
+GATEWAY_PORT = free_port()
 MEASURE = "/api/v1/hair/measure"
 
 
