@@ -8,7 +8,8 @@ waits for a request to finish.
 
 Beside the rounds, a worker whose forward was abandoned (its client left), or that
 answered a forward "busy" (another gateway's job), is probed at once and then every
-`HELD_PROBE_INTERVAL_SECONDS` until a probe says it is free (a worker busy elsewhere:
+`HELD_PROBE_INTERVAL_SECONDS` (a worker busy elsewhere for over `HELD_FAST_SECONDS`:
+every `HELD_SLOW_PROBE_INTERVAL_SECONDS`) until a probe says it is free (a worker busy elsewhere:
 twice, `FREE_CONFIRM_SECONDS` apart, the second look sent that soon), so the GPU serves
 the next request within a probe's round trip of being free.
 Each probe also keeps the host's deep `checks` and its `inference_timeout_seconds`; a
@@ -38,6 +39,11 @@ log = logging.getLogger("edge.pool")
 ProbeFunction = Callable[[str, float], Awaitable[HealthAnswer]]
 
 HELD_PROBE_INTERVAL_SECONDS = 0.1  # gateway.md § Scheduling, § Several gateways: at once, then every 100 ms
+# A host busy elsewhere for longer than this (another gateway keeps it, job after job) is
+# looked at every HELD_SLOW_PROBE_INTERVAL_SECONDS instead: 3 gateways x 10 probes a second
+# on every host they do not hold took the CPU the jobs needed. A drain keeps 100 ms.
+HELD_FAST_SECONDS = 1.0
+HELD_SLOW_PROBE_INTERVAL_SECONDS = 0.4
 
 
 def judge(answer: HealthAnswer, sent_at: float) -> ProbeResult:
@@ -128,10 +134,13 @@ class Prober:
         is free, a drain ran out, it was leased again, or it went offline or was removed)."""
         worker = self._dispatcher.pool.workers[index]
         try:
-            next_probe = trio.current_time()
+            next_probe = began = trio.current_time()
             while worker.awaiting_probe and worker.online:
                 await self._probe_one(index, worker.url)
-                next_probe = max(next_probe + HELD_PROBE_INTERVAL_SECONDS, trio.current_time())
+                step = HELD_PROBE_INTERVAL_SECONDS
+                if worker.draining_until is None and trio.current_time() - began >= HELD_FAST_SECONDS:
+                    step = HELD_SLOW_PROBE_INTERVAL_SECONDS  # kept by another gateway: look less often
+                next_probe = max(next_probe + step, trio.current_time())
                 if worker.free_seen_at is not None:  # seen free once: the look that confirms it comes sooner
                     next_probe = max(worker.free_seen_at + FREE_CONFIRM_SECONDS, trio.current_time())
                 await trio.sleep_until(min(next_probe, worker.draining_until or next_probe))

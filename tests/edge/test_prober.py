@@ -11,7 +11,14 @@ import trio.testing
 
 from edge.pool.dispatch import Dispatcher
 from edge.pool.pool import FREE_CONFIRM_SECONDS, Pool, Thresholds
-from edge.pool.prober import HELD_PROBE_INTERVAL_SECONDS, HealthAnswer, Prober, judge
+from edge.pool.prober import (
+    HELD_FAST_SECONDS,
+    HELD_PROBE_INTERVAL_SECONDS,
+    HELD_SLOW_PROBE_INTERVAL_SECONDS,
+    HealthAnswer,
+    Prober,
+    judge,
+)
 
 URLS = ["http://w0", "http://w1", "http://w2"]
 
@@ -233,3 +240,17 @@ async def test_a_departure_is_probed_at_once_then_every_100_ms_until_free(autoju
         nursery.cancel_scope.cancel()
     probed = [round(at - departed_at, 3) for _, at in fakes.calls]
     assert probed == [0, 0.1, 0.2, 0.3, 0.4], "at once, then every 100 ms, and no more once free"
+
+
+async def test_a_host_kept_busy_elsewhere_is_looked_at_less_often_after_a_while(autojump_clock) -> None:
+    # 3 gateways x 10 probes a second on every host another gateway kept took the CPU the jobs needed
+    prober, dispatcher, fakes = make({URLS[0]: HealthAnswer(200, b'{"busy": true}')})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(prober.run)
+        await trio.sleep(3.0)
+        nursery.cancel_scope.cancel()
+    probes = [at for url, at in fakes.calls if url.startswith(URLS[0])]
+    fast = HELD_FAST_SECONDS / HELD_PROBE_INTERVAL_SECONDS
+    slow = (3.0 - HELD_FAST_SECONDS) / HELD_SLOW_PROBE_INTERVAL_SECONDS
+    assert len(probes) <= 1 + fast + slow + 2, "every 100 ms for the first second, then every 400 ms"
+    assert dispatcher.pool.select() is None
