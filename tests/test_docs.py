@@ -32,6 +32,11 @@ _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _MD_NAME = re.compile(r"(?<![\w/.-])([\w./-]+\.md)\b")
 
 
+def _ignored_by_git(path: Path) -> bool:
+    """A file made locally (e.g. docs/pictures/) that a fresh clone does not have."""
+    return subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=REPO).returncode == 0
+
+
 def _text(path: Path) -> str:
     return path.read_text(encoding="utf-8")
 
@@ -58,6 +63,8 @@ def test_every_link_and_named_document_exists(document: Path) -> None:
         linked = document.parent / path if path else document
         if not linked.exists():
             missing.append(f"link {target}")
+        elif _ignored_by_git(linked):
+            missing.append(f"link {target} (git-ignored: not in a clone)")
         elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
             missing.append(f"anchor {target}")
     for name in set(_MD_NAME.findall(text)):
