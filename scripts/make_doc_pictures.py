@@ -12,8 +12,11 @@ endpoints in-process (`run_endpoint`, the default models, no ComfyUI): `mark` wi
 `drop_mm` gives the marked line and the built-in preview; `measure` gives the face box the
 head is cropped to. Written per photo and drop: `preview_<photo>_<drop>mm.jpg`, three
 panels side by side: the photo, the marked line, the preview. A photo without a hairline to
-lower (`occluded`, `no_hairline`: `mark` refuses `drop_mm`, nothing is grown) gets
-`measure_<photo>.jpg` instead: the photo and what `measure` draws, whole.
+lower (`occluded`, `no_hairline`: `mark` refuses `drop_mm`, nothing is grown) gets instead
+`measure_<photo>.jpg`, the photo and what `measure` draws, whole, and
+`mark_points_<photo>.jpg`: the photo and `mark` with `hairline_points`, a line a client
+might draw (`client_line`: `BELOW_FRINGE_MM` under the lowest hair above the brows, from
+brow end to brow end), beside the preview where one is grown.
 
 Beside the texture table (issue 27), where `--photos` exists: per labelled photo whose shown
 plan (`bench_preview.shown_plan`) lowers the line, `<photo>.jpg` in `--crops`, the hairline
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,8 +43,9 @@ from skimage import data
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.drawing.preview import grown_edge
-from analysis.endpoints import run_endpoint
-from analysis.models import load_models
+from analysis.endpoints import analyse, run_endpoint
+from analysis.models import Models, load_models
+from analysis.types import LandmarkId
 from scripts.bench_preview import DEFAULT_PHOTOS, grown_photos
 from shared.options import parse_options
 from shared.settings import AnalysisSettings
@@ -50,6 +55,8 @@ DEFAULT_OUT = DOCS / "images"
 DEFAULT_CROPS = DOCS / "pictures"
 CROP_HEIGHT = 240  # px of a crop pair: a band of a few mm at 2-10 px per mm, enlarged to be seen
 CROP_QUALITY = 85
+BELOW_FRINGE_MM = 3.0  # the client's line: just under the fringe, on the forehead it hides nothing of
+CLIENT_LINE_POINTS = 9
 HALF_WIDTH_MM, ABOVE_MM, BELOW_MM = 22.0, 8.0, 5.0  # the crop: the deepest drop, the hair lent, the new edge
 DROPS_MM = (4, 8)
 PANEL_HEIGHT = 300  # px of each picture: the heads are ~150 px tall in the photos, shown 2x
@@ -78,6 +85,28 @@ def head_box(measured: dict[str, Any], shape: tuple[int, ...]) -> tuple[int, int
     left, right = max(0, x - width // 3), min(shape[1], x + width + width // 3)
     top, bottom = max(0, y - int(0.6 * height)), min(shape[0], y + int(0.45 * height))
     return left, top, right, bottom
+
+
+def client_line(rgb: np.ndarray, models: Models, limits: AnalysisSettings) -> list[list[float]]:
+    """A line a client might draw where the hairline is hidden: from brow end to brow end,
+    `BELOW_FRINGE_MM` under the hair's lower edge (per column the lowest hair pixel above the
+    brows, a parabola through them to smooth its strands), never below the brows."""
+    found = analyse(rgb, models, limits)
+    brows = found.face.points[[*LandmarkId.LEFT_BROW_UPPER, *LandmarkId.RIGHT_BROW_UPPER]]
+    brows = brows[np.argsort(brows[:, 0])]
+    xs = np.linspace(brows[0, 0], brows[-1, 0], CLIENT_LINE_POINTS)
+    brow_ys = np.interp(xs, brows[:, 0], brows[:, 1])
+    hair = found.segmentation.hair & found.segmentation.person
+    edge = [
+        (x, rows.max())
+        for x, y in zip(xs, brow_ys, strict=True)
+        if (rows := np.nonzero(hair[: int(y), round(x)])[0]).size
+    ]
+    assert len(edge) >= 3, "no hair above the brows to draw a line under"
+    columns, rows_at_edge = np.asarray(edge, dtype=float).T
+    fitted = np.polyval(np.polyfit(columns, rows_at_edge, 2), xs)
+    ys = np.minimum(fitted + BELOW_FRINGE_MM / found.calibration.mm_per_px, brow_ys - 1.0)
+    return [[round(float(x), 1), round(float(y), 1)] for x, y in zip(xs, ys, strict=True)]
 
 
 def picture(panels: list[np.ndarray], box: tuple[int, int, int, int], height: int = PANEL_HEIGHT) -> Image.Image:
@@ -144,6 +173,15 @@ def main() -> None:
                     path, quality=QUALITY
                 )
                 print(f"{path} (segmenter {measured['segmenter']}, hairline {status}: nothing to grow)")
+                points = json.dumps(client_line(rgb, models, limits))
+                marked = run_endpoint(
+                    "mark", upload, parse_options("mark", {"hairline_points": points}), models, limits
+                )
+                grown = marked["grown_image_base64"]
+                panels = [rgb, decoded(marked["marked_image_base64"])] + ([] if grown is None else [decoded(grown)])
+                path = args.out / f"mark_points_{name}.jpg"
+                picture(panels, box).save(path, quality=QUALITY)
+                print(f"{path} (hairline_points {points}, preview {grown is not None})")
                 continue
             for drop in DROPS_MM:
                 marked = run_endpoint("mark", upload, parse_options("mark", {"drop_mm": str(drop)}), models, limits)
