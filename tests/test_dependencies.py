@@ -36,6 +36,17 @@ MAKE_DRY_RUN = [
     "--no-print-directory",
 ]
 PACKAGES = ("edge", "gpu_host", "shared", "cluster", "analysis")
+
+
+def make_plan(*arguments: str) -> str:
+    """What `make -n ARGUMENTS` would run (skips where make is not installed)."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed here")
+    result = subprocess.run([*MAKE_DRY_RUN, "-n", *arguments], cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 PROJECT = "hairgate"
 
 
@@ -113,17 +124,8 @@ def test_the_wheel_holds_every_sub_package_and_the_data_files_without_setuptools
 
 
 def test_make_test_lints_and_type_checks_first_and_says_why_tests_skipped() -> None:
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed here")
-    result = subprocess.run(
-        [*MAKE_DRY_RUN, "-n", "-o", ".venv/.installed", "test"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    plan = make_plan("-o", ".venv/.installed", "test")
+    lines = plan.splitlines()
     ruff_check = lines.index(".venv/bin/ruff check .")
     ruff_format = lines.index(".venv/bin/ruff format --check .")
     mypy = next(index for index, line in enumerate(lines) if line.endswith("/bin/mypy"))
@@ -147,15 +149,7 @@ def test_make_install_installs_the_lock_hash_checked_with_the_torch_build_asked_
         ("cpu", [fresh, f"TORCH_INDEX={cpu_index}"]),
         ("asked", [fresh, "TORCH=cpu"]),
     ):
-        result = subprocess.run(
-            [*MAKE_DRY_RUN, "-n", "-B", "install", *variables],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert result.returncode == 0, result.stderr
-        lines = result.stdout.splitlines()
+        lines = make_plan("-B", "install", *variables).splitlines()
         hash_checked = [line for line in lines if "--require-hashes" in line]
         # the locked installer first: it installs the rest
         assert hash_checked[0].endswith("--require-hashes -r requirements/installer.txt"), lines
@@ -178,14 +172,5 @@ def test_make_lint_runs_ruff_with_the_houses_rules() -> None:
     assert "ruff" in {
         canonicalize_name(Requirement(text).name) for text in project["project"]["optional-dependencies"]["test"]
     }
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed here")
-    result = subprocess.run(
-        [*MAKE_DRY_RUN, "-n", "-o", ".venv/.installed", "lint"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert result.returncode == 0, result.stderr
-    assert [line.split("/")[-1] for line in result.stdout.splitlines()] == ["ruff check .", "ruff format --check ."]
+    plan = make_plan("-o", ".venv/.installed", "lint")
+    assert [line.split("/")[-1] for line in plan.splitlines()] == ["ruff check .", "ruff format --check ."]

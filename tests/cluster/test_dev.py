@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -16,7 +15,7 @@ from cluster.dev import banner, holding, prepare, supervise
 from cluster.launcher import REPO_ROOT, Service, free_port
 from shared.settings import load_settings
 from tests.gpu_host.processes import is_running
-from tests.test_dependencies import MAKE_DRY_RUN
+from tests.test_dependencies import make_plan
 
 
 def test_prepare_writes_settings_both_roles_accept_and_a_private_token(tmp_path: Path) -> None:
@@ -85,18 +84,9 @@ def test_every_dev_option_explains_itself_and_shows_its_default() -> None:
 
 
 def test_make_run_passes_its_ports_and_config_to_hairgate_dev() -> None:
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed here")
     variables = ["PORT=18080", "METRICS_PORT=19464", "WORKER_PORT=28300", "WORKERS=3", "CONFIG=my.toml"]
-    result = subprocess.run(
-        [*MAKE_DRY_RUN, "-n", "-o", ".venv/.installed", "run", *variables],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert result.returncode == 0, result.stderr
-    command = " ".join(result.stdout.replace("\\\n", " ").split())
+    plan = make_plan("-o", ".venv/.installed", "run", *variables)
+    command = " ".join(plan.replace("\\\n", " ").split())
     assert (
         "hairgate dev --config my.toml --workers 3 --port 18080 --metrics-port 19464 --first-worker-port 28300"
     ) in command
