@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import cast
 
 import coredis
 import pytest
@@ -459,24 +460,48 @@ async def test_sqlite_records_survive_a_restart(tmp_path: Path) -> None:
     assert outcome == Outcome(Result.REPLAYED, job.response)
 
 
+class _PurgeRounds:
+    """A store whose finished purge rounds the test can wait for (each purge runs in a thread)."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+        self.finished = 0
+        self._changed = trio.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def purge(self, max_entries: int) -> None:
+        await self._store.purge(max_entries)
+        self.finished += 1
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_rounds(self, count: int) -> None:
+        target = self.finished + count
+        while self.finished < target:
+            await self._changed.wait()
+
+
 async def test_sqlite_records_expire_and_are_purged(tmp_path: Path, autojump_clock) -> None:
-    # Hours, not seconds: the mock clock may jump a few seconds while a store thread runs.
-    store = await SqliteStore.open(tmp_path / "i.sqlite3", trio_clock)
-    async with serving(store, ttl_seconds=3600, purge_interval_seconds=600) as idempotency:
+    # The records' clock is the test's; the mock clock only paces the purge rounds, so a round
+    # that runs in a thread while the mock clock jumps cannot race the records' expiry.
+    now = [0.0]
+    store = await SqliteStore.open(tmp_path / "i.sqlite3", lambda: now[0])
+    rounds = _PurgeRounds(store)
+    async with serving(cast(IdempotencyStore, rounds), ttl_seconds=3600, purge_interval_seconds=600) as idempotency:
         await idempotency.execute("order-10", FP, Job())
-        await trio.sleep(3000)
+        now[0] = 3000.0
+        await rounds.wait_rounds(2)  # the first may have read the clock before it moved
+        kept = await trio.to_thread.run_sync(_row_count, store)
         assert (await idempotency.execute("order-10", FP, Job())).result is Result.REPLAYED
-        await trio.sleep(1300)  # past the TTL, and past a purge round after it
-        # the purge runs in a thread, during which the mock clock may jump: allow a few rounds
-        for _ in range(5):
-            rows = await trio.to_thread.run_sync(_row_count, store)
-            if rows == 0:
-                break
-            await trio.sleep(600)
+        now[0] = 3700.0  # past the TTL
+        await rounds.wait_rounds(2)
+        purged = await trio.to_thread.run_sync(_row_count, store)
         again = Job(answer("again"))
         assert await idempotency.execute("order-10", FP, again) == Outcome(Result.STORED, again.response)
     await store.aclose()
-    assert rows == 0
+    assert (kept, purged) == (1, 0)
 
 
 async def test_sqlite_keeps_max_entries_on_insert_before_any_purge(tmp_path: Path) -> None:
