@@ -20,13 +20,19 @@ A (re)subscription reports `None`: a release published while nobody listened may
 been missed, so every such hold ends.
 
 A gateway whose next waiter will take the host at once (`Listener.turn`) keeps the lease
-across that local hand-over (for `HANDOVER_GRACE_SECONDS`; the next forward takes it
-over): no other gateway's process has to wake up between two jobs. Unless another gateway
-*wants* the host: one whose waiter has waited too long (the dispatcher's rule) and found
-the host leased marks it wanted (`hairgate:wants:<url>`, for `WANT_SECONDS`); the holder
-then gives it back instead of keeping it, and until that mark ends only the gateway that
-set it may take the host. So hosts stay where they are while every gateway is served,
-and move to one that is not.
+across that local hand-over without a round trip: the lease stays in Redis as it is (it
+still has the margin of its attempt's timeout), the next forward there starts at once and
+extends it (`PEXPIRE`, only if still its own) in the background; a lease kept that no
+forward here takes over within `HANDOVER_GRACE_SECONDS` is given back (and announced).
+So no other gateway's process has to wake up between two jobs, and no Redis round trip
+lies between a job's answer and the next job here. Unless another gateway *wants* the
+host: one whose waiter has waited too long (the dispatcher's rule) and found the host
+leased marks it wanted (`hairgate:wants:<url>`, for `WANT_SECONDS`) and announces that
+on `hairgate:host-wanted`; the holder, which hears it (or learns it from its next
+extension's answer, for an announcement missed), gives the host back at the end of its
+forward instead of keeping it, and until that mark ends only the gateway that set it may
+take the host. So hosts stay where they are while every gateway is served, and move to
+one that is not.
 
 Without shared state `NO_HOST_LEASES` holds nothing and costs no round trip.
 """
@@ -43,6 +49,7 @@ from typing import Protocol
 
 import coredis
 import trio
+from coredis.commands import Script
 
 from edge.admission.shared_state import REDIS_ERRORS
 from edge.pool.failures import WorkerBusy
@@ -57,7 +64,9 @@ LEASE_CALL_SECONDS = 1.0
 
 # Where a lease given back is announced (the message: the host's URL).
 RELEASE_CHANNEL = "hairgate:host-released"
-# A lease kept for this gateway's next waiter lasts this long if that forward never comes.
+# Where a mark of a host wanted is announced (the message: the marking gateway's prefix, then the URL).
+WANTED_CHANNEL = "hairgate:host-wanted"
+# A lease kept for this gateway's next waiter is given back if no forward here takes it over so soon.
 HANDOVER_GRACE_SECONDS = 0.5
 # A host marked wanted by an impatient gateway stays reserved for it this long (it renews
 # the mark each time it finds the host leased, at least every LEASE_RECHECK of dispatch.py).
@@ -67,37 +76,46 @@ WANT_SECONDS = 1.5
 RESUBSCRIBE_SECONDS = 1.0
 
 # KEYS: the host's lease, its wanted mark. ARGV: this holder's token, its gateway's prefix,
-# the lease in ms, "1" when impatient, the mark's ms. Free (and not wanted by another), or
-# still this gateway's own: take it. Returns -1 when taken, else the milliseconds before
-# another gateway's lease (or mark) ends; an impatient gateway refused marks it wanted.
+# the lease in ms, "1" when impatient, the mark's ms, the wanted channel, the host's URL.
+# Free (and not wanted by another), or still this gateway's own: take it. Returns -1 when
+# taken, else the milliseconds (>= 0) before another gateway's lease (or mark) ends; an
+# impatient gateway refused marks the host wanted and announces it.
 _ACQUIRE = """
 local held = redis.call('GET', KEYS[1])
 local wanted = redis.call('GET', KEYS[2])
 local mine = ARGV[2]
 if held and string.sub(held, 1, string.len(mine)) ~= mine then
-  if ARGV[4] == '1' and (not wanted or wanted == mine) then redis.call('SET', KEYS[2], mine, 'PX', ARGV[5]) end
-  return redis.call('PTTL', KEYS[1])
+  if ARGV[4] == '1' and (not wanted or wanted == mine) then
+    redis.call('SET', KEYS[2], mine, 'PX', ARGV[5])
+    redis.call('PUBLISH', ARGV[6], mine .. ARGV[7])
+  end
+  return math.max(redis.call('PTTL', KEYS[1]), 0)
 end
-if wanted and wanted ~= mine and ARGV[4] ~= '1' then return redis.call('PTTL', KEYS[2]) end
+if wanted and wanted ~= mine and ARGV[4] ~= '1' then return math.max(redis.call('PTTL', KEYS[2]), 0) end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 if wanted == mine then redis.call('DEL', KEYS[2]) end
 return -1
 """
 # KEYS: the host's lease, its wanted mark. ARGV: this holder's token, its gateway's prefix,
-# the channel, the host's URL, "1" when its next waiter takes the host, the grace in ms.
-# Only its own lease: kept for the next waiter unless another gateway wants the host (2),
-# else deleted and announced (1); 0: not ours any more.
+# the lease in ms. A kept lease taken over by the next forward: extended if still its own
+# (never re-created: a release of its own may have come first). Returns -2 when not its
+# own any more, -1 when extended, else the ms another gateway's mark on the host has left.
+_EXTEND = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -2 end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local wanted = redis.call('GET', KEYS[2])
+if wanted and wanted ~= ARGV[2] then return math.max(redis.call('PTTL', KEYS[2]), 0) end
+return -1
+"""
+# KEYS: the host's lease. ARGV: this holder's token, the channel, the host's URL. Only its
+# own lease: deleted and announced (1); 0: not its own any more.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-local wanted = redis.call('GET', KEYS[2])
-if ARGV[5] == '1' and (not wanted or wanted == ARGV[2]) then
-  redis.call('PEXPIRE', KEYS[1], ARGV[6])
-  return 2
-end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[3], ARGV[4])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
+_TAKEN, _NOT_OURS = -1, -2
 
 
 class HostLeased(WorkerBusy):
@@ -152,6 +170,14 @@ class NoHostLeases:
 NO_HOST_LEASES = NoHostLeases()
 
 
+@dataclass(eq=False)
+class _Held:
+    """A lease this gateway holds (or believes it holds) on one host."""
+
+    token: bytes
+    ours: bool = True  # False: Redis did not take it, or says it is no longer ours
+
+
 class RedisHostLeases:
     """Host leases under `hairgate:host:<url>` in the shared Redis."""
 
@@ -162,8 +188,12 @@ class RedisHostLeases:
         self._redis = redis
         self._gateway = secrets.token_hex(8) + ":"  # this process: every lease it takes starts so
         self._acquire_script = redis.register_script(_ACQUIRE)
-        self._release = redis.register_script(_RELEASE)
+        self._extend_script = redis.register_script(_EXTEND)
+        self._release_script = redis.register_script(_RELEASE)
         self._listener: Listener | None = None
+        self._background: trio.Nursery | None = None  # while watching: extensions, kept leases' graces
+        self._kept: dict[str, _Held] = {}  # url -> a lease kept for the next forward here
+        self._wanted_until: dict[str, float] = {}  # url -> when another gateway's mark on it ends (trio clock)
         self._failures = FailureLog(log, "主机租约 Redis 不可用，由 GPU 主机的忙碌回答把关")
 
     @asynccontextmanager
@@ -172,60 +202,125 @@ class RedisHostLeases:
         holds it (or it is wanted by another). Given back at the end unless this gateway's
         next waiter takes it over (see the module docstring)."""
         keys = [self.PREFIX + url, self.WANTS + url]
-        token = (self._gateway + secrets.token_hex(8)).encode()
         lease_ms = math.ceil((timeout_seconds + timeout_margin_seconds(timeout_seconds)) * 1000)
-        left_ms = await self._acquire(
-            keys, [token, self._gateway, lease_ms, _flag(self._turn(url).impatient), _ms(WANT_SECONDS)]
-        )
-        if left_ms is not None and left_ms >= 0:
-            raise HostLeased(left_ms / 1000)
+        held = self._kept.pop(url, None)
+        if held is not None and self._background is not None:  # kept for this forward: no round trip first
+            self._background.start_soon(self._extend, url, keys, held, lease_ms)
+        else:
+            held = await self._take(url, keys, lease_ms)
+        keep = False
         try:
             yield
+            keep = held.ours and self._keeps(url)  # an answer came: the next job may go there at once
         finally:
-            # shielded: a client that left (cancellation) must not leave the host leased
-            with trio.CancelScope(shield=True), trio.move_on_after(LEASE_CALL_SECONDS):
-                try:
-                    keep = _flag(self._turn(url).successor_waiting)
-                    args: list[str | bytes | int] = [token, self._gateway, RELEASE_CHANNEL, url]
-                    args += [keep, _ms(HANDOVER_GRACE_SECONDS)]
-                    await self._release(keys=keys, args=args)
-                except REDIS_ERRORS as error:
-                    self._failures.report(error)
+            if keep and self._background is not None:
+                self._kept[url] = held
+                self._background.start_soon(self._give_back_unclaimed, url, held)
+            else:
+                # shielded: a client that left (cancellation) must not leave the host leased
+                with trio.CancelScope(shield=True):
+                    await self._give_back(url, held)
 
-    async def _acquire(self, keys: list[str], args: list[str | bytes | int]) -> int | None:
-        """-1: ours; else the ms another gateway's lease (or mark) has left; None: Redis did not say (down, slow)."""
+    async def _take(self, url: str, keys: list[str], lease_ms: int) -> _Held:
+        """A new lease, or `HostLeased`; not ours when Redis did not answer (the forward goes ahead)."""
+        held = _Held((self._gateway + secrets.token_hex(8)).encode())
+        impatient = self._turn(url).impatient
+        args: list[str | bytes | int] = [held.token, self._gateway, lease_ms, _flag(impatient), _ms(WANT_SECONDS)]
+        left_ms = await self._call(self._acquire_script, keys, [*args, WANTED_CHANNEL, url])
+        if left_ms is None:
+            held.ours = False
+        elif left_ms >= 0:
+            raise HostLeased(left_ms / 1000)
+        elif not impatient:  # no other gateway's mark was there, or it would have been refused
+            self._wanted_until.pop(url, None)
+        return held
+
+    async def _extend(self, url: str, keys: list[str], held: _Held, lease_ms: int) -> None:
+        """A kept lease taken over by the next forward: its expiry set for that attempt."""
+        answer = await self._call(self._extend_script, keys, [held.token, self._gateway, lease_ms])
+        if answer == _NOT_OURS:  # expired, or Redis lost it: the host's busy answer guards this forward
+            held.ours = False
+        elif answer is not None and answer >= 0:  # wanted elsewhere, and its announcement missed
+            self._wanted_until[url] = trio.current_time() + answer / 1000
+
+    async def _give_back_unclaimed(self, url: str, held: _Held) -> None:
+        """A kept lease no forward here took over within the grace (or at shutdown) is given back."""
+        try:
+            await trio.sleep(HANDOVER_GRACE_SECONDS)
+        finally:
+            if self._kept.get(url) is held:
+                del self._kept[url]
+                with trio.CancelScope(shield=True):
+                    await self._give_back(url, held)
+
+    async def _give_back(self, url: str, held: _Held) -> None:
+        await self._call(self._release_script, [self.PREFIX + url], [held.token, RELEASE_CHANNEL, url])
+
+    async def _call(self, script: Script[bytes], keys: list[str], args: list[str | bytes | int]) -> int | None:
+        """The script's answer; None: Redis did not give one (down, slow), logged once a minute."""
         with trio.move_on_after(LEASE_CALL_SECONDS):
             try:
-                left: int = await self._acquire_script(keys=keys, args=args)
-                return left
+                answer: int = await script(keys=keys, args=args)
+                return answer
             except REDIS_ERRORS as error:
                 self._failures.report(error)
                 return None
         self._failures.report("timeout")
         return None
 
+    def _keeps(self, url: str) -> bool:
+        """Keep the lease for the next waiter here: one waits, and no other gateway wants the host."""
+        return self._background is not None and self._turn(url).successor_waiting and not self.wanted_elsewhere(url)
+
+    def wanted_elsewhere(self, url: str) -> bool:
+        """Has another gateway marked `url` wanted, as far as this gateway has heard?"""
+        until = self._wanted_until.get(url)
+        if until is not None and until <= trio.current_time():
+            del self._wanted_until[url]
+            until = None
+        return until is not None
+
     def _turn(self, url: str) -> Turn:
         return ALONE if self._listener is None else self._listener.turn(url)
 
     async def watch(self, listener: Listener, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Tell `listener` every host whose lease is given back, by any gateway; `None` after
-        each (re)subscription. Started at once: Redis down only delays the first subscription."""
+        each (re)subscription. Hear the hosts other gateways mark wanted. Runs the calls
+        that leave no forward waiting (see the module docstring). Started at once: Redis
+        down only delays the first subscription."""
         self._listener = listener
-        on_release = listener.lease_released
-        task_status.started()
+        async with trio.open_nursery() as background:
+            self._background = background
+            try:
+                task_status.started()
+                await self._subscribe(listener)
+            finally:
+                self._background = None  # the kept leases' graces end now: each gives its lease back
+
+    async def _subscribe(self, listener: Listener) -> None:
         while True:
             try:
                 async with self._redis.pubsub(
-                    channels=[RELEASE_CHANNEL], ignore_subscribe_messages=True, retry_policy=None
+                    channels=[RELEASE_CHANNEL, WANTED_CHANNEL], ignore_subscribe_messages=True, retry_policy=None
                 ) as subscription:
-                    on_release(None)
+                    listener.lease_released(None)
                     async for message in subscription:
                         if message["type"] == "message":
-                            data = message["data"]
-                            on_release(data.decode() if isinstance(data, bytes) else str(data))
+                            self._heard(_text(message["channel"]), _text(message["data"]))
             except* REDIS_ERRORS as errors:  # coredis' task group wraps them
                 self._failures.report(errors.exceptions[0])
             await trio.sleep(RESUBSCRIBE_SECONDS)
+
+    def _heard(self, channel: str, data: str) -> None:
+        if channel == RELEASE_CHANNEL and self._listener is not None:
+            self._listener.lease_released(data)
+        elif channel == WANTED_CHANNEL and not data.startswith(self._gateway):
+            _, _, url = data.partition(":")  # after the marking gateway's prefix (hex, then ':')
+            self._wanted_until[url] = trio.current_time() + WANT_SECONDS
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _flag(value: bool) -> str:

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 import trio.testing
+from coredis.tokens import PureToken
 
 from cluster.launcher import free_port
 from edge.admission.shared_state import redis_client
@@ -147,16 +148,74 @@ async def test_a_lease_is_kept_across_a_hand_over_to_this_gateways_next_waiter(r
             listener_a.now = NEXT_WAITS
             async with gateway_a.hold(HOST, 10):
                 pass
-            ttl_ms = await redis_a.pttl(RedisHostLeases.PREFIX + HOST)
-            assert 0 < ttl_ms <= HANDOVER_GRACE_SECONDS * 1000, "kept, for the grace only"
             with pytest.raises(HostLeased):
                 async with gateway_b.hold(HOST, 10):
                     pass
             listener_a.now = Turn()
-            async with gateway_a.hold(HOST, 10):
-                pass  # its next waiter takes it over, then gives it back
-            assert await redis_a.exists([RedisHostLeases.PREFIX + HOST]) == 0
+            async with gateway_a.hold(HOST, 60):
+                # its next waiter takes it over: extended for that attempt (in the background)
+                with trio.fail_after(5):
+                    while await redis_a.pttl(RedisHostLeases.PREFIX + HOST) <= 11_000:
+                        await trio.sleep(0.01)
+            assert await redis_a.exists([RedisHostLeases.PREFIX + HOST]) == 0, "then given back"
+            with trio.fail_after(5):
+                while len(listener_b.heard) < 2:
+                    await trio.sleep(0.01)
             assert listener_b.heard == [None, HOST], "announced once: when given back, not when kept"
+
+
+async def test_a_local_hand_over_waits_for_no_redis_round_trip(redis_server: RedisServer) -> None:
+    # the keep-check and the next forward's SET NX were two round trips between a job's
+    # answer and the next job: Redis paused, each hand-over waited LEASE_CALL_SECONDS twice
+    async with redis_client(redis_server.url) as redis, redis_client(redis_server.url) as admin:
+        assert redis is not None and admin is not None
+        leases = RedisHostLeases(redis)
+        async with watched(leases) as (listener,):
+            listener.now = NEXT_WAITS
+            async with leases.hold(HOST, 10):
+                pass  # taken (one round trip), then kept
+            await admin.client_pause(2_000, PureToken.WRITE)  # every script now waits 2 s
+            began = trio.current_time()
+            for _ in range(3):
+                async with leases.hold(HOST, 10):
+                    pass
+            assert trio.current_time() - began < 0.5, "three hand-overs, not one Redis answer waited for"
+            await admin.client_unpause()
+            listener.now = Turn()
+            async with leases.hold(HOST, 10):
+                pass
+        assert await redis.exists([RedisHostLeases.PREFIX + HOST]) == 0
+
+
+async def test_a_kept_lease_no_forward_takes_over_is_given_back_after_the_grace(redis_server: RedisServer) -> None:
+    # the waiter it was kept for left, or took another host: the other gateways must not wait
+    async with redis_client(redis_server.url) as redis_a, redis_client(redis_server.url) as redis_b:
+        assert redis_a is not None and redis_b is not None
+        gateway_a, gateway_b = RedisHostLeases(redis_a), RedisHostLeases(redis_b)
+        async with watched(gateway_a, gateway_b) as (listener_a, listener_b):
+            listener_a.now = NEXT_WAITS
+            async with gateway_a.hold(HOST, 10):
+                pass
+            kept_at = trio.current_time()
+            with trio.fail_after(5):
+                while len(listener_b.heard) < 2:
+                    await trio.sleep(0.01)
+            assert trio.current_time() - kept_at >= HANDOVER_GRACE_SECONDS
+            assert listener_b.heard == [None, HOST]
+            async with gateway_b.hold(HOST, 10):
+                pass  # free for the other gateway
+
+
+async def test_kept_leases_are_given_back_when_the_gateway_stops_watching(redis_server: RedisServer) -> None:
+    async with redis_client(redis_server.url) as redis:
+        assert redis is not None
+        leases = RedisHostLeases(redis)
+        async with watched(leases) as (listener,):
+            listener.now = NEXT_WAITS
+            async with leases.hold(HOST, 10):
+                pass
+            assert await redis.exists([RedisHostLeases.PREFIX + HOST]) == 1, "kept"
+        assert await redis.exists([RedisHostLeases.PREFIX + HOST]) == 0, "given back at shutdown, not left to expire"
 
 
 async def test_an_impatient_gateway_gets_the_host_its_holder_would_have_kept(redis_server: RedisServer) -> None:
@@ -175,6 +234,9 @@ async def test_an_impatient_gateway_gets_the_host_its_holder_would_have_kept(red
                 with pytest.raises(HostLeased):
                     async with starved.hold(HOST, 10):
                         pass
+                with trio.fail_after(5):  # the mark is announced
+                    while not holder.wanted_elsewhere(HOST):
+                        await trio.sleep(0.01)
             assert await redis_a.exists([RedisHostLeases.PREFIX + HOST]) == 0, "given back, not kept"
             holding.now = Turn()
             for patient in (holder, third):
@@ -186,3 +248,22 @@ async def test_an_impatient_gateway_gets_the_host_its_holder_would_have_kept(red
                 pass  # reserved for the gateway that wanted it
             async with third.hold(HOST, 10):
                 pass  # served: the mark is gone
+
+
+async def test_a_mark_whose_announcement_was_missed_is_learned_from_the_next_extension(
+    redis_server: RedisServer,
+) -> None:
+    async with redis_client(redis_server.url) as redis:
+        assert redis is not None
+        holder = RedisHostLeases(redis)
+        async with watched(holder) as (holding,):
+            holding.now = NEXT_WAITS
+            async with holder.hold(HOST, 10):
+                pass  # kept
+            await redis.set(RedisHostLeases.WANTS + HOST, b"0123456789abcdef:", px=1_500)  # set while unheard
+            assert not holder.wanted_elsewhere(HOST)
+            async with holder.hold(HOST, 10):  # takes the kept lease over: the extension says "wanted"
+                with trio.fail_after(5):
+                    while not holder.wanted_elsewhere(HOST):
+                        await trio.sleep(0.01)
+            assert await redis.exists([RedisHostLeases.PREFIX + HOST]) == 0, "given back, not kept"
