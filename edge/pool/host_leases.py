@@ -12,9 +12,9 @@ another gateway's (this gateway's dispatcher never runs two requests on one host
 down or slow: the forward goes ahead (the host's own busy answer is the guard), logged
 once a minute.
 
-Giving a lease back publishes the host's URL on `hairgate:host-released`; every gateway
-subscribes (`watch`, which also makes the dispatcher its `Listener`), so a gateway that
-found a host leased elsewhere takes it the moment it is free instead of at its next look
+Giving a lease back publishes the host's URL on `hairgate:host-released`; every other
+gateway hears it (`watch`, which also makes the dispatcher its `Listener`), so a gateway
+that found a host leased elsewhere takes it the moment it is free instead of at its next look
 (`HostLeased.seconds` bounds that hold: the lease's own expiry, for a holder that died).
 A (re)subscription reports `None`: a release published while nobody listened may have
 been missed, so every such hold ends.
@@ -62,9 +62,9 @@ log = logging.getLogger("edge.pool")
 # the host's busy answer); short beside any GPU job, long beside a round trip on a busy machine.
 LEASE_CALL_SECONDS = 1.0
 
-# Where a lease given back is announced (the message: the host's URL).
+# Where a lease given back is announced, and a host marked wanted (each message: the
+# announcing gateway's prefix, then the host's URL).
 RELEASE_CHANNEL = "hairgate:host-released"
-# Where a mark of a host wanted is announced (the message: the marking gateway's prefix, then the URL).
 WANTED_CHANNEL = "hairgate:host-wanted"
 # A lease kept for this gateway's next waiter is given back if no forward here takes it over so soon.
 HANDOVER_GRACE_SECONDS = 0.5
@@ -107,7 +107,7 @@ local wanted = redis.call('GET', KEYS[2])
 if wanted and wanted ~= ARGV[2] then return math.max(redis.call('PTTL', KEYS[2]), 0) end
 return -1
 """
-# KEYS: the host's lease. ARGV: this holder's token, the channel, the host's URL. Only its
+# KEYS: the host's lease. ARGV: this holder's token, the channel, the message. Only its
 # own lease: deleted and announced (1); 0: not its own any more.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
@@ -254,7 +254,7 @@ class RedisHostLeases:
                     await self._give_back(url, held)
 
     async def _give_back(self, url: str, held: _Held) -> None:
-        await self._call(self._release_script, [self.PREFIX + url], [held.token, RELEASE_CHANNEL, url])
+        await self._call(self._release_script, [self.PREFIX + url], [held.token, RELEASE_CHANNEL, self._gateway + url])
 
     async def _call(self, script: Script[bytes], keys: list[str], args: list[str | bytes | int]) -> int | None:
         """The script's answer; None: Redis did not give one (down, slow), logged once a minute."""
@@ -312,10 +312,13 @@ class RedisHostLeases:
             await trio.sleep(RESUBSCRIBE_SECONDS)
 
     def _heard(self, channel: str, data: str) -> None:
+        """An announcement: the announcing gateway's prefix (hex, then ':'), then the host's URL."""
+        if data.startswith(self._gateway):
+            return  # its own: its dispatcher already knows (a release heard back would end a busy hold)
+        _, _, url = data.partition(":")
         if channel == RELEASE_CHANNEL and self._listener is not None:
-            self._listener.lease_released(data)
-        elif channel == WANTED_CHANNEL and not data.startswith(self._gateway):
-            _, _, url = data.partition(":")  # after the marking gateway's prefix (hex, then ':')
+            self._listener.lease_released(url)
+        elif channel == WANTED_CHANNEL:
             self._wanted_until[url] = trio.current_time() + WANT_SECONDS
 
 

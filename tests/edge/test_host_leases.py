@@ -19,6 +19,7 @@ from edge.pool.host_leases import HANDOVER_GRACE_SECONDS, HostLeased, RedisHostL
 from tests.fakes.redis_server import RedisServer
 
 HOST = "http://gpu-1:8000"
+OTHER_HOST = "http://gpu-2:8000"
 
 
 class Listener:
@@ -128,7 +129,7 @@ async def test_a_lease_given_back_is_announced_to_every_gateway(redis_server: Re
     async with redis_client(redis_server.url) as redis_a, redis_client(redis_server.url) as redis_b:
         assert redis_a is not None and redis_b is not None
         gateway_a, gateway_b = RedisHostLeases(redis_a), RedisHostLeases(redis_b)
-        async with watched(gateway_b) as (listener,):
+        async with watched(gateway_a, gateway_b) as (listener_a, listener):
             async with gateway_a.hold(HOST, 10):
                 with pytest.raises(HostLeased) as leased:
                     async with gateway_b.hold(HOST, 10):
@@ -137,7 +138,14 @@ async def test_a_lease_given_back_is_announced_to_every_gateway(redis_server: Re
             with trio.fail_after(5):
                 while len(listener.heard) < 2:
                     await trio.sleep(0.01)
+            async with gateway_b.hold(OTHER_HOST, 10):
+                pass  # published after a's: a would have heard its own first
+            with trio.fail_after(5):
+                while OTHER_HOST not in listener_a.heard:
+                    await trio.sleep(0.01)
         assert listener.heard == [None, HOST], "None first: releases before the subscription may have been missed"
+        # its own release heard back would end a hold a busy answer put on the host
+        assert listener_a.heard == [None, OTHER_HOST], "a gateway does not hear its own releases"
 
 
 async def test_a_lease_is_kept_across_a_hand_over_to_this_gateways_next_waiter(redis_server: RedisServer) -> None:
