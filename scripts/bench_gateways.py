@@ -19,7 +19,10 @@ with its verdict:
 - 0 overlaps (a host running two jobs), 0 failed requests.
 
 Each row also shows the `/health` probes the hosts answered per second (what following
-busy hosts costs) and, for several gateways, served / the 1xN row's served.
+busy hosts costs), the median hand-over gap (a host's idle time between the end of one
+job and the start of the next: answer back, next waiter, Redis, upload), for several
+gateways served / the 1xN row's served, and this machine's 1-minute load average at the
+row's end; under it, what each failed request was answered.
 
 Client, gateways, Redis and fakes share this machine's cores; on a loaded machine the
 served count includes that load. Exit status 1 when a target is missed.
@@ -28,9 +31,12 @@ served count includes that load. Exit status 1 when a target is missed.
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -75,19 +81,19 @@ async def one_run(
         cluster.gateway(f"{name}-{n}", fakes, gateway_settings(redis_url))[0] for n in range(gateways)
     ]
     latencies: list[float] = []
-    failed = 0
+    failures: Counter[str] = Counter()  # what the failed requests were answered: status, code, message
     deadline = trio.current_time() + args.seconds
 
     async def client(url: str) -> None:
-        nonlocal failed
         async with httpx.AsyncClient(base_url=url, timeout=60) as http:
             while trio.current_time() < deadline:
                 began = time.perf_counter()
                 response = await http.post(MEASURE, json=BODY)
-                if response.status_code == 200 and response.json()["code"] == 0:
+                envelope = response.json()
+                if response.status_code == 200 and envelope["code"] == 0:
                     latencies.append(time.perf_counter() - began)
                 else:
-                    failed += 1
+                    failures[f"{response.status_code} {envelope.get('code')} {envelope.get('message')}"] += 1
 
     async with trio.open_nursery() as nursery:
         for number in range(args.clients_per_host * len(fakes)):
@@ -97,13 +103,26 @@ async def one_run(
         gateway.kill()
     return {
         "served": len(latencies),
-        "failed": failed,
+        "failed": sum(failures.values()),
+        "failures": failures,
+        "load": os.getloadavg()[0],
         "busy": sum(s["busy_refused"] for s in stats),
         "overlaps": sum(s["overlaps"] for s in stats),
         "probes_per_s": sum(s["health_checks"] for s in stats) / args.seconds,
+        "gap": percentile(handover_gaps(stats, args.service_ms / 1000), 0.5),
         "p50": percentile(latencies, 0.5),
         "p95": percentile(latencies, 0.95),
     }
+
+
+def handover_gaps(stats: list[dict[str, Any]], service_seconds: float) -> list[float]:
+    """Each host's idle time between two jobs (the next one's start less the previous one's
+    end): what a hand-over costs, from the answer leaving the host to the next upload arriving."""
+    gaps: list[float] = []
+    for host in stats:
+        starts = [job["at"] for job in host["jobs"]]
+        gaps += [later - earlier - service_seconds for earlier, later in itertools.pairwise(starts)]
+    return gaps or [0.0]
 
 
 async def run(args: argparse.Namespace, directory: Path) -> int:
@@ -135,7 +154,8 @@ def report(args: argparse.Namespace, results: dict[tuple[str, str], dict[str, An
         f"{args.seconds:g} s"
     )
     print(f"    {'layout':7} {'shared':6} {'served':>6} {'ideal':>6} {'of 1xN':>6} {'busy':>6} {'/100':>6} "
-          f"{'failed':>6} {'overlaps':>8} {'probes/s':>8} {'p50 ms':>7} {'p95 ms':>7}  verdict")  # fmt: skip
+          f"{'failed':>6} {'overlaps':>8} {'probes/s':>8} {'gap ms':>6} {'p50 ms':>7} {'p95 ms':>7} {'load':>5}"
+          "  verdict")  # fmt: skip
     for (layout, shared), row in results.items():
         hosts = int(layout.split("x")[1])
         reference = results.get((f"1x{hosts}", shared))
@@ -151,10 +171,13 @@ def report(args: argparse.Namespace, results: dict[tuple[str, str], dict[str, An
         missed += not ok
         print(
             f"    {layout:7} {shared:6} {row['served']:6d} {ideal:6.0f} {of_reference} {row['busy']:6d} {per_100:6.1f} "
-            f"{row['failed']:6d} {row['overlaps']:8d} {row['probes_per_s']:8.0f} {1000 * row['p50']:7.0f} "
-            f"{1000 * row['p95']:7.0f}  "
+            f"{row['failed']:6d} {row['overlaps']:8d} {row['probes_per_s']:8.0f} {1000 * row['gap']:6.1f} "
+            f"{1000 * row['p50']:7.0f} "
+            f"{1000 * row['p95']:7.0f} {row['load']:5.1f}  "
             f"{'ok' if ok else 'MISSED'}"
         )
+        for answer, count in row["failures"].most_common():
+            print(f"        failed {count} x: {answer}")
     print(f"    targets: busy per 100 served < {WASTE_TARGET['none']:g} without Redis, < {WASTE_TARGET['redis']:g} "
           f"with it; served >= {SERVED_TARGET} of ideal; 0 failed, 0 overlaps")  # fmt: skip
     return 1 if missed else 0
