@@ -10,7 +10,8 @@ itself. A lease's value names its gateway: a lease this gateway still holds (its
 did not get through) is taken over by its next forward there, never mistaken for
 another gateway's (this gateway's dispatcher never runs two requests on one host). Redis
 down or slow: the forward goes ahead (the host's own busy answer is the guard), logged
-once a minute.
+once a minute; for `REDIS_BACKOFF_SECONDS` after a failed call the forwards do not ask
+it (a lease left behind then expires by itself).
 
 Giving a lease back publishes the host's URL on `hairgate:host-released`; every other
 gateway hears it (`watch`, which also makes the dispatcher its `Listener`), so a gateway
@@ -61,6 +62,9 @@ log = logging.getLogger("edge.pool")
 # A lease Redis does not answer within this is given up (the forward goes ahead, guarded by
 # the host's busy answer); short beside any GPU job, long beside a round trip on a busy machine.
 LEASE_CALL_SECONDS = 1.0
+# After Redis failed a call (down, or hung) the forwards skip it for this long: a Redis that
+# hangs would otherwise cost every forward LEASE_CALL_SECONDS twice.
+REDIS_BACKOFF_SECONDS = 1.0
 
 # Where a lease given back is announced, and a host marked wanted (each message: the
 # announcing gateway's prefix, then the host's URL).
@@ -194,6 +198,7 @@ class RedisHostLeases:
         self._background: trio.Nursery | None = None  # while watching: extensions, kept leases' graces
         self._kept: dict[str, _Held] = {}  # url -> a lease kept for the next forward here
         self._wanted_until: dict[str, float] = {}  # url -> when another gateway's mark on it ends (trio clock)
+        self._skip_redis_until = -math.inf  # Redis failed lately: forwards go ahead without asking it
         self._failures = FailureLog(log, "主机租约 Redis 不可用，由 GPU 主机的忙碌回答把关")
 
     @asynccontextmanager
@@ -257,15 +262,19 @@ class RedisHostLeases:
         await self._call(self._release_script, [self.PREFIX + url], [held.token, RELEASE_CHANNEL, self._gateway + url])
 
     async def _call(self, script: Script[bytes], keys: list[str], args: list[str | bytes | int]) -> int | None:
-        """The script's answer; None: Redis did not give one (down, slow), logged once a minute."""
+        """The script's answer; None: Redis did not give one (down, slow: logged once a
+        minute), or failed a call less than `REDIS_BACKOFF_SECONDS` ago (not asked)."""
+        if trio.current_time() < self._skip_redis_until:
+            return None
+        failure: BaseException | str = "timeout"
         with trio.move_on_after(LEASE_CALL_SECONDS):
             try:
                 answer: int = await script(keys=keys, args=args)
                 return answer
             except REDIS_ERRORS as error:
-                self._failures.report(error)
-                return None
-        self._failures.report("timeout")
+                failure = error
+        self._failures.report(failure)
+        self._skip_redis_until = trio.current_time() + REDIS_BACKOFF_SECONDS
         return None
 
     def _keeps(self, url: str) -> bool:

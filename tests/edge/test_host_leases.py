@@ -15,7 +15,7 @@ from coredis.tokens import PureToken
 
 from cluster.launcher import free_port
 from edge.admission.shared_state import redis_client
-from edge.pool.host_leases import HANDOVER_GRACE_SECONDS, HostLeased, RedisHostLeases, Turn
+from edge.pool.host_leases import HANDOVER_GRACE_SECONDS, LEASE_CALL_SECONDS, HostLeased, RedisHostLeases, Turn
 from tests.fakes.redis_server import RedisServer
 
 HOST = "http://gpu-1:8000"
@@ -106,6 +106,26 @@ async def test_redis_down_lets_the_forward_go_ahead(caplog: pytest.LogCaptureFix
                     forwarded += 1
     assert forwarded == 3
     assert sum("主机租约" in r.message for r in caplog.records) == 1, "logged once a minute, not per request"
+
+
+async def test_a_redis_that_hangs_delays_one_forward_not_each(redis_server: RedisServer) -> None:
+    # each forward waited for its lease and its release, LEASE_CALL_SECONDS each, while Redis hung
+    async with redis_client(redis_server.url) as redis, redis_client(redis_server.url) as admin:
+        assert redis is not None and admin is not None
+        leases = RedisHostLeases(redis)
+        await admin.client_pause(3_000, PureToken.ALL)
+        began = trio.current_time()
+        for _ in range(3):
+            async with leases.hold(HOST, 10):
+                pass
+        assert trio.current_time() - began < LEASE_CALL_SECONDS + 0.5, "one call waited for, then Redis is skipped"
+        await admin.client_unpause()
+        held = 0
+        with trio.fail_after(5):  # asked again once the backoff is over
+            while not held:
+                await trio.sleep(0.05)
+                async with leases.hold(HOST, 10):
+                    held = await redis.exists([RedisHostLeases.PREFIX + HOST])
 
 
 async def test_a_lease_this_gateway_failed_to_give_back_is_taken_over_not_mistaken(redis_server: RedisServer) -> None:
