@@ -15,13 +15,16 @@ Recipe, in the face's midline frame (`frame.FaceFrame`: `v` up the midline, `u` 
   cross-faded over `OVERLAP` of their height: strands repeat softly, nothing is stretched
   or smeared into columns. The repeats carry the strip's strands on the colour of the hair
   moved once (`TREND_MM`), and every move resamples with Lanczos (`RESAMPLING`): the band
-  keeps the hair's fine detail and shows no stripe per repeat. Only hair inside the
-  person's outline is lent;
-- blended over `UNDER_EDGE_MM` below the new edge (skin into skin) and faded into the
-  original hair above the old edge's see-through front.
+  keeps the hair's fine detail and shows no stripe per repeat; from the first repeat on
+  that colour is the hair's own, smooth across columns (`_held_colour`: no stripe down the
+  band). Only hair inside the person's outline is lent;
+- blended over `UNDER_EDGE_MM` below the new edge (skin into skin; wider, up to
+  `UNDER_EDGE_MAX_MM`, where the skin moved and the skin it lands on are lit more
+  differently than the old edge's own contrast) and faded into the original hair above the
+  old edge's see-through front.
 A plan that does not lower the line (0 mm) returns the photo unchanged, bit for bit. Nothing
 moves below the brows (the blend weight is 0 there) and pixels change only within the band,
-`UNDER_EDGE_MM` + `EDGE_NOISE_MM` below it and `EDGE_ZONE_MM + FEATHER_MM` above it. No
+`UNDER_EDGE_MAX_MM` + `EDGE_NOISE_MM` below it and `EDGE_ZONE_MM + FEATHER_MM` above it. No
 hairline, or no hair above it: None (nothing to grow from). A pure function: the input is
 not written.
 
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from ..face.head_samples import brow_curve
+from ..face.head_samples import brow_curve, to_lab
 from ..frame import FaceFrame
 from ..types import Calibration, Face, Hairline, HairSegmentation
 from .designs import Design, current_heights, has_hairline
@@ -47,7 +50,15 @@ FEATHER_MM = 2.5  # blend width at the top of the fill, above the old edge zone
 # (`preview_texture`, docs/generation.md): at 1.5 mm the new edge's steepest step was up to
 # 1.6x the old one's on five photos (the moved skin and the forehead it lands on are lit
 # differently: the blend between them was a step of its own); at 3.5 mm <= 1.47x on all.
+# That step is as large as the lighting between the two skins differs: where it differs more
+# than the old edge's own contrast (skin under the old edge against the hair above it), the
+# blend widens by as much, up to UNDER_EDGE_MAX_MM (statham_big: the skin under his stubble
+# rim is 82 L darker than the forehead it lands on, twice his edge's contrast; at 3.5 mm the
+# new edge was 1.58x his old one's, at 6.9 mm 1.09x).
 UNDER_EDGE_MM = 3.5
+UNDER_EDGE_MAX_MM = 8.0
+SKIN_SAMPLES_MM = (0.5, 1.0, 1.5, 2.0)  # below a line: the skin the blend runs over
+HAIR_SAMPLES_MM = (1.0, 2.0, 3.0)  # above the old line: the hair the old edge turns into
 # The hair just above a traced hairline is its soft, see-through front (the trace sits where
 # the hair coverage crosses one half): the fill covers it too, or it shows as a pale seam
 # between the grown hair and the hair behind.
@@ -83,6 +94,12 @@ RESAMPLING = cv2.INTER_LANCZOS4
 # once: the strip's own trend (lighter at its front, darker at its top) repeated was a
 # stripe every repeat (deepface_img1's deep drop: bands 3-4 mm apart).
 TREND_MM = 1.0
+# From the first repeat on, that colour is the hair's alone (not the trend, which mixes in
+# what lies beside the hair) and smoothed across columns over JITTER_MM (the repeats' own
+# columns wander that far): held from a single point per column, the colour is the same all
+# the way down the band, so any difference between neighbouring columns ran down it as a
+# vertical stripe (statham_big: his strip is a rim of stubble at the head's outline, and
+# that point's trend ran from stubble to half wall from column to column).
 _SEED = 17  # of the edge pattern and the repeats' columns
 
 
@@ -105,14 +122,14 @@ def grow_preview(
         return None
     frame = FaceFrame.from_face(face)
     px_per_mm = 1.0 / calibration.mm_per_px
-    columns = _columns(frame, hairline, hair, design, px_per_mm)
+    columns = _columns(rgb, frame, hairline, hair, design, px_per_mm)
     if columns is None:
         return None
     height, width = rgb.shape[:2]
     box = _box(frame, columns, (height, width), px_per_mm)
     if box is None or design.drop_mm == 0.0:
         return rgb.copy()  # nothing lowered: the photo as it came
-    return _blend(rgb, face, frame, columns, box, px_per_mm)
+    return _blend(rgb, hair, face, frame, columns, box, px_per_mm)
 
 
 @dataclass(frozen=True)
@@ -124,10 +141,11 @@ class _Columns:
     drop: np.ndarray  # how far the hair moves down (smooth; 0 where the plan is not lower)
     hair_height: np.ndarray  # how much hair lies above the line, to lend
     lends: np.ndarray  # bool: the column has hair of its own to lend
+    under: float  # px: the blend's width below the new edge
 
 
 def _columns(
-    frame: FaceFrame, hairline: Hairline, hair: np.ndarray, design: Design, px_per_mm: float
+    rgb: np.ndarray, frame: FaceFrame, hairline: Hairline, hair: np.ndarray, design: Design, px_per_mm: float
 ) -> _Columns | None:
     u, drop = _drop_profile(frame, hairline, design, px_per_mm)
     current_v = current_heights(hairline, frame, u)
@@ -142,7 +160,34 @@ def _columns(
     grows = drop > MIN_HAIR_MM * px_per_mm
     if grows.any() and np.median(drop[grows] / hair_height[grows]) > MAX_REPEATS:
         return None  # a thin strip (stubble) far above the plan: repeated, it is a pattern, not hair
-    return _Columns(u, current_v, drop, hair_height, lends)
+    return _Columns(u, current_v, drop, hair_height, lends, _under_edge(rgb, frame, u, current_v, drop, px_per_mm))
+
+
+def _under_edge(
+    rgb: np.ndarray, frame: FaceFrame, u: np.ndarray, current_v: np.ndarray, drop: np.ndarray, px_per_mm: float
+) -> float:
+    """The width (px) of the blend below the new edge: UNDER_EDGE_MM, widened by the lightness
+    step between the skin moved and the skin it lands on over the old edge's own contrast
+    (medians over the columns that grow), at most UNDER_EDGE_MAX_MM."""
+    grows = drop > 0
+    if not grows.any():
+        return UNDER_EDGE_MM * px_per_mm
+    current = current_v[grows]
+
+    def lightness(base: np.ndarray, offsets_mm: tuple[float, ...]) -> np.ndarray:  # per column, median L
+        heights = base[:, None] + np.asarray(offsets_mm)[None, :] * px_per_mm
+        uu = np.broadcast_to(u[grows][:, None], heights.shape)
+        points = frame.to_image(np.stack([uu.ravel(), heights.ravel()], axis=1))
+        x = np.clip(np.round(points[:, 0]).astype(int), 0, rgb.shape[1] - 1)
+        y = np.clip(np.round(points[:, 1]).astype(int), 0, rgb.shape[0] - 1)
+        return np.median(to_lab(rgb[y, x][None])[0, :, 0].reshape(heights.shape), axis=1)
+
+    below = tuple(-offset for offset in SKIN_SAMPLES_MM)
+    moved, landed = lightness(current, below), lightness(current - drop[grows], below)
+    contrast = float(np.median(np.abs(moved - lightness(current, HAIR_SAMPLES_MM))))
+    step = float(np.median(np.abs(landed - moved)))
+    widen = np.clip(step / max(contrast, 1.0), 1.0, UNDER_EDGE_MAX_MM / UNDER_EDGE_MM)
+    return float(UNDER_EDGE_MM * widen * px_per_mm)
 
 
 def _smooth(values: np.ndarray, sigma: float) -> np.ndarray:
@@ -244,7 +289,7 @@ def _box(
         return None
     feather = FEATHER_MM * px_per_mm
     u = columns.u[grows]
-    low = columns.current_v[grows] - columns.drop[grows] - UNDER_EDGE_MM * px_per_mm
+    low = columns.current_v[grows] - columns.drop[grows] - columns.under
     high = columns.current_v[grows] + EDGE_ZONE_MM * px_per_mm + feather
     corners = frame.to_image(np.concatenate([np.stack([u, low], 1), np.stack([u, high], 1)]))
     x0, y0 = np.floor(corners.min(axis=0)).astype(int) - 2
@@ -266,9 +311,17 @@ def _jitters(count: int, px_per_mm: float) -> np.ndarray:
     return offsets
 
 
-def _source_heights(
-    columns: _Columns, u: np.ndarray, reach: np.ndarray, px_per_mm: float
-) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, tuple[np.ndarray, np.ndarray]]:
+@dataclass(frozen=True)
+class _Sources:
+    """Per pixel of the box, where its fill comes from (frame u, v)."""
+
+    strands: list[tuple[np.ndarray, np.ndarray]]  # the repeat the pixel lies in, and the one before it
+    fade: np.ndarray  # weight of the one before, where the two cross-fade
+    held: tuple[np.ndarray, np.ndarray]  # where its low-frequency colour comes from
+    settled: np.ndarray  # 0 within the hair moved once, 1 from the first repeat on: the colour is the hair's mean
+
+
+def _source_heights(columns: _Columns, u: np.ndarray, reach: np.ndarray, px_per_mm: float) -> _Sources:
     """Where each pixel's hair comes from, as two (u, v) sources and the second's weight,
     and where its low-frequency colour comes from (`held`).
 
@@ -277,7 +330,8 @@ def _source_heights(
     height `period / (1 - OVERLAP)` repeats every `period`, each repeat from another column,
     and where two repeats overlap the earlier one fades out. `held` is the pure move up to
     the first repeat's top and that point above it: the repeats carry the strip's strands,
-    never its trend from the light front to the dense hair, which repeated is a stripe."""
+    never its trend from the light front to the dense hair, which repeated is a stripe.
+    `settled` rises from 0 to 1 over the first repeat's cross-fade."""
     hair_height = np.interp(u, columns.u, columns.hair_height)
     edge = np.minimum(EDGE_STRIP_MM * px_per_mm, 0.4 * hair_height)
     strip = np.maximum(hair_height - edge, 1.0)
@@ -298,11 +352,41 @@ def _source_heights(
     earlier = source(repeat - 1, within + period)  # the previous repeat, still inside its strip
     fade = (1.0 - _smoothstep(0.0, OVERLAP * strip, within)) * (repeat >= 1) * (reach >= edge)
     held = source(np.zeros_like(repeat), np.minimum(above_edge, period))
-    return [current, earlier], fade, held
+    settled = _smoothstep(period, period + OVERLAP * strip, above_edge) * (reach >= edge)
+    return _Sources([current, earlier], fade, held, settled)
+
+
+def _held_colour(
+    rgb: np.ndarray, hair: np.ndarray, frame: FaceFrame, columns: _Columns, px_per_mm: float
+) -> np.ndarray:
+    """(N, 3) float32: per column, the photo's colour where `held` ends (the top of the first
+    repeat, `_source_heights`), from hair pixels only (a column whose point is not hair takes
+    its neighbours'), smoothed across columns over JITTER_MM."""
+    edge = np.minimum(EDGE_STRIP_MM * px_per_mm, 0.4 * columns.hair_height)
+    held_v = columns.current_v + edge + (1.0 - OVERLAP) * np.maximum(columns.hair_height - edge, 1.0)
+    points = frame.to_image(np.stack([columns.u, held_v], axis=1))
+    height, width = hair.shape
+    x = np.clip(np.round(points[:, 0]).astype(int), 0, width - 1)
+    y = np.clip(np.round(points[:, 1]).astype(int), 0, height - 1)
+    known = hair[y, x]
+    if not known.any():
+        known = np.ones(len(x), dtype=bool)
+    colours = rgb[y, x].astype(np.float64)
+    sigma = JITTER_MM * px_per_mm / COLUMN_STEP_PX
+    return np.stack(
+        [_smooth(np.interp(columns.u, columns.u[known], colours[known, channel]), sigma) for channel in range(3)],
+        axis=1,
+    ).astype(np.float32)
 
 
 def _blend(
-    rgb: np.ndarray, face: Face, frame: FaceFrame, columns: _Columns, box: tuple[int, int, int, int], px_per_mm: float
+    rgb: np.ndarray,
+    hair: np.ndarray,
+    face: Face,
+    frame: FaceFrame,
+    columns: _Columns,
+    box: tuple[int, int, int, int],
+    px_per_mm: float,
 ) -> np.ndarray:
     x0, y0, x1, y1 = box
     ys, xs = np.mgrid[y0:y1, x0:x1].astype(np.float64)
@@ -313,11 +397,12 @@ def _blend(
     # the pure downward move fetches from `drop` higher up: the old edge lands on the new one;
     # below the new edge (the lower feather) it is the skin under the old edge
     reach = drop + (v - current)
-    sources, fade, held = _source_heights(columns, u, np.maximum(reach, 0.0), px_per_mm)
+    sources = _source_heights(columns, u, np.maximum(reach, 0.0), px_per_mm)
+    fade, settled = sources.fade, sources.settled
     shape = ys.shape
     points = [
         frame.to_image(np.stack([np.where(reach < 0, u, su), np.where(reach < 0, v + drop, sv)], axis=1))
-        for su, sv in (*sources, held)
+        for su, sv in (*sources.strands, sources.held)
     ]
     # the photo's low frequencies (colour and light over more than ~TREND_MM), around the sources only
     margin = 3.0 * TREND_MM * px_per_mm + 2.0
@@ -342,10 +427,15 @@ def _blend(
     fill = strands(points[0])
     if fade.any():  # the second source only matters where a repeat cross-fades into it
         fill += fade.reshape(shape)[..., None].astype(np.float32) * (strands(points[1]) - fill)
-    fill += smooth_at(points[2])
+    held = smooth_at(points[2])
+    if settled.any():
+        colour = _held_colour(rgb, hair, frame, columns, px_per_mm)
+        strip = np.stack([np.interp(u, columns.u, colour[:, channel]) for channel in range(3)], axis=1)
+        held += settled.reshape(shape)[..., None].astype(np.float32) * (strip.reshape(*shape, 3) - held)
+    fill += held
     new_edge = current - drop
     top = current + EDGE_ZONE_MM * px_per_mm
-    under = UNDER_EDGE_MM * px_per_mm
+    under = columns.under
     front = FRONT_MM * px_per_mm
     weight = _smoothstep(new_edge - under, new_edge + front, v) * (
         1.0 - _smoothstep(top, top + FEATHER_MM * px_per_mm, v)

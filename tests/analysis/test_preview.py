@@ -13,7 +13,15 @@ import numpy as np
 import pytest
 
 from analysis.drawing import designs
-from analysis.drawing.preview import EDGE_NOISE_MM, FRONT_MM, grow_preview, grown_edge
+from analysis.drawing.preview import (
+    EDGE_NOISE_MM,
+    EDGE_ZONE_MM,
+    FEATHER_MM,
+    FRONT_MM,
+    UNDER_EDGE_MAX_MM,
+    grow_preview,
+    grown_edge,
+)
 from analysis.drawing.preview_texture import band_texture
 from analysis.face.calibration import calibrate
 from analysis.face.head_samples import brow_curve, to_lab
@@ -25,10 +33,11 @@ from analysis.types import PLANS, Calibration, Face, Hairline, HairSegmentation
 
 from .images import load_photo
 
-# Pixels may change this far outside the band between the planned and the current hairline:
-# the fill covers the old edge's see-through front and fades into the hair above it
-# (3.5 + 2.5 mm), and blends into the skin below the new edge (4 mm).
-BAND_TOLERANCE_MM = 6.5
+# Pixels may change this far outside the band between the planned and the current hairline
+# (and half a millimetre of the pixel grid): the fill covers the old edge's see-through front
+# and fades into the hair above it (3.5 + 2.5 mm), and blends into the skin below the new
+# edge (3.5 mm, up to 8 where the two skins are lit differently, + 1 mm of the edge's wander).
+BAND_TOLERANCE_MM = max(EDGE_ZONE_MM + FEATHER_MM, UNDER_EDGE_MAX_MM + EDGE_NOISE_MM) + 0.5
 MIN_CORE_PX = 500  # band interiors smaller than this say little about colour
 MIN_HAIR_SKIN_CONTRAST = 30.0  # Lab (OpenCV 8-bit): white hair on pink skin is below it
 
