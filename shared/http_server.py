@@ -131,6 +131,8 @@ class HTTP1Protocol(H11Protocol):
             else:  # closed: by the client, the drain's deadline, the server's stop
                 self._end_drain()
                 await super().handle(event)
+            if self._drain is not None and self.stream is None and not self._body_left_unread():
+                await self._finish_drain()  # Hypercorn's own reading took the body's end after the app closed
         except _Refusal as refusal:
             await self._refuse(refusal)
 
@@ -163,9 +165,13 @@ class HTTP1Protocol(H11Protocol):
         )
 
     async def _maybe_recycle(self) -> None:
-        if self._drain is not None:  # the app is done, its body not yet: the connection waits for it
+        if self._drain is not None and self._body_left_unread():
             await self._close_stream()
-            return
+            if self._body_left_unread():
+                return  # the app is done, its body not yet: the connection waits for it
+        # The drain may have begun while Hypercorn's own reading was handing the body over: that
+        # reading took the body's end (and may wait, paused, on a next request): cycle now
+        self._end_drain()
         await super()._maybe_recycle()
 
     async def _drain_body(self, data: bytes) -> None:
@@ -174,20 +180,22 @@ class HTTP1Protocol(H11Protocol):
             await self.send(Closed())
             return
         connection.receive_data(data)
-        while True:
+        while connection.their_state is h11.SEND_BODY:  # already DONE if Hypercorn read the end
             try:
                 event = connection.next_event()
             except h11.RemoteProtocolError:  # a broken body: nothing to answer, its answer went
                 await self.send(Closed())
                 return
-            if isinstance(event, h11.EndOfMessage):
-                break
             if event is h11.NEED_DATA or isinstance(event, h11.ConnectionClosed):
                 return  # more to come, or the client's close (`Closed` follows)
+        await self._finish_drain()
+
+    async def _finish_drain(self) -> None:
         self._end_drain()
         if self.stream is None:  # the app finished first: the next request may follow at once
             await super()._maybe_recycle()
-            await self._handle_events()
+        # a next request already here is served now, or (h11 pauses) once this answer is done
+        await self._handle_events()
 
     def _end_drain(self) -> None:
         if self._drain is not None:
