@@ -17,7 +17,10 @@ connection's handling ends that connection, never the process.
   `100 Continue`, a chunked body whose size shows only as it arrives) reads its answer
   instead of a broken pipe. Bounded: `DRAIN_LIMIT_BYTES` read since the request's head,
   `DRAIN_LIMIT_SECONDS` after its answer began; past either the connection is closed. An
-  answer that says `Connection: close` is closed on as before.
+  answer that says `Connection: close` is closed on as before. Once an answer has ended
+  nothing reads what Hypercorn queues for the app (quart-trio stops receiving when it has
+  answered), so the rest is dropped, not queued (`_AppInbox`): a body of many small chunks
+  filled the app's queue of 10 and stopped the connection's reading for good.
 - A WebSocket upgrade is refused the same way (neither service has a WebSocket endpoint):
   under `/api/` HTTP 200 and the contract's 1001 envelope, like any refusal there,
   elsewhere 400. Hypercorn's WebSocket path is never entered: in it every app-level error
@@ -45,9 +48,10 @@ import json
 import logging
 import traceback
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import h11
 import hypercorn.protocol
@@ -59,6 +63,7 @@ from hypercorn.protocol.events import EndBody
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.events import Response as StreamResponse
 from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.protocol.http_stream import HTTPStream
 from hypercorn.trio.tcp_server import TCPServer
 
 from shared.contract import (
@@ -112,6 +117,32 @@ class _Refusal(Exception):
         self.headers = headers
 
 
+class _AppInbox:
+    """What Hypercorn hands a request's app (its `app_put`), until the app has answered: after
+    that, nothing is queued, and a hand-over waiting on the app's full queue is let go."""
+
+    def __init__(self, put: Callable[[Any], Awaitable[None]]) -> None:
+        self._put = put
+        self._waiting: set[trio.CancelScope] = set()
+        self._closed = False
+
+    async def put(self, message: Any) -> None:
+        if self._closed:
+            return
+        scope = trio.CancelScope()
+        self._waiting.add(scope)
+        try:
+            with scope:
+                await self._put(message)
+        finally:
+            self._waiting.discard(scope)
+
+    def close(self) -> None:
+        self._closed = True
+        for scope in self._waiting:
+            scope.cancel()
+
+
 class HTTP1Protocol(H11Protocol):
     """Hypercorn's HTTP/1.1 protocol that never switches protocols (HTTP/2, WebSocket),
     refuses an ambiguous body and drains a body its answer left unread."""
@@ -119,6 +150,7 @@ class HTTP1Protocol(H11Protocol):
     _request_bytes = 0  # read since this request's head (a pipelined next one's bytes too)
     _answered_at = 0.0  # when this request's answer began (trio clock)
     _drain: trio.CancelScope | None = None  # the drain's deadline task, while one runs
+    _inbox: _AppInbox | None = None  # the current request's app's queue
 
     async def handle(self, event: Event) -> None:
         try:
@@ -126,24 +158,32 @@ class HTTP1Protocol(H11Protocol):
                 self._request_bytes += len(event.data)
             if self._drain is None:
                 await super().handle(event)
+                if self._drain is not None and self.stream is None:
+                    # a drain began while Hypercorn's own reading handed the body over; that
+                    # reading stops at the app's end and leaves the rest buffered (the body's
+                    # end and a next request among it): drained from there
+                    await self._drain_buffered()
             elif isinstance(event, RawData):
                 await self._drain_body(event.data)
             else:  # closed: by the client, the drain's deadline, the server's stop
                 self._end_drain()
                 await super().handle(event)
-            if self._drain is not None and self.stream is None and not self._body_left_unread():
-                await self._finish_drain()  # Hypercorn's own reading took the body's end after the app closed
         except _Refusal as refusal:
             await self._refuse(refusal)
 
     async def _create_stream(self, request: h11.Request) -> None:
         self._request_bytes = 0
         await super()._create_stream(request)
+        if isinstance(self.stream, HTTPStream) and self.stream.app_put is not None:
+            self._inbox = _AppInbox(self.stream.app_put)
+            self.stream.app_put = self._inbox.put
 
     async def stream_send(self, event: StreamEvent) -> None:
         if isinstance(event, StreamResponse) and event.status_code >= 200:
             self._answered_at = trio.current_time()
         await super().stream_send(event)
+        if isinstance(event, EndBody) and self._inbox is not None:
+            self._inbox.close()
         if isinstance(event, EndBody) and self._drain is None and self._body_left_unread():
             # From here the app gets no more of its body (it has answered): drained, dropped
             deadline = self._answered_at + DRAIN_LIMIT_SECONDS
@@ -180,6 +220,10 @@ class HTTP1Protocol(H11Protocol):
             await self.send(Closed())
             return
         connection.receive_data(data)
+        await self._drain_buffered()
+
+    async def _drain_buffered(self) -> None:
+        connection = cast(h11.Connection, self.connection)
         while connection.their_state is h11.SEND_BODY:  # already DONE if Hypercorn read the end
             try:
                 event = connection.next_event()

@@ -131,9 +131,26 @@ async def exchange(port: int, data: bytes, *, ssl_context: ssl.SSLContext | None
 
 async def read_answer(stream: trio.abc.Stream, wait_s: float = 5.0) -> Answer:
     """One answer from `stream`; `closed` when the server ended the connection after it."""
+    return (await read_answers(stream, 1, wait_s))[0]
+
+
+async def read_answers(stream: trio.abc.Stream, count: int, wait_s: float = 5.0) -> list[Answer]:
+    """`count` answers in a row from `stream` (pipelined requests' answers: one read may bring
+    several), fewer where the connection ends first."""
     client = h11.Connection(h11.CLIENT)
-    client.send(h11.Request(method="GET", target="/", headers=[("Host", "svc")]))  # h11 parses answers to a request
-    client.send(h11.EndOfMessage())
+    answers: list[Answer] = []
+    while len(answers) < count:
+        if answers:
+            if not (client.our_state is client.their_state is h11.DONE):
+                break
+            client.start_next_cycle()
+        client.send(h11.Request(method="GET", target="/", headers=[("Host", "svc")]))  # h11 parses answers to a request
+        client.send(h11.EndOfMessage())
+        answers.append(await _read_one(stream, client, wait_s))
+    return answers
+
+
+async def _read_one(stream: trio.abc.Stream, client: h11.Connection, wait_s: float) -> Answer:
     status, body = None, b""
     informational: list[int] = []
     with trio.move_on_after(wait_s):

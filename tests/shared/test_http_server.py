@@ -16,15 +16,17 @@ import hypercorn.trio
 import hypercorn.trio.run
 import pytest
 import trio
+import trio.testing
 from hypercorn.config import Config
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.protocol.http_stream import HTTPStream
 from hypercorn.trio.tcp_server import TCPServer
 
 from cluster.launcher import REPO_ROOT
 from shared.http_server import ContainedTCPServer, HTTP1Protocol, http1_only
 from shared.logs import FailureLog
-from tests.shared.http_attacks import exchange
+from tests.shared.http_attacks import exchange, read_answers
 
 OK = b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n"
 
@@ -47,6 +49,8 @@ def test_the_overridden_names_are_where_hypercorn_looks_them_up() -> None:
     assert {"send_lock", "stream"} <= set(TCPServer.__init__.__code__.co_names)
     # the HTTP/2 switch HTTP1Protocol replaces, called for each request head
     assert "_check_protocol" in H11Protocol._handle_events.__code__.co_names
+    # the app's queue HTTP1Protocol wraps (_AppInbox), set when a stream's request arrives
+    assert "app_put" in HTTPStream.handle.__code__.co_names
     assert list(inspect.signature(H11Protocol._check_protocol).parameters) == ["self", "event"]
     assert HTTP1Protocol._check_protocol is not H11Protocol._check_protocol
 
@@ -56,6 +60,10 @@ def test_tls_offers_http_1_1_alone() -> None:
 
 
 async def app(scope, receive, send) -> None:
+    if scope["type"] == "http" and scope["path"] == "/unread":
+        # answers without reading its body, once Hypercorn waits on its full queue (as after
+        # quart-trio's answer: it stops receiving then)
+        await trio.testing.wait_all_tasks_blocked()
     if scope["type"] == "lifespan":
         while (await receive())["type"] != "lifespan.shutdown":
             await send({"type": "lifespan.startup.complete"})
@@ -100,3 +108,22 @@ async def test_a_connection_that_raises_ends_alone_and_each_kind_is_logged_once(
     assert len(logged) == 2, logged  # once per kind: the repeats within the minute are counted
     assert "ZeroDivisionError at " in logged[0] and "'injected 0'" in logged[0] and "KeyError at " in logged[1]
     assert all("shared/http_server.py" not in line and "test_http_server.py" in line for line in logged)
+
+
+async def test_a_body_the_app_left_unread_in_a_full_queue_is_dropped_and_the_next_request_served(
+    nursery: trio.Nursery,
+) -> None:
+    # a body of many small chunks filled the app's queue (10 messages): Hypercorn's reading
+    # waited on it, and the app's own end (its disconnect message) too, for good
+    config = http1_only(Config())
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    stop = trio.Event()
+    url = (await nursery.start(partial(hypercorn.trio.serve, app, config, shutdown_trigger=stop.wait)))[0]
+    head = b"POST /unread HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+    stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
+    async with stream:
+        await stream.send_all(head + b"1\r\na\r\n" * 100 + b"0\r\n\r\n" + OK)
+        answers = await read_answers(stream, 2)
+    stop.set()
+    assert [(a.status, a.body) for a in answers] == [(200, b"ok"), (200, b"ok")]
