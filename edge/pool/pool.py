@@ -20,8 +20,12 @@ Invariants:
   is held again until probes say free (`expire_holds`): another gateway may have taken it
   since, and a stale "idle" would send it an upload it refuses;
 - with `leases_shared` (the gateways lease hosts in Redis) the lease, not /health, guards
-  a forward: one free probe ends a busy hold, nothing is held as stale, and a release
-  announced for a host also ends the hold a busy probe put on it;
+  a forward: a probe that finds a host busy holds nothing (asking for the lease costs a
+  round trip, no upload, and tells who runs a job there; held on /health alone, a host that
+  its holder keeps across its hand-overs was never free to a probe, and a gateway never
+  asked for it, never marked it wanted: it starved), one free probe ends the hold of a
+  busy answer, nothing is held as stale, and a release announced for a host also ends
+  that hold;
 - a worker whose shared lease (Redis) another gateway holds is leased elsewhere: not
   selectable until that lease is announced given back (`lease_released`) or its time is
   up (`release(leased_elsewhere_seconds=…)`); probes do not end that hold (a host between
@@ -247,7 +251,9 @@ class Pool:
         # A probe sent while (or before) our own request ran says nothing about whether the
         # worker is free now; only one sent after that request ended may (un)set the flag.
         if result.sent_at >= worker.last_request_ended:
-            if result.busy:  # while draining: our own abandoned job, the drain already holds it
+            if result.busy and self.leases_shared:
+                pass  # whose job it is, and when it ends, the host's lease says
+            elif result.busy:  # while draining: our own abandoned job, the drain already holds it
                 worker.reported_busy = not worker.leased and worker.draining_until is None
                 worker.free_seen_at = None
                 if worker.reported_busy:

@@ -393,7 +393,7 @@ def test_with_nothing_online_a_worker_may_return_after_its_cooldown_or_the_next_
     [
         (False, ["free"], False),  # /health alone: a second look must confirm it
         (True, ["free"], True),  # the lease guards the forward: one free probe does
-        (True, ["released"], True),  # the holder's release announced: the job the probe saw is over
+        (True, ["released"], True),  # the holder's release announced: the job the answer met is over
         (False, ["free", "free later", "much later"], False),  # stale knowledge of a shared host …
         (True, ["free", "much later"], True),  # … is the lease's business with Redis
     ],
@@ -401,7 +401,8 @@ def test_with_nothing_online_a_worker_may_return_after_its_cooldown_or_the_next_
 def test_with_shared_leases_the_lease_not_health_guards_a_forward(leases_shared, events, idle) -> None:
     pool = online_pool(A)
     pool.leases_shared = leases_shared
-    pool.record_probe(0, ProbeResult(1.0, ok=True, busy=True), now=1.0)  # another gateway's job
+    pool.lease(0, 0.5)
+    pool.release(0, 1.0, busy_elsewhere=True)  # the host answered busy: a job of a gateway without the lease
     now = 1.0
     for event in events:
         if event == "free":
@@ -413,4 +414,16 @@ def test_with_shared_leases_the_lease_not_health_guards_a_forward(leases_shared,
         else:
             now = 5.0
     pool.expire_holds(now)
+    assert pool.workers[0].idle is idle
+
+
+@pytest.mark.parametrize(("leases_shared", "idle"), [(False, False), (True, True)])
+def test_a_busy_probe_holds_a_host_only_without_shared_leases(leases_shared, idle) -> None:
+    # with leases the next forward asks Redis (a round trip, no upload): a host its holder
+    # keeps across its own hand-overs is never free to a probe, and a gateway that held it
+    # on /health never asked, never marked it wanted, and served nothing (bench_gateways 2x2)
+    pool = online_pool(A)
+    pool.leases_shared = leases_shared
+    pool.record_probe(0, ProbeResult(1.0, ok=True, busy=True), now=1.0)  # another gateway's job
+    pool.expire_holds(2.0)
     assert pool.workers[0].idle is idle
