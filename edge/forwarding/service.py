@@ -206,7 +206,11 @@ class ApiService:
         garbage is ejected before anyone else can be handed it."""
         progress.wait_began()
         slow = self.is_slow(request.path)
-        async with self._dispatcher.worker(frozenset(tried), path=request.path, slow=slow) as lease:
+        if progress.first_worker_wait is None:
+            progress.first_worker_wait = progress.waiting_since
+        async with self._dispatcher.worker(
+            frozenset(tried), path=request.path, slow=slow, waiting_since=progress.first_worker_wait
+        ) as lease:
             progress.wait_ended()
             progress.attempts += 1  # an attempt is a worker tried, not a wait for one
             progress.worker = lease.index
@@ -275,6 +279,7 @@ class _Progress:
     worker: int | None = None
     failed_workers: list[int] = field(default_factory=list)
     waiting_since: float | None = None  # a queue wait (slot, worker) under way
+    first_worker_wait: float | None = None  # when its first wait for a worker began
 
     def wait_began(self) -> None:
         self.waiting_since = trio.current_time()

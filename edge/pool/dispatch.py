@@ -262,14 +262,19 @@ class Dispatcher:
         *,
         path: str = "",
         slow: bool = False,
+        waiting_since: float | None = None,
     ) -> AsyncIterator[WorkerLease]:
         """Lease an idle eligible worker not in `exclude` (those already tried) for a
-        request on `path` of the slow class or not."""
+        request on `path` of the slow class or not. `waiting_since`: when the request
+        first waited for a worker, for a later attempt: its place in the queue and its
+        patience count from then (a request sent back each time it met another gateway's
+        lease would otherwise never grow impatient, never mark a host wanted, and a
+        gateway that keeps every host across its hand-overs would starve it)."""
         now = trio.current_time()
         self._expire_holds(now)
         if not self.pool.eligible(exclude):
             raise Unavailable
-        waiter = _Waiter(Waiting(now, slow, exclude, path))
+        waiter = _Waiter(Waiting(now if waiting_since is None else waiting_since, slow, exclude, path))
         self._waiters.append(waiter)
         self._hand_over()
         if waiter.index is None:

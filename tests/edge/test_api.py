@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 
@@ -21,7 +23,9 @@ from PIL import Image
 from edge.admission.idempotency import open_idempotency
 from edge.app import create_app
 from edge.gateway import Gateway, build_gateway
+from edge.pool.dispatch import IMPATIENT_FRACTION, LEASE_RECHECK_SECONDS
 from edge.pool.failures import FailureKind, WorkerAnswer, WorkerBusy, WorkerFailure, WorkerRefusal
+from edge.pool.host_leases import HostLeased
 from edge.pool.pool import ProbeResult
 from edge.pool.upstream import ForwardRequest
 from shared.contract import MSG_BACKEND_BUSY, MSG_BACKEND_UNAVAILABLE, Code, envelope
@@ -353,6 +357,43 @@ async def test_workers_busy_elsewhere_for_longer_than_the_queue_wait_answer_busy
         response = await client.post(MEASURE, json=PHOTO)
     assert response.json()["message"] == MSG_BACKEND_BUSY
     assert trio.current_time() - started <= 5 + 2, "queue_wait_seconds (5) plus the holds it overran by"
+
+
+class HostsLeasedUntilWanted:
+    """Another gateway holds every host and keeps it across its own hand-overs: a host is
+    given up only to a gateway impatient enough to mark it wanted (as Redis's script does)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.asked: list[tuple[float, bool]] = []  # (when, impatient) of each lease asked for
+
+    @asynccontextmanager
+    async def hold(self, url: str, timeout_seconds: float) -> AsyncIterator[None]:
+        impatient = self.gateway.dispatcher.turn(url).impatient
+        self.asked.append((trio.current_time(), impatient))
+        if not impatient:
+            raise HostLeased(30.0)
+        yield
+
+
+async def test_a_request_sent_back_by_other_gateways_leases_grows_impatient_and_gets_a_host(
+    autojump_clock, client, upstream, gateway
+) -> None:
+    # each lease refused sent the request back to the queue as a newcomer: it never grew
+    # impatient, never marked a host wanted, and a gateway beside one that keeps every host
+    # served nothing (bench_gateways 2x2 with Redis: 0 of 126)
+    leases = HostsLeasedUntilWanted(gateway)
+    gateway.api._host_leases = leases
+    gateway.pool.leases_shared = True
+    started = trio.current_time()
+    response = await client.post(MEASURE, json=PHOTO)
+    assert response.json()["code"] == Code.OK
+    impatient_at = IMPATIENT_FRACTION * gateway.dispatcher.queue_wait_seconds
+    assert [impatient for _, impatient in leases.asked].count(True) == 1
+    assert leases.asked[-1][0] - started <= impatient_at + LEASE_RECHECK_SECONDS
+    # the hosts were asked once each per recheck, not in a loop
+    assert len(leases.asked) <= 2 * (impatient_at / LEASE_RECHECK_SECONDS + 2)
+    assert len(upstream.forwards) == 1, "no upload before the lease"
 
 
 async def test_a_replay_names_the_request_whose_answer_it_is(tmp_path: Path, upstream: FakeUpstream) -> None:
