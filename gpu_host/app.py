@@ -40,10 +40,13 @@ from gpu_host.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpu_host.metrics import GENERATION_FAILED, GENERATION_NO_HAIR, HostMetrics
 from gpu_host.model_process import ModelBusy, ModelProcess, ModelUnavailable
 from gpu_host.supervisor import Phase
+from gpu_host.wanted import HostWanted
 from shared.contract import (
     API_PREFIX,
+    BUSY_KEY,
     GPU_ENDPOINT_PATHS,
     HEADER_EXECUTION_ID,
+    HEADER_HOST_WANTED,
     HEADER_REQUEST_ID,
     HEADER_REQUEST_TIMEOUT_MS,
     HEADER_TOKEN,
@@ -54,6 +57,7 @@ from shared.contract import (
     MSG_DEADLINE_TOO_SHORT,
     MSG_METHOD_NOT_ALLOWED,
     MSG_UNKNOWN_ENDPOINT,
+    WANTED_KEY,
     Code,
     ContractError,
     busy_envelope,
@@ -85,6 +89,7 @@ class _Host:
     metrics: HostMetrics
     comfyui: ComfyUIClient | None
     checks: HostChecks
+    wanted: HostWanted
 
 
 def create_app(
@@ -105,7 +110,7 @@ def create_app(
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
     app.json.sort_keys = False  # type: ignore[attr-defined]
     checks = checks or no_checks()
-    host = _Host(model, limits, HostMetrics(model.statistics, checks), comfyui, checks)
+    host = _Host(model, limits, HostMetrics(model.statistics, checks), comfyui, checks, HostWanted())
 
     @app.before_request
     async def require_token() -> Any:
@@ -119,7 +124,9 @@ def create_app(
 
     @app.get("/health")
     async def health() -> Any:
-        return _health_response(model, checks)
+        if request.headers.get(HEADER_HOST_WANTED) == "1":
+            host.wanted.heard(trio.current_time(), busy=model.statistics().busy)
+        return _health_response(model, checks, wanted=host.wanted.wanted(trio.current_time()))
 
     @app.get(METRICS_PATH)
     async def metrics() -> Any:
@@ -172,13 +179,20 @@ def _http_error_as_contract(error: HTTPException, failed: Request) -> tuple[Code
     return Code.INVALID_PARAMETER, None
 
 
-def _health_response(model: ModelProcess, checks: HostChecks) -> Any:
+def _health_response(model: ModelProcess, checks: HostChecks, *, wanted: bool) -> Any:
     """200 only when the model is ready and no deep check takes the host out (gpu_host.md § /health)."""
     stats = model.statistics()
     common = {"inference_timeout_seconds": model.inference_timeout_seconds, **checks.health_fields()}
     disk_problem = checks.disk_message()
     if stats.state is Phase.READY and disk_problem is None:
-        body = {"status": "ok", "device": stats.device, "segmenter": stats.segmenter, "busy": stats.busy, **common}
+        body = {
+            "status": "ok",
+            "device": stats.device,
+            "segmenter": stats.segmenter,
+            BUSY_KEY: stats.busy,
+            WANTED_KEY: stats.busy and wanted,
+            **common,
+        }
         return jsonify(body), 200
     if disk_problem is not None and stats.state is not Phase.FAILED:
         body = {"status": "error", "message": disk_problem}  # the model serves or loads: the disk is what to fix

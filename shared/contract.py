@@ -66,6 +66,14 @@ BUSY_KEY = "busy"
 # loading its models answers 503 with this status; `checks` maps each deep check to its state.
 HEALTH_LOADING = "loading"
 HEALTH_CHECKS_KEY = "checks"
+# Several gateways without shared state (gateway.md § Several gateways): a gateway whose
+# request has waited long for a host another one keeps busy says so on its probe
+# (`HEADER_HOST_WANTED: 1`); while a job runs, the host's `/health` then says
+# `"wanted": true` for `HOST_WANTED_SECONDS`, and the gateway whose job it is lets the host
+# go when that job ends. Only the host sees who asks for it.
+HEADER_HOST_WANTED = "X-Host-Wanted"
+WANTED_KEY = "wanted"
+HOST_WANTED_SECONDS = 1.5
 CHECK_DISK, CHECK_COMFYUI = "disk", "comfyui"
 CHECK_OK, CHECK_LOW, CHECK_DOWN, CHECK_OFF = "ok", "low", "down", "off"
 # Gateway answers for /api/ requests it cannot route.

@@ -46,8 +46,10 @@ from quart import Response, request
 from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
 
+from gpu_host.wanted import HostWanted
 from shared.contract import (
     HEADER_FORWARDED_FOR,
+    HEADER_HOST_WANTED,
     HEADER_REQUEST_ID,
     HEADER_REQUEST_TIMEOUT_MS,
     HEADER_TOKEN,
@@ -132,6 +134,7 @@ class FakeWorker:
         self.knobs = Knobs(latency_ms=latency_ms)
         self.stats = Stats()
         self.released = trio.Event()
+        self.wanted = HostWanted()  # as a real host hears its probes (gpu_host.wanted)
 
     def authorized(self) -> bool:
         values = request.headers.getlist(HEADER_TOKEN)
@@ -252,7 +255,11 @@ def create_app(worker: FakeWorker) -> QuartTrio:
         if worker.knobs.not_ready:
             return {"status": "loading"}, 503
         busy = worker.knobs.health_busy or worker.stats.in_flight > 0
+        if request.headers.get(HEADER_HOST_WANTED) == "1":
+            worker.wanted.heard(trio.current_time(), busy=busy)
+        wanted = busy and worker.wanted.wanted(trio.current_time())
         answer: dict[str, Any] = {"status": "ok", "device": "cpu", "segmenter": "fallback", "busy": busy}
+        answer["wanted"] = wanted
         if worker.knobs.inference_timeout_seconds is not None:
             answer["inference_timeout_seconds"] = worker.knobs.inference_timeout_seconds
         if worker.knobs.checks is not None:

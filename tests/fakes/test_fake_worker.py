@@ -23,7 +23,8 @@ async def test_health_requires_the_token_and_reports_busy_and_loading() -> None:
     unauthorized = await client.get("/health")
     assert (unauthorized.status_code, await unauthorized.get_json()) == (401, {"status": "unauthorized"})
     ok = await client.get("/health", headers=AUTH)
-    assert await ok.get_json() == {"status": "ok", "device": "cpu", "segmenter": "fallback", "busy": False}
+    ready = {"status": "ok", "device": "cpu", "segmenter": "fallback", "busy": False, "wanted": False}
+    assert await ok.get_json() == ready
     worker.knobs.update({"health_busy": True})
     assert (await (await client.get("/health", headers=AUTH)).get_json())["busy"] is True
     worker.knobs.update({"not_ready": True})

@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 import trio
 
-from shared.contract import GPU_ENDPOINT_PATHS, MSG_BACKEND_UNAVAILABLE, MSG_HOST_BUSY
+from shared.contract import (
+    BUSY_KEY,
+    GPU_ENDPOINT_PATHS,
+    HEADER_HOST_WANTED,
+    MSG_BACKEND_UNAVAILABLE,
+    MSG_HOST_BUSY,
+    WANTED_KEY,
+)
 from shared.secrets_file import SecretsSource
 from shared.settings import ENV_ACCEPT_PASSWORDS, token_fingerprint
 from tests.gpu_host.conftest import (
@@ -106,7 +113,7 @@ async def test_health_is_503_loading_until_the_child_is_ready(tmp_path: Any) -> 
         }
         assert (ready.status_code, await ready.get_json()) == (
             200,
-            {"status": "ok", "device": "cpu", "segmenter": "fake", "busy": False, **no_problem},
+            {"status": "ok", "device": "cpu", "segmenter": "fake", "busy": False, "wanted": False, **no_problem},
         )
 
 
@@ -122,6 +129,23 @@ async def test_health_answers_while_an_inference_runs(fifos: Fifos) -> None:
     assert (during.status_code, (await during.get_json())["busy"]) == (200, True)
     assert (await answers[0].get_json())["code"] == 0
     assert (await after.get_json())["busy"] is False
+
+
+async def test_a_probe_that_wants_the_host_while_a_job_runs_is_told_to_the_other_probes(fifos: Fifos) -> None:
+    # gateway.md § Several gateways: the gateway whose job runs reads "wanted" on its own
+    # probes and lets the host go when the job ends; a host asked while free is simply free
+    model = fake_model()
+    wants = {**auth(), HEADER_HOST_WANTED: "1"}
+    async with serving(model) as client:
+        await model.wait_ready()
+        idle_asked = await (await client.get("/health", headers=wants)).get_json()
+        async with job_running(client, fifos):
+            before = await (await client.get("/health", headers=auth())).get_json()
+            await client.get("/health", headers=wants)
+            during = await (await client.get("/health", headers=auth())).get_json()
+        after = await (await client.get("/health", headers=auth())).get_json()
+    assert [idle_asked[WANTED_KEY], before[WANTED_KEY], during[WANTED_KEY]] == [False, False, True]
+    assert (after[BUSY_KEY], after[WANTED_KEY]) == (False, False), "a free host is not wanted: it is free"
 
 
 async def test_a_request_while_a_job_runs_is_answered_503_busy_at_once(fifos: Fifos) -> None:
