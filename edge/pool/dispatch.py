@@ -385,6 +385,21 @@ class Dispatcher:
             return Turn()
         return Turn(impatient=lease.impatient, successor_waiting=self._successor_waiting(lease.index))
 
+    def wants(self, index: int) -> bool:
+        """Should a probe of worker `index` tell its host that a request here has waited long
+        for it? Without shared leases: it is held busy elsewhere and an impatient waiter could
+        take it (with leases, the lease's wanted mark says so)."""
+        worker = self.pool.workers[index]
+        if self.pool.leases_shared or not worker.reported_busy or worker.leased:
+            return False
+        impatient_before = trio.current_time() - IMPATIENT_FRACTION * self._queue_wait_seconds
+        impatient = [w for w in self._waiters if w.waiting.arrived_at < impatient_before]
+        return any(e.index == index for w in impatient for e in self.pool.eligible(w.waiting.exclude))
+
+    def asked_for(self, index: int) -> None:
+        """A probe told worker `index`'s host that a request here waits for it (`wants`)."""
+        self.pool.asked_for(index, trio.current_time())
+
     def _successor_waiting(self, index: int) -> bool:
         """Will a waiter here be handed worker `index` once its request ends? Those that
         may take it outnumber the other workers idle for them (they go first, idle longer)."""

@@ -49,13 +49,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from shared.contract import CHECK_COMFYUI, CHECK_DISK, CHECK_DOWN, CHECK_LOW, CHECK_OK
+from shared.contract import CHECK_COMFYUI, CHECK_DISK, CHECK_DOWN, CHECK_LOW, CHECK_OK, HOST_WANTED_SECONDS
 
 # gateway.md § Several gateways: a host busy elsewhere is free when two probes this far
 # apart say so; longer than the holder's turn-around from its answer to its next forward.
 FREE_CONFIRM_SECONDS = 0.05
 # … and a host found busy elsewhere counts as shared with other gateways for this long.
 SHARED_MEMORY_SECONDS = 30.0
+# A host another gateway waits for (the host's `/health` said "wanted" while our job ran) is
+# left to it this long after our job: longer than that gateway's slow probe interval
+# (prober.HELD_SLOW_PROBE_INTERVAL_SECONDS, 0.4 s) and the time its waiter takes to send.
+HOST_TURN_SECONDS = 0.6
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,9 @@ class WorkerState:
     free_seen_at: float | None = None  # busy elsewhere, then a probe sent then said free: unconfirmed
     shared_until: float = -math.inf  # found busy elsewhere lately: another gateway uses it too
     known_free_at: float = -math.inf  # when we last knew it free (our answer, a confirming probe)
+    turn_wanted: bool = False  # our job runs there and another gateway waits: it gets a turn after
+    free_not_before: float = -math.inf  # its turn: no probe says it is free for us before this
+    asked_for_at: float = -math.inf  # our last probe that told the host we want it
     running_slow: bool = False  # leased (or draining) with a slow request: the reservation counts it
     leased_at: float = -math.inf
     leased_path: str = ""
@@ -148,6 +155,7 @@ class ProbeResult:
     sent_at: float
     ok: bool
     busy: bool = False
+    wanted: bool = False  # busy, and another gateway waits for it (its probes said so)
     reason: str = ""
     loading: bool = False  # 503 {"status": "loading"}: models still loading, not a failure to report loudly
     checks: Mapping[str, str] | None = None  # None: the answer carried no JSON body (keep the last)
@@ -248,6 +256,9 @@ class Pool:
     def _probe_succeeded(self, worker: WorkerState, result: ProbeResult, now: float) -> PoolEvent | None:
         worker.failures = 0
         worker.successes += 1
+        if result.wanted and worker.leased and not self.leases_shared:
+            # the job running there is ours; a mark we set ourselves before we got it is not another's
+            worker.turn_wanted = worker.turn_wanted or result.sent_at > worker.asked_for_at + HOST_WANTED_SECONDS
         # A probe sent while (or before) our own request ran says nothing about whether the
         # worker is free now; only one sent after that request ended may (un)set the flag.
         if result.sent_at >= worker.last_request_ended:
@@ -305,6 +316,10 @@ class Pool:
         idle = [w for w in eligible if w.idle] or ([w for w in eligible if w.seen_free] if seen_free else [])
         return min(idle, key=lambda w: (w.idle_since, w.index), default=None)
 
+    def asked_for(self, index: int, now: float) -> None:
+        """A probe told worker `index`'s host that a request here waits for it."""
+        self.workers[index].asked_for_at = now
+
     def lease(self, index: int, now: float = 0.0, *, path: str = "", slow: bool = False) -> None:
         worker = self.workers[index]
         if not (worker.idle or worker.seen_free):
@@ -331,6 +346,12 @@ class Pool:
         worker = self.workers[index]
         worker.leased = False
         worker.reported_busy, worker.free_seen_at = busy_elsewhere, None
+        if worker.turn_wanted and leased_elsewhere_seconds is None and drain_seconds is None:
+            # another gateway's turn: held as if busy elsewhere, and no probe says free
+            # before it could have come (HOST_TURN_SECONDS)
+            worker.reported_busy, busy_elsewhere = True, True
+            worker.free_not_before = now + HOST_TURN_SECONDS
+        worker.turn_wanted = False
         if busy_elsewhere:
             worker.shared_until = now + SHARED_MEMORY_SECONDS
         elif leased_elsewhere_seconds is None and drain_seconds is None:
@@ -419,6 +440,8 @@ def _confirm_free(worker: WorkerState, sent_at: float, *, at_once: bool = False)
     """A probe sent at `sent_at` says the worker held busy elsewhere is free: the first
     such one makes it seen free; one `FREE_CONFIRM_SECONDS` after that ends the hold
     (`at_once`: the first one does, a shared lease guards the forward)."""
+    if sent_at < worker.free_not_before:
+        return  # another gateway's turn (`release`): a free host is theirs for now
     if at_once:
         worker.reported_busy, worker.free_seen_at = False, None
     elif worker.free_seen_at is None:

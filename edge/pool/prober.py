@@ -30,13 +30,14 @@ import trio
 from edge.pool.dispatch import Dispatcher
 from edge.pool.pool import FREE_CONFIRM_SECONDS, ProbeResult
 from edge.pool.upstream import HealthAnswer
-from shared.contract import BUSY_KEY, HEALTH_CHECKS_KEY, HEALTH_LOADING
+from shared.contract import BUSY_KEY, HEALTH_CHECKS_KEY, HEALTH_LOADING, WANTED_KEY
 from shared.settings import timeout_margin_seconds
 
 log = logging.getLogger("edge.pool")
 
-# (url, timeout_seconds) -> the answer; raises on transport errors and timeouts.
-ProbeFunction = Callable[[str, float], Awaitable[HealthAnswer]]
+# (url, timeout_seconds, wanted) -> the answer; raises on transport errors and timeouts.
+# `wanted`: a request here has waited long for this host (shared.contract.HEADER_HOST_WANTED).
+ProbeFunction = Callable[[str, float, bool], Awaitable[HealthAnswer]]
 
 HELD_PROBE_INTERVAL_SECONDS = 0.1  # gateway.md § Scheduling, § Several gateways: at once, then every 100 ms
 # A host busy elsewhere for longer than this (another gateway keeps it, job after job) is
@@ -66,8 +67,8 @@ def judge(answer: HealthAnswer, sent_at: float) -> ProbeResult:
         )
     if body is None:
         return ProbeResult(sent_at, ok=False, reason="health body is not JSON")
-    busy = document.get(BUSY_KEY) is True
-    return ProbeResult(sent_at, ok=True, busy=busy, checks=checks, inference_timeout_seconds=timeout)
+    busy, wanted = document.get(BUSY_KEY) is True, document.get(WANTED_KEY) is True
+    return ProbeResult(sent_at, ok=True, busy=busy, wanted=wanted, checks=checks, inference_timeout_seconds=timeout)
 
 
 def _checks(value: object) -> Mapping[str, str]:
@@ -138,8 +139,11 @@ class Prober:
             while worker.awaiting_probe and worker.online:
                 await self._probe_one(index, worker.url)
                 step = HELD_PROBE_INTERVAL_SECONDS
-                if worker.draining_until is None and trio.current_time() - began >= HELD_FAST_SECONDS:
-                    step = HELD_SLOW_PROBE_INTERVAL_SECONDS  # kept by another gateway: look less often
+                kept_elsewhere = worker.draining_until is None and trio.current_time() - began >= HELD_FAST_SECONDS
+                if kept_elsewhere and not self._dispatcher.wants(index):
+                    # kept by another gateway: look less often, unless a request here waits for
+                    # it so long that its host was asked for a turn (taken at the first look)
+                    step = HELD_SLOW_PROBE_INTERVAL_SECONDS
                 next_probe = max(next_probe + step, trio.current_time())
                 if worker.free_seen_at is not None:  # seen free once: the look that confirms it comes sooner
                     next_probe = max(worker.free_seen_at + FREE_CONFIRM_SECONDS, trio.current_time())
@@ -158,7 +162,10 @@ class Prober:
         result: ProbeResult
         with trio.move_on_after(self._timeout_seconds) as scope:
             try:
-                answer = await self._probe(url + self._path, self._timeout_seconds)
+                wanted = self._dispatcher.wants(index)
+                if wanted:
+                    self._dispatcher.asked_for(index)
+                answer = await self._probe(url + self._path, self._timeout_seconds, wanted)
             except Exception as error:  # every transport failure is just a failed probe
                 result = ProbeResult(sent_at, ok=False, reason=_describe(error))
             else:

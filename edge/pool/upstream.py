@@ -31,6 +31,7 @@ from edge.pool.failures import FailureKind, RequestNotSent, WorkerAnswer, Worker
 from shared.contract import (
     HEADER_EXECUTION_ID,
     HEADER_FORWARDED_FOR,
+    HEADER_HOST_WANTED,
     HEADER_REQUEST_ID,
     HEADER_REQUEST_TIMEOUT_MS,
     HEADER_TOKEN,
@@ -48,6 +49,7 @@ _CLIENT_PARTS_REFUSED = "the client's query or headers are not valid HTTP"
 # must not be able to exhaust the gateway's memory. Grow answers at 52 MP are ~200 MB.
 MAX_ANSWER_BYTES = 512 * 1024 * 1024
 _TOKEN, _REQUEST_ID, _EXECUTION_ID = HEADER_TOKEN.encode(), HEADER_REQUEST_ID.encode(), HEADER_EXECUTION_ID.encode()
+_WANTED = HEADER_HOST_WANTED.encode()
 _FORWARDED_FOR, _REQUEST_TIMEOUT_MS = HEADER_FORWARDED_FOR.encode(), HEADER_REQUEST_TIMEOUT_MS.encode()
 
 
@@ -135,9 +137,11 @@ class Upstream:
                 raise
             raise RequestNotSent(Code.INVALID_PARAMETER, _CLIENT_PARTS_REFUSED) from None
 
-    async def probe(self, url: str, timeout_seconds: float) -> HealthAnswer:
+    async def probe(self, url: str, timeout_seconds: float, wanted: bool = False) -> HealthAnswer:
+        """`wanted`: tell the host a request here has waited long for it (gateway.md § Several gateways)."""
         base_url, target = _split_target(url)
-        async with self._exchange(base_url, "GET", target, [(_TOKEN, self._token)], b"", timeout_seconds) as answer:
+        headers = [(_TOKEN, self._token), *([(_WANTED, b"1")] if wanted else [])]
+        async with self._exchange(base_url, "GET", target, headers, b"", timeout_seconds) as answer:
             return HealthAnswer(*answer)
 
     @asynccontextmanager

@@ -36,7 +36,7 @@ class RecordingUpstream:
     def set_token(self, token: str) -> None:
         self.tokens.append(token)
 
-    async def probe(self, url: str, timeout: float):  # pragma: no cover - no probe runs here
+    async def probe(self, url: str, timeout: float, wanted: bool = False):  # pragma: no cover - no probe runs here
         raise AssertionError
 
     async def aclose(self) -> None:

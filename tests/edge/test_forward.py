@@ -28,7 +28,7 @@ from edge.pool.failures import (
     WorkerRefusal,
 )
 from edge.pool.upstream import ForwardRequest, Upstream, deadline_milliseconds
-from shared.contract import Code, envelope
+from shared.contract import HEADER_HOST_WANTED, Code, envelope
 from tests.edge.conftest import PHOTO_BODY, bring_online, make_settings
 from tests.fakes.raw_host import Misbehaviour, RawHost, response
 
@@ -197,6 +197,14 @@ async def test_connection_closed_before_an_answer(upstream: Upstream, nursery) -
     with pytest.raises(WorkerFailure) as caught:
         await upstream.forward(f"http://127.0.0.1:{port}", request(), 2)
     assert caught.value.kind is FailureKind.CLOSED
+
+
+async def test_a_probe_that_wants_the_host_says_so_in_its_header(upstream: Upstream, worker_url: str) -> None:
+    told = {}
+    for wanted in (False, True):
+        answer = await upstream.probe(worker_url + "/echo", 2, wanted)
+        told[wanted] = json.loads(answer.body)["data"]["headers"].get(HEADER_HOST_WANTED.lower())
+    assert told == {False: None, True: "1"}
 
 
 async def test_probe_returns_status_and_body(upstream: Upstream, worker_url: str) -> None:

@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from edge.pool.pool import FREE_CONFIRM_SECONDS, SHARED_MEMORY_SECONDS, Pool, ProbeResult, Thresholds, Transition
+from edge.pool.pool import (
+    FREE_CONFIRM_SECONDS,
+    HOST_TURN_SECONDS,
+    SHARED_MEMORY_SECONDS,
+    Pool,
+    ProbeResult,
+    Thresholds,
+    Transition,
+)
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 OK = ProbeResult(sent_at=0.0, ok=True)
@@ -427,3 +435,30 @@ def test_a_busy_probe_holds_a_host_only_without_shared_leases(leases_shared, idl
     pool.record_probe(0, ProbeResult(1.0, ok=True, busy=True), now=1.0)  # another gateway's job
     pool.expire_holds(2.0)
     assert pool.workers[0].idle is idle
+
+
+@pytest.mark.parametrize(
+    ("asked_for_at", "leases_shared", "turn"),
+    [
+        (None, False, True),  # another gateway asked while our job ran: it gets a turn
+        (0.5, False, False),  # the mark is our own, from before we got the host
+        (None, True, False),  # with shared leases the lease's wanted mark does this
+    ],
+)
+def test_a_host_another_gateway_wants_is_left_to_it_for_a_turn_after_our_job(asked_for_at, leases_shared, turn) -> None:
+    # without shared state a gateway that keeps a host across its own hand-overs (a few ms
+    # between two jobs) left the others only a probe's luck: requests waited out their queue
+    pool = online_pool(A)
+    pool.leases_shared = leases_shared
+    if asked_for_at is not None:
+        pool.asked_for(0, asked_for_at)
+    pool.lease(0, 1.0)
+    pool.record_probe(0, ProbeResult(1.1, ok=True, busy=True, wanted=True), now=1.1)
+    pool.release(0, 1.2)
+    free_at = []
+    for sent_at in (1.3, 1.35, 1.2 + HOST_TURN_SECONDS + 0.01, 1.2 + HOST_TURN_SECONDS + 0.01 + FREE_CONFIRM_SECONDS):
+        if pool.workers[0].idle:
+            free_at.append(sent_at)
+        pool.record_probe(0, ProbeResult(sent_at, ok=True, busy=False), now=sent_at)
+    assert (free_at == []) is turn, "held through the turn, free only when probes after it confirm"
+    assert pool.workers[0].idle

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from functools import partial
 
 import pytest
 import trio
 import trio.testing
 
-from edge.pool.dispatch import Dispatcher
+from edge.pool.dispatch import IMPATIENT_FRACTION, Dispatcher
 from edge.pool.pool import FREE_CONFIRM_SECONDS, Pool, Thresholds
 from edge.pool.prober import (
     HELD_FAST_SECONDS,
@@ -29,9 +30,11 @@ class FakeWorkers:
     def __init__(self, answers: Mapping[str, object]) -> None:
         self.answers = dict(answers)
         self.calls: list[tuple[str, float]] = []
+        self.wanted: list[bool] = []
 
-    async def probe(self, url: str, timeout: float) -> HealthAnswer:
+    async def probe(self, url: str, timeout: float, wanted: bool = False) -> HealthAnswer:
         self.calls.append((url, trio.current_time()))
+        self.wanted.append(wanted)
         answer = self.answers[url.removesuffix("/health")]
         if answer == "hang":
             await trio.sleep_forever()
@@ -254,3 +257,27 @@ async def test_a_host_kept_busy_elsewhere_is_looked_at_less_often_after_a_while(
     slow = (3.0 - HELD_FAST_SECONDS) / HELD_SLOW_PROBE_INTERVAL_SECONDS
     assert len(probes) <= 1 + fast + slow + 2, "every 100 ms for the first second, then every 400 ms"
     assert dispatcher.pool.select() is None
+
+
+async def test_a_host_kept_elsewhere_is_asked_for_once_a_request_here_has_waited_long(autojump_clock) -> None:
+    # gateway.md § Several gateways: only the host sees who waits for it; the gateway that
+    # holds it reads "wanted" on its own probes and gives it a turn
+    prober, dispatcher, fakes = make({URLS[0]: HEALTHY})
+    await prober.probe_all()
+    fakes.answers[URLS[0]] = HealthAnswer(200, b'{"status": "ok", "busy": true}')  # job after job
+    dispatcher.pool.lease(0, trio.current_time())
+    dispatcher.pool.release(0, trio.current_time(), busy_elsewhere=True)  # another gateway's job
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(_wait_for_worker, dispatcher))
+        await trio.testing.wait_all_tasks_blocked()
+        await prober.probe_all()
+        await trio.sleep(IMPATIENT_FRACTION * dispatcher.queue_wait_seconds + 0.1)
+        await prober.probe_all()
+        assert dispatcher.pool.workers[0].asked_for_at == trio.current_time()
+        nursery.cancel_scope.cancel()
+    assert fakes.wanted == [False, False, True]
+
+
+async def _wait_for_worker(dispatcher: Dispatcher) -> None:
+    async with dispatcher.worker():
+        pass

@@ -40,7 +40,7 @@ class RecordingUpstream:
     async def forward(self, url: str, request: ForwardRequest, timeout: float):  # pragma: no cover - unused
         raise AssertionError
 
-    async def probe(self, url: str, timeout: float):  # pragma: no cover - unused
+    async def probe(self, url: str, timeout: float, wanted: bool = False):  # pragma: no cover - unused
         raise AssertionError
 
 
