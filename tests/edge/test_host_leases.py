@@ -5,12 +5,13 @@ answer is the guard)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import pytest
 import trio
 import trio.testing
+from coredis import Redis
 from coredis.tokens import PureToken
 
 from cluster.launcher import free_port
@@ -29,14 +30,23 @@ class Listener:
         self.now = Turn()
         self.heard: list[str | None] = []
         self.subscribed = trio.Event()
+        self._heard_more = trio.Event()
 
     def turn(self, url: str) -> Turn:
         return self.now
 
     def lease_released(self, url: str | None) -> None:
         self.heard.append(url)
+        self._heard_more.set()
+        self._heard_more = trio.Event()
         if url is None:
             self.subscribed.set()
+
+    async def hears(self, done: Callable[[list[str | None]], bool]) -> None:
+        """Wait (5 s at most) until what was heard is `done`."""
+        with trio.fail_after(5):
+            while not done(self.heard):
+                await self._heard_more.wait()
 
 
 @asynccontextmanager
@@ -51,14 +61,22 @@ async def watched(*leases: RedisHostLeases) -> AsyncIterator[list[Listener]]:
         nursery.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def two_gateways(
+    redis_server: RedisServer,
+) -> AsyncIterator[tuple[RedisHostLeases, RedisHostLeases, Redis[bytes]]]:
+    """Two gateways' leases on one Redis, each on its own client; the first one's client too."""
+    async with redis_client(redis_server.url) as redis_a, redis_client(redis_server.url) as redis_b:
+        assert redis_a is not None and redis_b is not None
+        yield RedisHostLeases(redis_a), RedisHostLeases(redis_b), redis_a
+
+
 IMPATIENT = Turn(impatient=True)
 NEXT_WAITS = Turn(successor_waiting=True)
 
 
 async def test_a_host_leased_by_one_gateway_is_busy_to_another_until_given_back(redis_server: RedisServer) -> None:
-    async with redis_client(redis_server.url) as redis_a, redis_client(redis_server.url) as redis_b:
-        assert redis_a is not None and redis_b is not None
-        gateway_a, gateway_b = RedisHostLeases(redis_a), RedisHostLeases(redis_b)
+    async with two_gateways(redis_server) as (gateway_a, gateway_b, redis_a):
         async with gateway_a.hold(HOST, 10):
             with pytest.raises(HostLeased):
                 async with gateway_b.hold(HOST, 10):
@@ -131,9 +149,7 @@ async def test_a_redis_that_hangs_delays_one_forward_not_each(redis_server: Redi
 async def test_a_lease_this_gateway_failed_to_give_back_is_taken_over_not_mistaken(redis_server: RedisServer) -> None:
     # a release that did not get through (Redis slow) left the host leased to this gateway
     # for the whole attempt timeout: its own next forward there was refused as busy elsewhere
-    async with redis_client(redis_server.url) as redis_a, redis_client(redis_server.url) as redis_b:
-        assert redis_a is not None and redis_b is not None
-        gateway_a, gateway_b = RedisHostLeases(redis_a), RedisHostLeases(redis_b)
+    async with two_gateways(redis_server) as (gateway_a, gateway_b, redis_a):
         async with gateway_a.hold(HOST, 10):
             stale = await redis_a.get(RedisHostLeases.PREFIX + HOST)
         await redis_a.set(RedisHostLeases.PREFIX + HOST, stale or b"", px=10_000)  # as if never released
@@ -146,50 +162,42 @@ async def test_a_lease_this_gateway_failed_to_give_back_is_taken_over_not_mistak
 
 async def test_a_lease_given_back_is_announced_to_every_gateway(redis_server: RedisServer) -> None:
     # a gateway that found the host leased learned it was free only at its next probe (100 ms)
-    async with redis_client(redis_server.url) as redis_a, redis_client(redis_server.url) as redis_b:
-        assert redis_a is not None and redis_b is not None
-        gateway_a, gateway_b = RedisHostLeases(redis_a), RedisHostLeases(redis_b)
+    async with two_gateways(redis_server) as (gateway_a, gateway_b, _):
         async with watched(gateway_a, gateway_b) as (listener_a, listener):
             async with gateway_a.hold(HOST, 10):
                 with pytest.raises(HostLeased) as leased:
                     async with gateway_b.hold(HOST, 10):
                         pass
                 assert 9 < leased.value.seconds <= 11, "the other lease's time left bounds the hold"
-            with trio.fail_after(5):
-                while len(listener.heard) < 2:
-                    await trio.sleep(0.01)
+            await listener.hears(lambda heard: len(heard) >= 2)
             async with gateway_b.hold(OTHER_HOST, 10):
                 pass  # published after a's: a would have heard its own first
-            with trio.fail_after(5):
-                while OTHER_HOST not in listener_a.heard:
-                    await trio.sleep(0.01)
+            await listener_a.hears(lambda heard: OTHER_HOST in heard)
         assert listener.heard == [None, HOST], "None first: releases before the subscription may have been missed"
         # its own release heard back would end a hold a busy answer put on the host
         assert listener_a.heard == [None, OTHER_HOST], "a gateway does not hear its own releases"
 
 
 async def test_a_lease_is_kept_across_a_hand_over_to_this_gateways_next_waiter(redis_server: RedisServer) -> None:
-    async with redis_client(redis_server.url) as redis_a, redis_client(redis_server.url) as redis_b:
-        assert redis_a is not None and redis_b is not None
-        gateway_a, gateway_b = RedisHostLeases(redis_a), RedisHostLeases(redis_b)
-        async with watched(gateway_a, gateway_b) as (listener_a, listener_b):
-            listener_a.now = NEXT_WAITS
-            async with gateway_a.hold(HOST, 10):
+    async with (
+        two_gateways(redis_server) as (gateway_a, gateway_b, redis_a),
+        watched(gateway_a, gateway_b) as (listener_a, listener_b),
+    ):
+        listener_a.now = NEXT_WAITS
+        async with gateway_a.hold(HOST, 10):
+            pass
+        with pytest.raises(HostLeased):
+            async with gateway_b.hold(HOST, 10):
                 pass
-            with pytest.raises(HostLeased):
-                async with gateway_b.hold(HOST, 10):
-                    pass
-            listener_a.now = Turn()
-            async with gateway_a.hold(HOST, 60):
-                # its next waiter takes it over: extended for that attempt (in the background)
-                with trio.fail_after(5):
-                    while await redis_a.pttl(RedisHostLeases.PREFIX + HOST) <= 11_000:
-                        await trio.sleep(0.01)
-            assert await redis_a.exists([RedisHostLeases.PREFIX + HOST]) == 0, "then given back"
+        listener_a.now = Turn()
+        async with gateway_a.hold(HOST, 60):
+            # its next waiter takes it over: extended for that attempt (in the background)
             with trio.fail_after(5):
-                while len(listener_b.heard) < 2:
+                while await redis_a.pttl(RedisHostLeases.PREFIX + HOST) <= 11_000:
                     await trio.sleep(0.01)
-            assert listener_b.heard == [None, HOST], "announced once: when given back, not when kept"
+        assert await redis_a.exists([RedisHostLeases.PREFIX + HOST]) == 0, "then given back"
+        await listener_b.hears(lambda heard: len(heard) >= 2)
+        assert listener_b.heard == [None, HOST], "announced once: when given back, not when kept"
 
 
 async def test_a_local_hand_over_waits_for_no_redis_round_trip(redis_server: RedisServer) -> None:
@@ -217,21 +225,19 @@ async def test_a_local_hand_over_waits_for_no_redis_round_trip(redis_server: Red
 
 async def test_a_kept_lease_no_forward_takes_over_is_given_back_after_the_grace(redis_server: RedisServer) -> None:
     # the waiter it was kept for left, or took another host: the other gateways must not wait
-    async with redis_client(redis_server.url) as redis_a, redis_client(redis_server.url) as redis_b:
-        assert redis_a is not None and redis_b is not None
-        gateway_a, gateway_b = RedisHostLeases(redis_a), RedisHostLeases(redis_b)
-        async with watched(gateway_a, gateway_b) as (listener_a, listener_b):
-            listener_a.now = NEXT_WAITS
-            async with gateway_a.hold(HOST, 10):
-                pass
-            kept_at = trio.current_time()
-            with trio.fail_after(5):
-                while len(listener_b.heard) < 2:
-                    await trio.sleep(0.01)
-            assert trio.current_time() - kept_at >= HANDOVER_GRACE_SECONDS
-            assert listener_b.heard == [None, HOST]
-            async with gateway_b.hold(HOST, 10):
-                pass  # free for the other gateway
+    async with (
+        two_gateways(redis_server) as (gateway_a, gateway_b, _),
+        watched(gateway_a, gateway_b) as (listener_a, listener_b),
+    ):
+        listener_a.now = NEXT_WAITS
+        async with gateway_a.hold(HOST, 10):
+            pass
+        kept_at = trio.current_time()
+        await listener_b.hears(lambda heard: len(heard) >= 2)
+        assert trio.current_time() - kept_at >= HANDOVER_GRACE_SECONDS
+        assert listener_b.heard == [None, HOST]
+        async with gateway_b.hold(HOST, 10):
+            pass  # free for the other gateway
 
 
 async def test_kept_leases_are_given_back_when_the_gateway_stops_watching(redis_server: RedisServer) -> None:
