@@ -90,8 +90,17 @@ def _restarts(metrics: str) -> float:
 ASTRONAUT = astronaut_png()  # encoded once: a client leaving after 50 ms must have sent it by then
 
 
+# A generation needs a hairline to grow down from: the astronaut's fringe is `occluded`
+# (nothing drawn, no prompt queued), this labelled photo's hair is not.
+HAIRED_PHOTO = Path(__file__).resolve().parents[2] / ".." / "shared" / "photos" / "obama.jpg"
+
+
 def _photo() -> dict[str, Any]:
     return {"files": {"image": ("astronaut.png", ASTRONAUT, "image/png")}}
+
+
+def _haired_photo() -> dict[str, Any]:
+    return {"files": {"image": ("obama.jpg", HAIRED_PHOTO.read_bytes(), "image/jpeg")}}
 
 
 async def test_a_host_short_of_disk_takes_itself_out_until_a_reload_lowers_the_threshold(tmp_path: Path) -> None:
@@ -155,7 +164,7 @@ async def test_comfyui_down_and_up_shows_in_health_and_a_departed_generation_int
                 async def departing_generation() -> None:
                     with leaving:
                         async with httpx.AsyncClient(base_url=host.url, headers={HEADER_TOKEN: cluster.token}) as own:
-                            await own.post(GROW, data={"plans": "standard"}, timeout=60, **_photo())
+                            await own.post(GROW, data={"plans": "standard"}, timeout=60, **_haired_photo())
 
                 requests.start_soon(departing_generation)
                 with trio.fail_after(60):  # the real analysis runs first, then the prompt is queued
