@@ -124,9 +124,7 @@ def create_app(
 
     @app.get("/health")
     async def health() -> Any:
-        if request.headers.get(HEADER_HOST_WANTED) == "1":
-            host.wanted.heard(trio.current_time(), busy=model.statistics().busy)
-        return _health_response(model, checks, wanted=host.wanted.wanted(trio.current_time()))
+        return _health_response(model, checks, host.wanted, asked=request.headers.get(HEADER_HOST_WANTED) == "1")
 
     @app.get(METRICS_PATH)
     async def metrics() -> Any:
@@ -179,9 +177,12 @@ def _http_error_as_contract(error: HTTPException, failed: Request) -> tuple[Code
     return Code.INVALID_PARAMETER, None
 
 
-def _health_response(model: ModelProcess, checks: HostChecks, *, wanted: bool) -> Any:
-    """200 only when the model is ready and no deep check takes the host out (gpu_host.md § /health)."""
-    stats = model.statistics()
+def _health_response(model: ModelProcess, checks: HostChecks, wanted: HostWanted, *, asked: bool) -> Any:
+    """200 only when the model is ready and no deep check takes the host out (gpu_host.md § /health).
+    `asked`: the probe says its gateway waits for this host (`wanted`)."""
+    stats, now = model.statistics(), trio.current_time()
+    if asked:
+        wanted.heard(now, busy=stats.busy)
     common = {"inference_timeout_seconds": model.inference_timeout_seconds, **checks.health_fields()}
     disk_problem = checks.disk_message()
     if stats.state is Phase.READY and disk_problem is None:
@@ -190,7 +191,7 @@ def _health_response(model: ModelProcess, checks: HostChecks, *, wanted: bool) -
             "device": stats.device,
             "segmenter": stats.segmenter,
             BUSY_KEY: stats.busy,
-            WANTED_KEY: stats.busy and wanted,
+            WANTED_KEY: wanted.wanted(now, busy=stats.busy),
             **common,
         }
         return jsonify(body), 200

@@ -23,5 +23,6 @@ class HostWanted:
         if busy:
             self._until = now + HOST_WANTED_SECONDS
 
-    def wanted(self, now: float) -> bool:
-        return now < self._until
+    def wanted(self, now: float, *, busy: bool) -> bool:
+        """What `/health` says: a host that is free is not wanted, it is free."""
+        return busy and now < self._until

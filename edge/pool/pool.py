@@ -262,13 +262,13 @@ class Pool:
         # A probe sent while (or before) our own request ran says nothing about whether the
         # worker is free now; only one sent after that request ended may (un)set the flag.
         if result.sent_at >= worker.last_request_ended:
-            if result.busy and self.leases_shared:
-                pass  # whose job it is, and when it ends, the host's lease says
-            elif result.busy:  # while draining: our own abandoned job, the drain already holds it
-                worker.reported_busy = not worker.leased and worker.draining_until is None
-                worker.free_seen_at = None
-                if worker.reported_busy:
-                    worker.shared_until = now + SHARED_MEMORY_SECONDS
+            if result.busy:
+                if not self.leases_shared:  # with them, whose job it is and when it ends the lease says
+                    # while draining: our own abandoned job, the drain already holds it
+                    worker.reported_busy = not worker.leased and worker.draining_until is None
+                    worker.free_seen_at = None
+                    if worker.reported_busy:
+                        worker.shared_until = now + SHARED_MEMORY_SECONDS
             elif worker.reported_busy:
                 _confirm_free(worker, result.sent_at, at_once=self.leases_shared)
             if not result.busy and worker.draining_until is not None:

@@ -159,12 +159,12 @@ class Prober:
 
     async def _probe_one(self, index: int, url: str) -> None:
         sent_at = trio.current_time()
+        wanted = self._dispatcher.wants(index)
+        if wanted:
+            self._dispatcher.asked_for(index)
         result: ProbeResult
         with trio.move_on_after(self._timeout_seconds) as scope:
             try:
-                wanted = self._dispatcher.wants(index)
-                if wanted:
-                    self._dispatcher.asked_for(index)
                 answer = await self._probe(url + self._path, self._timeout_seconds, wanted)
             except Exception as error:  # every transport failure is just a failed probe
                 result = ProbeResult(sent_at, ok=False, reason=_describe(error))

@@ -255,11 +255,11 @@ def create_app(worker: FakeWorker) -> QuartTrio:
         if worker.knobs.not_ready:
             return {"status": "loading"}, 503
         busy = worker.knobs.health_busy or worker.stats.in_flight > 0
+        now = trio.current_time()
         if request.headers.get(HEADER_HOST_WANTED) == "1":
-            worker.wanted.heard(trio.current_time(), busy=busy)
-        wanted = busy and worker.wanted.wanted(trio.current_time())
+            worker.wanted.heard(now, busy=busy)
         answer: dict[str, Any] = {"status": "ok", "device": "cpu", "segmenter": "fallback", "busy": busy}
-        answer["wanted"] = wanted
+        answer["wanted"] = worker.wanted.wanted(now, busy=busy)
         if worker.knobs.inference_timeout_seconds is not None:
             answer["inference_timeout_seconds"] = worker.knobs.inference_timeout_seconds
         if worker.knobs.checks is not None:
