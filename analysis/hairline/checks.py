@@ -18,7 +18,14 @@ from scipy.stats import theilslopes
 from ..face.head_crop import HeadCrop
 from ..face.head_samples import face_height_px
 from ..types import Calibration, Face, Hairline, HairlineShape, HairlineStatus, LandmarkId
-from .edge_profile import EdgeProfile, clear_forehead_top, midline_edge_profile
+from .edge_profile import (
+    FOREHEAD_SHARE,
+    LIGHT_HAIR_FOREHEAD_SHARE,
+    EdgeProfile,
+    clear_forehead_top,
+    hair_passes_as_forehead,
+    midline_edge_profile,
+)
 from .hair_evidence import NOTE_LOW_CONTRAST, HairEvidence
 from .trace import MIDLINE_HALF_WINDOW, Trace
 
@@ -58,7 +65,10 @@ MAX_SNAP_MM, SHARP_EDGE = 3.0, 9.0
 # (measured: 14-17 mm on those two photos, <= 2.9 mm on every other labelled hairline)
 UNMASKED_GAP_MM = 5.0
 # the other way round: the forehead's skin runs this far up into the mask (sparse or
-# see-through hair over skin). On a soft edge the line is then anywhere between the two
+# see-through hair over skin; on a sharp edge too: deepface_img33 mirrored, a sharp crossing
+# under skin 8-10 mm into the mask, `ok` 5.2 mm low; the right sharp answers with as much
+# skin were where the forehead's model takes the hair for skin, deepface_img43, or 6.8 mm,
+# img62 blonde). On a soft edge the line is then anywhere between the two
 # (measured on the soft edges, photos and mirrored copies: 1.7-3.0 mm where mask and
 # crossing were within 2.6 mm of the label, 7.7-9.9 mm on a tuft and on slicked-back
 # hair, the mask 2.4-5.4 mm low; 4.5-4.7 mm on deepface_img16 with the mask on the label).
@@ -199,15 +209,19 @@ def _image_edge_check(
     def profile(columns: np.ndarray) -> EdgeProfile | None:
         return midline_edge_profile(lab, trace.points[columns, 0].astype(int), edge_row, brow_row, face)
 
-    forehead_top = clear_forehead_top(lab, trace.points[window, 0].astype(int), brow_row, face)
-    if forehead_top is not None and forehead_top > face.points[LandmarkId.MESH_TOP][1]:
+    def forehead_top(share: float) -> float | None:
+        top = clear_forehead_top(lab, trace.points[window, 0].astype(int), brow_row, face, share)
         # skin that "ends" below landmark 10 (which sits on the forehead, under any hairline
         # the gates accept) is a crease, a shadow or JPEG blocks, not the hairline seen from
         # below: the third view is lost (tom_cruise at JPEG q40: 35 mm below the line)
-        forehead_top = None
-    if forehead_top is not None and (forehead_top - edge_row) * mm_per_px > UNMASKED_GAP_MM:
-        gap_px = forehead_top - edge_row
+        return None if top is None or top > face.points[LandmarkId.MESH_TOP][1] else top
+
+    clear_top = forehead_top(FOREHEAD_SHARE)
+    if clear_top is not None and (clear_top - edge_row) * mm_per_px > UNMASKED_GAP_MM:
+        gap_px = clear_top - edge_row
         return gap_px, gap_px, NOTE_UNMASKED
+    if low_contrast:
+        clear_top = forehead_top(LIGHT_HAIR_FOREHEAD_SHARE)
     sides = (window & (trace.u < 0), window & (trace.u > 0))
     halves = (profile(sides[0]), profile(sides[1]))
     mask_halves = (
@@ -215,8 +229,9 @@ def _image_edge_check(
         if not (sides[0].any() and sides[1].any())
         else (float(np.median(trace.points[sides[0], 1])), float(np.median(trace.points[sides[1], 1])))
     )
+    sees_hair = not hair_passes_as_forehead(lab, trace.points[window, 0].astype(int), edge_row, face)
     return weigh_edges(
-        edge_row, profile(window), halves, forehead_top, mm_per_px, low_contrast, mask_from_colour, mask_halves
+        edge_row, profile(window), halves, clear_top, mm_per_px, low_contrast, mask_from_colour, mask_halves, sees_hair
     )
 
 
@@ -229,6 +244,7 @@ def weigh_edges(
     low_contrast: bool,
     mask_from_colour: bool,
     mask_halves: tuple[float, float] | None = None,
+    forehead_sees_hair: bool = True,
 ) -> tuple[float, float, str | None]:
     """(shift in rows, disagreement in rows, note or None when the answer can be trusted)
     from three views of one midline hairline: the mask edge (`mask_row`), the image's
@@ -238,7 +254,10 @@ def weigh_edges(
     a tilted line moves both together.
 
     - Sharp crossing <= MAX_SNAP_MM from the mask: snapped to when its halves agree, or
-      when it is within AGREE_MM of the mask anyway (a tilted line, not doubt).
+      when it is within AGREE_MM of the mask anyway (a tilted line, not doubt); but not
+      under forehead skin running more than SKIN_INTO_MASK_MM up into the mask (a tuft's
+      lower edge: the line lies anywhere between, as on a soft edge) unless
+      `forehead_sees_hair` is False (the forehead's skin model takes the hair for skin).
     - Soft crossing: trusted only when all three views agree (`forehead_top` None: that
       view is lost, nothing is trusted; crossing and mask within
       MAX_SNAP_MM, halves within MAX_SNAP_MM / 2, the forehead's skin ending at the mask
@@ -248,15 +267,18 @@ def weigh_edges(
       both. Skin ending well below the mask edge (baby hairs, stubble) is not trusted.
     - No crossing near the mask edge at all: nothing confirms it.
     - Hair close to skin colour (white, grey), weighed first, sharp or soft: the clear
-      forehead cannot see it, so a network's mask (not colour models) and a visible crossing
+      forehead (here `forehead_top` counts only rows skin across LIGHT_HAIR_FOREHEAD_SHARE
+      of the window) cannot see where the hair starts, but it sees skin: where it runs more
+      than MAX_SNAP_MM up into the mask, the mask has taken in forehead and the line lies
+      anywhere between the two: their middle, the band reaching both and the crossing's
+      ramp. Otherwise a network's mask (not colour models) and a visible crossing
       (MIN_LOW_CONTRAST_CROSSING_DE) within LOW_CONTRAST_AGREE_MM, halves agreeing, are the
-      two views left:
-      their middle, trusted. Otherwise the point is the middle of mask and crossing, or the
-      crossing itself when the mask came from colour models too (the fallback's GrabCut
-      stops where dense white hair stops; the hair network does not: on the labelled
-      white/light hair, mirrored and rescaled 0.7-1.5x, its edge was 0.1-2.4 mm from the
-      label, the crossing 0.5-2.8 mm); the band spans a soft crossing's ramp or reaches the
-      mask from a sharp one.
+      two views left: their middle, trusted. Otherwise the point is the middle of mask and
+      crossing, or the crossing itself when the mask came from colour models too (the
+      fallback's GrabCut stops where dense white hair stops; the hair network does not: on
+      the labelled white/light hair, mirrored and rescaled 0.7-1.5x, its edge was 0.1-2.4 mm
+      from the label, the crossing 0.5-2.8 mm); the band spans a soft crossing's ramp or
+      reaches the mask from a sharp one.
     - A sharp crossing that disagrees otherwise (> MAX_SNAP_MM away, split halves): the
       crossing, the band reaching back to the mask. A parting or a gap in the mask pulls
       the mask's median up; the image's own sharp edge was the nearer of the two on every
@@ -273,7 +295,10 @@ def weigh_edges(
         else abs((left.crossing_row - mask_left) - (right.crossing_row - mask_right)) / 2
     )
     halves_agree = split_px is not None and split_px * mm_per_px <= MAX_SNAP_MM / 2
+    skin_into_px = 0.0 if forehead_top is None else mask_row - forehead_top
     if low_contrast:
+        if skin_into_px * mm_per_px > MAX_SNAP_MM:
+            return (*_between_mask_and_skin(skin_into_px, offset_px, whole), NOTE_SOFT)
         if (
             not mask_from_colour
             and abs(offset_px) * mm_per_px <= LOW_CONTRAST_AGREE_MM
@@ -287,9 +312,8 @@ def weigh_edges(
             return follow * offset_px, _to_ramp_end(offset_px, follow * offset_px, whole), NOTE_SOFT
         return follow * offset_px, abs(offset_px), NOTE_SNAP
     if whole.sharpness < SHARP_EDGE:
-        skin_into_px = 0.0 if forehead_top is None else mask_row - forehead_top
         if skin_into_px * mm_per_px > SKIN_INTO_MASK_MM:
-            return -skin_into_px / 2, max(skin_into_px, whole.width_px) / 2, NOTE_SOFT
+            return (*_between_mask_and_skin(skin_into_px, offset_px, whole), NOTE_SOFT)
         if (
             near
             and halves_agree
@@ -298,6 +322,8 @@ def weigh_edges(
         ):
             return offset_px / 2, max(abs(offset_px) / 2, split_px or 0.0), None
         return 0.0, _to_ramp_end(offset_px, 0.0, whole), NOTE_SOFT
+    if forehead_sees_hair and skin_into_px * mm_per_px > SKIN_INTO_MASK_MM:
+        return (*_between_mask_and_skin(skin_into_px, offset_px, whole), NOTE_SNAP)
     tilted = split_px is not None and split_px * mm_per_px <= MAX_SNAP_MM and abs(offset_px) * mm_per_px <= AGREE_MM
     if near and (halves_agree or tilted):
         return offset_px, split_px or 0.0, None
@@ -315,6 +341,14 @@ def midline_spread_px(trace: Trace) -> float:
     slope, intercept, _, _ = theilslopes(v, u)
     residual = v - (intercept + slope * u)
     return max(float(np.median(np.abs(residual - np.median(residual)))), abs(float(np.median(v)) - intercept))
+
+
+def _between_mask_and_skin(skin_into_px: float, offset_px: float, whole: EdgeProfile) -> tuple[float, float]:
+    """(shift, band) where the forehead's skin runs `skin_into_px` up into the mask: the line
+    lies anywhere between the two, so the point is their middle and the band reaches both
+    and the far end of the crossing's ramp."""
+    shift_px = -skin_into_px / 2
+    return shift_px, max(skin_into_px / 2, _to_ramp_end(offset_px, shift_px, whole))
 
 
 def _to_ramp_end(offset_px: float, shift_px: float, whole: EdgeProfile) -> float:

@@ -27,6 +27,11 @@ SEARCH_ABOVE, SEARCH_BELOW = 0.03, 0.05  # face heights around the mask edge sea
 FOREHEAD_STRIP = 0.05  # face heights above the brows sampled as forehead skin
 FOREHEAD_DISTANCE = 3.5
 FOREHEAD_SHARE = 0.5
+# ... and where the hair is close to skin colour, skin across nearly the whole window: light
+# strands pass the skin test on some of a row's columns, so half of them is not yet forehead
+# (measured with 0.9, skin above the network's mask edge on light hair: 0.4-3.6 mm on the
+# copies and photos it measured right, 4.6-5.4 mm on the three it put 5-13 mm low)
+LIGHT_HAIR_FOREHEAD_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -46,10 +51,9 @@ def midline_edge_profile(
 ) -> EdgeProfile | None:
     """None when there is no forehead to compare with (fringe to the brows) or no crossing."""
     height = face_height_px(face)
-    edge = round(edge_row)
-    hair_rows = slice(max(0, edge - max(2, int(HAIR_BAND * height))), max(1, edge))
+    hair_rows = _hair_rows(edge_row, face)
     skin_rows = slice(int((edge_row + brow_row) / 2), int(brow_row) - 2)
-    if skin_rows.stop - skin_rows.start < 3 or hair_rows.stop <= hair_rows.start:
+    if len(columns) == 0 or skin_rows.stop - skin_rows.start < 3 or hair_rows.stop <= hair_rows.start:
         return None
     hair = np.median(lab[hair_rows][:, columns].reshape(-1, 3), axis=0)
     skin = np.median(lab[skin_rows][:, columns].reshape(-1, 3), axis=0)
@@ -75,14 +79,37 @@ def midline_edge_profile(
     )
 
 
-def clear_forehead_top(lab: np.ndarray, columns: np.ndarray, brow_row: float, face: Face) -> float | None:
+def _hair_rows(edge_row: float, face: Face) -> slice:
+    edge = round(edge_row)
+    return slice(max(0, edge - max(2, int(HAIR_BAND * face_height_px(face)))), max(1, edge))
+
+
+def _forehead_model(lab: np.ndarray, face: Face) -> ColourModel:
+    return ColourModel.fit(lab[brow_strip_mask(lab.shape[:2], face, FOREHEAD_STRIP)])
+
+
+def hair_passes_as_forehead(lab: np.ndarray, columns: np.ndarray, edge_row: float, face: Face) -> bool:
+    """Whether the forehead's skin model takes the hair just above the mask edge for skin,
+    on LIGHT_HAIR_FOREHEAD_SHARE of its pixels: then the clear forehead cannot see where
+    the hair starts (deepface_img43's grey-toned photo: all of its dark hair, the clear
+    forehead "running" 15-45 mm up into it on the photo and every copy)."""
+    pixels = lab[_hair_rows(edge_row, face)][:, columns]
+    return pixels.size > 0 and float((_forehead_model(lab, face).distance(pixels) < FOREHEAD_DISTANCE).mean()) >= (
+        LIGHT_HAIR_FOREHEAD_SHARE
+    )
+
+
+def clear_forehead_top(
+    lab: np.ndarray, columns: np.ndarray, brow_row: float, face: Face, share: float = FOREHEAD_SHARE
+) -> float | None:
     """The highest row up to which the forehead, scanned from just above the brows, stays
-    skin like the strip above the brows: the hairline seen from below, whatever the hair
-    looks like. None when the brows are at the top of the crop (nothing to scan)."""
-    model = ColourModel.fit(lab[brow_strip_mask(lab.shape[:2], face, FOREHEAD_STRIP)])
+    skin like the strip above the brows on `share` of the columns: the hairline seen from
+    below, whatever the hair looks like. None when the brows are at the top of the crop
+    (nothing to scan)."""
+    model = _forehead_model(lab, face)
     start = int(brow_row - FOREHEAD_STRIP * face_height_px(face))
     if start <= 0:
         return None
-    share = (model.distance(lab[: start + 1][:, columns]) < FOREHEAD_DISTANCE).mean(axis=1)
-    not_skin = np.flatnonzero(share[::-1] < FOREHEAD_SHARE)  # counted upwards from `start`
+    skin = (model.distance(lab[: start + 1][:, columns]) < FOREHEAD_DISTANCE).mean(axis=1)
+    not_skin = np.flatnonzero(skin[::-1] < share)  # counted upwards from `start`
     return float(start - not_skin[0] + 1) if len(not_skin) else 0.0

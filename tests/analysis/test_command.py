@@ -81,9 +81,10 @@ def test_a_file_that_is_not_an_image_prints_the_envelope(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_mark_without_out_writes_to_a_temporary_folder_named_on_stderr(astronaut_file: Path) -> None:
-    points = "[[180, 75], [226, 66], [270, 77]]"
-    result = hairgate("analyze", astronaut_file, "--endpoint", "mark", "--points", points)
+def test_mark_without_out_writes_to_a_temporary_folder_named_on_stderr(photos_dir: Path) -> None:
+    # a head of hair to grow from (the astronaut's fringe hides her hairline: nothing to grow)
+    points = "[[380, 110], [455, 104], [530, 110]]"  # across obama's forehead, below his hairline
+    result = hairgate("analyze", photos_dir / "obama.jpg", "--endpoint", "mark", "--points", points)
     assert result.returncode == 0, result.stderr[-3000:]
     data = stdout_json(result)
     assert set(data) == {"marked_image_url", "grown_image_url", "generator"}

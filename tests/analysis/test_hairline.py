@@ -10,6 +10,7 @@ import pytest
 
 from analysis.face.calibration import calibrate
 from analysis.face.head_crop import HeadCrop
+from analysis.face.head_samples import to_lab
 from analysis.face.landmarks import FaceMeshDetector
 from analysis.frame import FaceFrame
 from analysis.hairline.checks import (
@@ -23,7 +24,7 @@ from analysis.hairline.checks import (
     midline_spread_px,
     weigh_edges,
 )
-from analysis.hairline.edge_profile import EdgeProfile
+from analysis.hairline.edge_profile import EdgeProfile, hair_passes_as_forehead
 from analysis.hairline.frontal import NOTE_NOT_FOUND, midline_edge, trace_hairline
 from analysis.hairline.hair_evidence import NOTE_BALD, NOTE_HAT
 from analysis.hairline.measurements import measure_face
@@ -276,7 +277,8 @@ def _edge(row: float, sharpness: float, width_px: float = 4.0) -> EdgeProfile:
 SHARP, SOFT = 15.0, 6.0
 NETWORK, COLOUR = False, True  # where the mask came from: the hair network, or colour models (fallback)
 # mask edge at row 100, 1 mm per px: (image crossing, left/right halves, top of the clear
-# forehead, low contrast, mask from colour) -> (shift of the point in rows, band's disagreement, note)
+# forehead (counted strictly on hair close to skin colour), low contrast, mask from colour)
+# -> (shift of the point in rows, band's disagreement, note)
 EDGE_CASES = {
     "sharp, near, halves agree: snap": (_edge(101.5, SHARP), (101.0, 102.0), 100.0, False, NETWORK, (1.5, 0.5, None)),
     "sharp, too far: the crossing, band back to the mask": (
@@ -311,13 +313,13 @@ EDGE_CASES = {
         NETWORK,
         (0.5, 0.5, None),
     ),
-    "soft, forehead skin runs 8 mm into the mask: middle of skin top and mask": (
+    "soft, forehead skin runs 8 mm into the mask: middle of skin top and mask, band to the ramp's end": (
         _edge(100.0, SOFT),
         (100.0, 100.0),
         92.0,
         False,
         NETWORK,
-        (-4.0, 4.0, NOTE_SOFT),
+        (-4.0, 6.0, NOTE_SOFT),
     ),
     "soft, skin ends 4 mm below the mask (baby hairs): band to the far end of the ramp": (
         _edge(101.0, SOFT),
@@ -331,7 +333,7 @@ EDGE_CASES = {
     "soft, hair close to skin colour, the network's mask and the crossing agree: their middle, trusted": (
         _edge(101.4, SOFT, width_px=6.0),
         (101.0, 102.0),
-        80.0,
+        99.0,
         True,
         NETWORK,
         (0.7, 0.7, None),
@@ -339,7 +341,7 @@ EDGE_CASES = {
     "soft, hair close to skin colour, agreeing but the halves split": (
         _edge(101.4, SOFT, width_px=6.0),
         (99.0, 104.0),
-        80.0,
+        99.0,
         True,
         NETWORK,
         (0.7, 3.7, NOTE_SOFT),
@@ -347,7 +349,7 @@ EDGE_CASES = {
     "soft, hair close to skin colour: middle of mask and crossing, band over the ramp": (
         _edge(102.0, SOFT, width_px=6.0),
         (102.0, 102.0),
-        80.0,
+        99.0,
         True,
         NETWORK,
         (1.0, 4.0, NOTE_SOFT),
@@ -355,7 +357,7 @@ EDGE_CASES = {
     "soft, hair close to skin colour, GrabCut's mask agreeing: not a second view": (
         _edge(101.4, SOFT, width_px=6.0),
         (101.0, 102.0),
-        80.0,
+        99.0,
         True,
         COLOUR,
         (1.4, 3.0, NOTE_SOFT),
@@ -363,7 +365,7 @@ EDGE_CASES = {
     "sharp, hair close to skin colour, the network's mask and the crossing agree: their middle, trusted": (
         _edge(101.0, SHARP),
         (101.0, 101.0),
-        80.0,
+        99.0,
         True,
         NETWORK,
         (0.5, 0.5, None),
@@ -371,7 +373,7 @@ EDGE_CASES = {
     "soft, hair close to skin colour, agreeing but too faint to see (a strip of shine at the mask edge)": (
         _edge(101.0, 1.0, width_px=4.0),
         (101.0, 101.0),
-        80.0,
+        99.0,
         True,
         NETWORK,
         (0.5, 2.5, NOTE_SOFT),
@@ -379,15 +381,31 @@ EDGE_CASES = {
     "sharp, hair close to skin colour, 2 mm apart: their middle, not snapped": (
         _edge(102.0, SHARP),
         (102.0, 102.0),
-        80.0,
+        99.0,
         True,
         NETWORK,
         (1.0, 2.0, NOTE_SNAP),
     ),
+    "sharp, hair close to skin colour, agreeing, but the forehead's skin runs 5 mm up into the mask": (
+        _edge(101.0, SHARP),
+        (101.0, 101.0),
+        95.0,
+        True,
+        NETWORK,
+        (-2.5, 5.5, NOTE_SOFT),  # middle of mask and skin, band to the crossing's ramp end
+    ),
+    "soft, hair close to skin colour, the forehead's skin 8 mm into the mask: the band reaches it": (
+        _edge(100.0, SOFT, width_px=2.0),
+        (100.0, 100.0),
+        92.0,
+        True,
+        NETWORK,
+        (-4.0, 5.0, NOTE_SOFT),
+    ),
     "soft, hair close to skin colour, GrabCut's mask: the crossing": (
         _edge(102.0, SOFT, width_px=6.0),
         (102.0, 102.0),
-        80.0,
+        99.0,
         True,
         COLOUR,
         (2.0, 3.0, NOTE_SOFT),
@@ -422,6 +440,37 @@ def test_a_tilted_line_is_weighed_half_by_half() -> None:
         100.0, _edge(101.0, SHARP), (_edge(97.0, SHARP), _edge(105.0, SHARP)), 100.0, 1.0, False, NETWORK
     )
     assert level_mask[2] == NOTE_SNAP  # the same crossings against a level mask edge: split
+
+
+def test_a_sharp_crossing_over_skin_that_runs_on_up_into_the_mask_is_not_snapped_to() -> None:
+    """deepface_img33 mirrored: a tuft on a buzz cut, the crossing sharp (10 ΔE/px) at the
+    mask's edge and the forehead's skin 10 mm up into the mask, was `ok` 5.2 mm low. Unless
+    the forehead's skin model takes the hair for skin too (deepface_img43's grey photo)."""
+    crossing, halves = _edge(100.5, SHARP), (_edge(100.5, SHARP), _edge(100.5, SHARP))
+    assert weigh_edges(100.0, crossing, halves, 90.0, 1.0, False, NETWORK) == (
+        pytest.approx(-5.0),
+        pytest.approx(7.5),  # to the crossing's ramp end: 5.5 rows below the point, then half of 4
+        NOTE_SNAP,
+    )
+    assert weigh_edges(100.0, crossing, halves, 90.0, 1.0, False, NETWORK, forehead_sees_hair=False) == (
+        pytest.approx(0.5),
+        pytest.approx(0.0),
+        None,
+    )
+
+
+def test_the_forehead_model_tells_dark_hair_from_skin_but_not_skin_toned_hair(
+    astronaut: np.ndarray, face: Face
+) -> None:
+    lab = to_lab(astronaut)
+    columns = np.arange(int(face.points[10][0]) - 10, int(face.points[10][0]) + 10)
+    edge_row = float(face.points[10][1]) - 5.0
+    forehead = np.median(lab[int(edge_row) + 8 : int(edge_row) + 12][:, columns].reshape(-1, 3), axis=0)
+    dark, skin_toned = lab.copy(), lab.copy()
+    dark[: int(edge_row)] = (40, 130, 135)
+    skin_toned[: int(edge_row)] = forehead
+    assert not hair_passes_as_forehead(dark, columns, edge_row, face)
+    assert hair_passes_as_forehead(skin_toned, columns, edge_row, face)
 
 
 def test_a_tilted_line_is_not_ragged_but_a_wide_parting_is(face: Face) -> None:
