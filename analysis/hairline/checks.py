@@ -203,14 +203,15 @@ def _image_edge_check(
     """(shift of the trichion in rows, disagreement in rows, note): the mask edge weighed
     against the image's own edge (`edge_profile`) and the top of the clear forehead."""
     window = trace.in_window(0.0, MIDLINE_HALF_WINDOW)
+    columns = trace.points[window, 0].astype(int)
     edge_row = float(np.median(trace.points[window, 1]))
     brow_row = float(np.min(trace.brow_rows[window]))
 
-    def profile(columns: np.ndarray) -> EdgeProfile | None:
-        return midline_edge_profile(lab, trace.points[columns, 0].astype(int), edge_row, brow_row, face)
+    def profile(selection: np.ndarray) -> EdgeProfile | None:
+        return midline_edge_profile(lab, trace.points[selection, 0].astype(int), edge_row, brow_row, face)
 
     def forehead_top(share: float) -> float | None:
-        top = clear_forehead_top(lab, trace.points[window, 0].astype(int), brow_row, face, share)
+        top = clear_forehead_top(lab, columns, brow_row, face, share)
         # skin that "ends" below landmark 10 (which sits on the forehead, under any hairline
         # the gates accept) is a crease, a shadow or JPEG blocks, not the hairline seen from
         # below: the third view is lost (tom_cruise at JPEG q40: 35 mm below the line)
@@ -229,7 +230,7 @@ def _image_edge_check(
         if not (sides[0].any() and sides[1].any())
         else (float(np.median(trace.points[sides[0], 1])), float(np.median(trace.points[sides[1], 1])))
     )
-    sees_hair = not hair_passes_as_forehead(lab, trace.points[window, 0].astype(int), edge_row, face)
+    sees_hair = not hair_passes_as_forehead(lab, columns, edge_row, face)
     return weigh_edges(
         edge_row, profile(window), halves, clear_top, mm_per_px, low_contrast, mask_from_colour, mask_halves, sees_hair
     )

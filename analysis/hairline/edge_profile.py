@@ -94,9 +94,10 @@ def hair_passes_as_forehead(lab: np.ndarray, columns: np.ndarray, edge_row: floa
     the hair starts (deepface_img43's grey-toned photo: all of its dark hair, the clear
     forehead "running" 15-45 mm up into it on the photo and every copy)."""
     pixels = lab[_hair_rows(edge_row, face)][:, columns]
-    return pixels.size > 0 and float((_forehead_model(lab, face).distance(pixels) < FOREHEAD_DISTANCE).mean()) >= (
-        LIGHT_HAIR_FOREHEAD_SHARE
-    )
+    if pixels.size == 0:
+        return False
+    skin = _forehead_model(lab, face).distance(pixels) < FOREHEAD_DISTANCE
+    return float(skin.mean()) >= LIGHT_HAIR_FOREHEAD_SHARE
 
 
 def clear_forehead_top(
