@@ -67,8 +67,8 @@ UNMASKED_GAP_MM = 5.0
 # the other way round: the forehead's skin runs this far up into the mask (sparse or
 # see-through hair over skin; on a sharp edge too: deepface_img33 mirrored, a sharp crossing
 # under skin 8-10 mm into the mask, `ok` 5.2 mm low; the right sharp answers with as much
-# skin were where the forehead's model takes the hair for skin, deepface_img43, or 6.8 mm,
-# img62 blonde). On a soft edge the line is then anywhere between the two
+# skin were where the forehead's model takes the hair for skin, deepface_img43, or 6.7-6.8 mm,
+# img62 blonde/white). On a soft edge the line is then anywhere between the two
 # (measured on the soft edges, photos and mirrored copies: 1.7-3.0 mm where mask and
 # crossing were within 2.6 mm of the label, 7.7-9.9 mm on a tuft and on slicked-back
 # hair, the mask 2.4-5.4 mm low; 4.5-4.7 mm on deepface_img16 with the mask on the label).
