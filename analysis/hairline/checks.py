@@ -18,14 +18,7 @@ from scipy.stats import theilslopes
 from ..face.head_crop import HeadCrop
 from ..face.head_samples import face_height_px
 from ..types import Calibration, Face, Hairline, HairlineShape, HairlineStatus, LandmarkId
-from .edge_profile import (
-    FOREHEAD_SHARE,
-    LIGHT_HAIR_FOREHEAD_SHARE,
-    EdgeProfile,
-    clear_forehead_top,
-    hair_passes_as_forehead,
-    midline_edge_profile,
-)
+from .edge_profile import FOREHEAD_SHARE, LIGHT_HAIR_FOREHEAD_SHARE, ClearForehead, EdgeProfile, midline_edge_profile
 from .hair_evidence import NOTE_LOW_CONTRAST, HairEvidence
 from .trace import MIDLINE_HALF_WINDOW, Trace
 
@@ -210,8 +203,10 @@ def _image_edge_check(
     def profile(selection: np.ndarray) -> EdgeProfile | None:
         return midline_edge_profile(lab, trace.points[selection, 0].astype(int), edge_row, brow_row, face)
 
+    forehead = ClearForehead.scan(lab, columns, brow_row, face)
+
     def forehead_top(share: float) -> float | None:
-        top = clear_forehead_top(lab, columns, brow_row, face, share)
+        top = forehead.top(share)
         # skin that "ends" below landmark 10 (which sits on the forehead, under any hairline
         # the gates accept) is a crease, a shadow or JPEG blocks, not the hairline seen from
         # below: the third view is lost (tom_cruise at JPEG q40: 35 mm below the line)
@@ -230,7 +225,7 @@ def _image_edge_check(
         if not (sides[0].any() and sides[1].any())
         else (float(np.median(trace.points[sides[0], 1])), float(np.median(trace.points[sides[1], 1])))
     )
-    sees_hair = not hair_passes_as_forehead(lab, columns, edge_row, face)
+    sees_hair = not forehead.takes_hair_for_skin(lab, edge_row, face)
     return weigh_edges(
         edge_row, profile(window), halves, clear_top, mm_per_px, low_contrast, mask_from_colour, mask_halves, sees_hair
     )

@@ -8,7 +8,7 @@ light or stubble hairs). Measured on the labelled photos: the crossing matched t
 within ~1 working px on sharp edges and drifted on soft ones, so `checks`
 (`weigh_edges`) snaps to it only when the edge is sharp, <= 3 mm away and the same on both
 halves of the window; a soft one counts only together with the top of the clear forehead
-(`clear_forehead_top`, the third view), and any other disagreement widens the band.
+(`ClearForehead`, the third view), and any other disagreement widens the band.
 """
 
 from __future__ import annotations
@@ -84,34 +84,44 @@ def _hair_rows(edge_row: float, face: Face) -> slice:
     return slice(max(0, edge - max(2, int(HAIR_BAND * face_height_px(face)))), max(1, edge))
 
 
-def hair_passes_as_forehead(lab: np.ndarray, columns: np.ndarray, edge_row: float, face: Face) -> bool:
-    """Whether the forehead's skin model takes the hair just above the mask edge for skin as
-    often as the forehead strip it was fitted on: then it cannot tell the two apart, and the
-    clear forehead cannot see where the hair starts (deepface_img43's grey-toned photo: all
-    of its dark hair passes, on the photo and every copy, and the clear forehead "runs"
-    15-45 mm up into it; on the other sharp edges 0.80-0.93 of the hair passed, of the
-    strip 0.95-1.0)."""
-    pixels = lab[_hair_rows(edge_row, face)][:, columns]
-    if pixels.size == 0:
-        return False
-    strip = lab[brow_strip_mask(lab.shape[:2], face, FOREHEAD_STRIP)]
-    model = ColourModel.fit(strip)
-    return bool(
-        (model.distance(pixels) < FOREHEAD_DISTANCE).mean() >= (model.distance(strip) < FOREHEAD_DISTANCE).mean()
-    )
+@dataclass(frozen=True)
+class ClearForehead:
+    """The forehead seen from below over one window's columns: the colour model of the strip
+    just above the brows, how often that strip passes its own model, and, for each row from
+    where the scan starts (just above the strip) up to the top, the share of the columns the
+    model calls skin. Fitted and scanned once; `top` reads it at any share."""
 
+    model: ColourModel
+    strip_passes: float
+    columns: np.ndarray
+    start: int
+    skin_share: np.ndarray | None  # rows 0..start; None when the brows are at the crop's top
 
-def clear_forehead_top(
-    lab: np.ndarray, columns: np.ndarray, brow_row: float, face: Face, share: float = FOREHEAD_SHARE
-) -> float | None:
-    """The highest row up to which the forehead, scanned from just above the brows, stays
-    skin like the strip above the brows on `share` of the columns: the hairline seen from
-    below, whatever the hair looks like. None when the brows are at the top of the crop
-    (nothing to scan)."""
-    model = ColourModel.fit(lab[brow_strip_mask(lab.shape[:2], face, FOREHEAD_STRIP)])
-    start = int(brow_row - FOREHEAD_STRIP * face_height_px(face))
-    if start <= 0:
-        return None
-    skin = (model.distance(lab[: start + 1][:, columns]) < FOREHEAD_DISTANCE).mean(axis=1)
-    not_skin = np.flatnonzero(skin[::-1] < share)  # counted upwards from `start`
-    return float(start - not_skin[0] + 1) if len(not_skin) else 0.0
+    @classmethod
+    def scan(cls, lab: np.ndarray, columns: np.ndarray, brow_row: float, face: Face) -> ClearForehead:
+        strip = lab[brow_strip_mask(lab.shape[:2], face, FOREHEAD_STRIP)]
+        model = ColourModel.fit(strip)
+        start = int(brow_row - FOREHEAD_STRIP * face_height_px(face))
+        skin_share = (
+            None if start <= 0 else (model.distance(lab[: start + 1][:, columns]) < FOREHEAD_DISTANCE).mean(axis=1)
+        )
+        strip_passes = float((model.distance(strip) < FOREHEAD_DISTANCE).mean())
+        return cls(model, strip_passes, columns, start, skin_share)
+
+    def top(self, share: float = FOREHEAD_SHARE) -> float | None:
+        """The highest row up to which the forehead stays skin on `share` of the columns: the
+        hairline seen from below, whatever the hair looks like. None when there was nothing
+        to scan."""
+        if self.skin_share is None:
+            return None
+        not_skin = np.flatnonzero(self.skin_share[::-1] < share)  # counted upwards from `start`
+        return float(self.start - not_skin[0] + 1) if len(not_skin) else 0.0
+
+    def takes_hair_for_skin(self, lab: np.ndarray, edge_row: float, face: Face) -> bool:
+        """Whether the model passes the hair just above the mask edge as often as the strip
+        it was fitted on: then it cannot tell the two apart, and `top` cannot see where the
+        hair starts (deepface_img43's grey-toned photo: all of its dark hair passes, on the
+        photo and every copy, and the clear forehead "runs" 15-45 mm up into it; on the
+        other sharp edges 0.80-0.93 of the hair passed, of the strip 0.95-1.0)."""
+        pixels = lab[_hair_rows(edge_row, face)][:, self.columns]
+        return pixels.size > 0 and bool((self.model.distance(pixels) < FOREHEAD_DISTANCE).mean() >= self.strip_passes)

@@ -32,7 +32,7 @@ import cv2
 import numpy as np
 
 from ..face.head_samples import brow_curve, brow_strip_mask, face_height_px, face_oval_mask, head_outline_rows
-from ..hairline.edge_profile import clear_forehead_top
+from ..hairline.edge_profile import ClearForehead
 from ..hairline.trace import MIDLINE_HALF_WINDOW, trace_edges
 from ..types import Face
 
@@ -84,5 +84,5 @@ def is_scalp_ring(hair: np.ndarray, person: np.ndarray, lab: np.ndarray, face: F
     edge_row = float(np.median(trace.points[window, 1]))
     height = face_height_px(face)
     band = (edge_row - float(np.median(head_outline_rows(person)[columns]))) / height
-    forehead_top = clear_forehead_top(lab, columns, float(np.min(trace.brow_rows[window])), face)
+    forehead_top = ClearForehead.scan(lab, columns, float(np.min(trace.brow_rows[window])), face).top()
     return band < RING_FACE_HEIGHTS and forehead_top is not None and forehead_top <= edge_row - RING_SKIN_INTO * height

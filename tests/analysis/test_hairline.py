@@ -24,7 +24,7 @@ from analysis.hairline.checks import (
     midline_spread_px,
     weigh_edges,
 )
-from analysis.hairline.edge_profile import FOREHEAD_STRIP, EdgeProfile, hair_passes_as_forehead
+from analysis.hairline.edge_profile import FOREHEAD_STRIP, ClearForehead, EdgeProfile
 from analysis.hairline.frontal import NOTE_NOT_FOUND, midline_edge, trace_hairline
 from analysis.hairline.hair_evidence import NOTE_BALD, NOTE_HAT
 from analysis.hairline.measurements import measure_face
@@ -471,8 +471,9 @@ def test_the_forehead_model_tells_dark_hair_from_skin_but_not_hair_of_the_forehe
     dark, skin_toned = lab.copy(), lab.copy()
     dark[: round(edge_row)] = (40, 130, 135)  # every row above the edge
     skin_toned[: round(edge_row)] = forehead
-    assert not hair_passes_as_forehead(dark, columns, edge_row, face)
-    assert hair_passes_as_forehead(skin_toned, columns, edge_row, face)
+    brow_row = float(face.points[9][1])
+    assert not ClearForehead.scan(dark, columns, brow_row, face).takes_hair_for_skin(dark, edge_row, face)
+    assert ClearForehead.scan(skin_toned, columns, brow_row, face).takes_hair_for_skin(skin_toned, edge_row, face)
 
 
 def test_a_tilted_line_is_not_ragged_but_a_wide_parting_is(face: Face) -> None:
