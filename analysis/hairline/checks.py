@@ -52,6 +52,16 @@ SPREAD_MM = 2.0
 # of the mask), the image edge was within 0.8 mm of the label in every case, mirrored and
 # rescaled 0.7-1.5x too; the 7 mm jumps of analysis.md came from soft edges.
 MAX_SNAP_MM, SHARP_EDGE = 3.0, 9.0
+# two views of one line agree within this (the window's halves; a crossing and the forehead's top)
+VIEWS_AGREE_MM = MAX_SNAP_MM / 2
+# A sharp crossing above the mask edge says the mask took in pixels of the skin's side. Where
+# the forehead's skin does not reach up to the crossing either (its top more than
+# VIEWS_AGREE_MM below it), mask and forehead both place hair where the crossing places skin:
+# the crossing is the upper edge of a band of a third colour, not the hairline (deepface_img7
+# with its whole mask painted white: the paint's edge, 2.5 mm above the fine brown hairs the
+# mask and the skin agree on, `ok` 4.5 mm off). The lenient forehead errs towards skin, so
+# when even it says "not skin" two views outvote one; the other way round (skin above a
+# crossing under the mask) sparse hair passing the skin test is common on right answers.
 # hair the mask leaves out between the clear forehead and the mask edge (blonde hair under
 # a headband, stubble under the network's scalp cap): the clear forehead ends this far below
 # the mask edge -> the trichion goes to the forehead's top, the band reaches the mask edge.
@@ -253,10 +263,12 @@ def weigh_edges(
       when it is within AGREE_MM of the mask anyway (a tilted line, not doubt); but not
       under forehead skin running more than SKIN_INTO_MASK_MM up into the mask (a tuft's
       lower edge: the line lies anywhere between, as on a soft edge) unless
-      `forehead_sees_hair` is False (the forehead's skin model takes the hair for skin).
+      `forehead_sees_hair` is False (the forehead's skin model takes the hair for skin);
+      nor, above the mask, when the forehead's skin starts more than VIEWS_AGREE_MM below
+      it (mask and forehead outvote it: the point stays on the mask, the band reaches it).
     - Soft crossing: trusted only when all three views agree (`forehead_top` None: that
       view is lost, nothing is trusted; crossing and mask within
-      MAX_SNAP_MM, halves within MAX_SNAP_MM / 2, the forehead's skin ending at the mask
+      MAX_SNAP_MM, halves within VIEWS_AGREE_MM, the forehead's skin ending at the mask
       edge); the point is the middle of crossing and mask. Where the forehead's skin runs
       on into the mask (sparse or see-through hair over skin: a tuft, slicked-back hair)
       the line lies anywhere between the two: the point is their middle, the band reaches
@@ -290,7 +302,7 @@ def weigh_edges(
         if left is None or right is None
         else abs((left.crossing_row - mask_left) - (right.crossing_row - mask_right)) / 2
     )
-    halves_agree = split_px is not None and split_px * mm_per_px <= MAX_SNAP_MM / 2
+    halves_agree = split_px is not None and split_px * mm_per_px <= VIEWS_AGREE_MM
     skin_into_px = 0.0 if forehead_top is None else mask_row - forehead_top
     if low_contrast:
         if skin_into_px * mm_per_px > MAX_SNAP_MM:
@@ -320,6 +332,8 @@ def weigh_edges(
         return 0.0, _to_ramp_end(offset_px, 0.0, whole), NOTE_SOFT
     if forehead_sees_hair and skin_into_px * mm_per_px > SKIN_INTO_MASK_MM:
         return (*_between_mask_and_skin(skin_into_px, offset_px, whole), NOTE_SNAP)
+    if offset_px < 0 and forehead_top is not None and (forehead_top - whole.crossing_row) * mm_per_px > VIEWS_AGREE_MM:
+        return 0.0, max(-offset_px, abs(forehead_top - mask_row)), NOTE_SNAP
     tilted = split_px is not None and split_px * mm_per_px <= MAX_SNAP_MM and abs(offset_px) * mm_per_px <= AGREE_MM
     if near and (halves_agree or tilted):
         return offset_px, split_px or 0.0, None

@@ -5,15 +5,22 @@ above the hair. The truth stays where it was (cropping shifts it by the rows cut
 A dye colours hair, not skin: inside the mask, a pixel the face's skin model explains (the
 scalp between sparse hairs, a thinning forelock) keeps its colour. Painting the whole mask
 turned deepface_img33's sparse tuft into a solid block of light "hair" and moved its
-hairline down by the tuft (docs/analysis_science.md § Robustness copies)."""
+hairline down by the tuft (docs/analysis_science.md § Robustness copies). That dye, and one
+with the network's probability as its opacity, are here for measuring only
+(scripts/sweep_copies.py): the acceptance makes its own copies."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import cv2
 import numpy as np
 
+from analysis.face.head_crop import HeadCrop
 from analysis.face.head_samples import ColourModel, brow_strip_mask, skin_mask, to_lab
-from analysis.types import Face
+from analysis.types import Face, Hairline, HairSegmentation
+
+from .test_real_photos import OK_WITHIN_MM
 
 # target hair colours in OpenCV 8-bit Lab (L 0-255, a/b offset by 128). The lightness of
 # the hair's own strands is kept about the new mean and its spread widened: light hair shows
@@ -27,6 +34,7 @@ FEATHER_PX = 1.5  # the mask's edge is blended, as a recolouring in an editor wo
 # under which a pixel is skin (not dyed) and over which it is hair (dyed), blended between
 SKIN_DISTANCE, HAIR_DISTANCE = 3.0, 6.0
 CROP_MARGIN = 0.02  # of the photo's height left above the hair's top
+PROBABILITY_REACH_PX = 4  # photo px beyond the subject's mask the probability dye may paint
 
 
 def recoloured(rgb: np.ndarray, hair: np.ndarray, face: Face, colour: str) -> np.ndarray:
@@ -35,6 +43,35 @@ def recoloured(rgb: np.ndarray, hair: np.ndarray, face: Face, colour: str) -> np
     lab = to_lab(rgb)
     skin = ColourModel.fit(lab[skin_mask(lab.shape[:2], face) | brow_strip_mask(lab.shape[:2], face)])
     hairness = np.clip((skin.distance(lab) - SKIN_DISTANCE) / (HAIR_DISTANCE - SKIN_DISTANCE), 0.0, 1.0)
+    return _dyed(lab, _feathered(hair) * hairness, hair, colour)
+
+
+def painted_whole_mask(rgb: np.ndarray, hair: np.ndarray, colour: str) -> np.ndarray:
+    """The naive recolouring, for measuring only (scripts/sweep_copies.py): the whole mask
+    painted, the skin it holds included."""
+    return _dyed(to_lab(rgb), _feathered(hair), hair, colour)
+
+
+def painted_by_probability(rgb: np.ndarray, segmentation: HairSegmentation, face: Face, colour: str) -> np.ndarray:
+    """The hair network's own probability as the paint's opacity (within PROBABILITY_REACH_PX
+    of the subject's mask: another person's hair stays as it was), for measuring only."""
+    if segmentation.probability is None:
+        raise ValueError(f"the {segmentation.segmenter} segmenter gives no probability")
+    head = HeadCrop.around(face)
+    opacity = np.zeros(rgb.shape[:2], np.float32)
+    size = (head.x1 - head.x0, head.y1 - head.y0)
+    opacity[head.y0 : head.y1, head.x0 : head.x1] = cv2.resize(segmentation.probability[1], size)
+    reach = np.ones((2 * PROBABILITY_REACH_PX + 1,) * 2, np.uint8)
+    near = cv2.dilate(segmentation.hair.astype(np.uint8), reach) > 0
+    return _dyed(to_lab(rgb), np.clip(opacity, 0.0, 1.0) * near, segmentation.hair, colour)
+
+
+def _feathered(hair: np.ndarray) -> np.ndarray:
+    return cv2.GaussianBlur(hair.astype(np.float32), (0, 0), FEATHER_PX)
+
+
+def _dyed(lab: np.ndarray, weight: np.ndarray, hair: np.ndarray, colour: str) -> np.ndarray:
+    """`lab` mixed by `weight` (0-1) with `colour`, the hair's lightness kept about its new mean."""
     target_l, target_a, target_b = LIGHT_HAIR_LAB[colour]
     lightness = lab[..., 0]
     mean = float(lightness[hair].mean()) if hair.any() else 0.0
@@ -46,13 +83,38 @@ def recoloured(rgb: np.ndarray, hair: np.ndarray, face: Face, colour: str) -> np
         ],
         axis=-1,
     )
-    weight = (cv2.GaussianBlur(hair.astype(np.float32), (0, 0), FEATHER_PX) * hairness)[..., None]
-    mixed = (1 - weight) * lab + weight * new
+    mixed = (1 - weight[..., None]) * lab + weight[..., None] * new
     return cv2.cvtColor(np.clip(np.rint(mixed), 0, 255).astype(np.uint8), cv2.COLOR_Lab2RGB)
 
 
-def cropped_above_hair(rgb: np.ndarray, hair: np.ndarray) -> tuple[np.ndarray, int]:
-    """`rgb` with its rows above the hair's top cut off (a margin left), and the rows cut."""
+def cropped_above_hair(rgb: np.ndarray, hair: np.ndarray, margin: float = CROP_MARGIN) -> tuple[np.ndarray, int]:
+    """`rgb` with its rows above the hair's top cut off (`margin` of the height left), and the
+    rows cut."""
     rows = np.nonzero(hair.any(axis=1))[0]
-    first = 0 if len(rows) == 0 else max(0, int(rows[0] - CROP_MARGIN * rgb.shape[0]))
+    first = 0 if len(rows) == 0 else max(0, int(rows[0] - margin * rgb.shape[0]))
     return np.ascontiguousarray(rgb[first:]), first
+
+
+def problems(
+    label: dict[str, Any], original: Hairline, copy: Hairline, mm_per_px: float, rows_cut: int = 0
+) -> list[str]:
+    """What the answer on a copy of the photo `label` describes gets wrong (empty: nothing).
+    A copy changes nothing about where the hairline is, so it must not turn the photo's own
+    `ok`/`uncertain` (`original`) into a claim of baldness or of a hat, a bald head stays
+    bald, and a number must hold by the rule of the labelled photos: an `ok` within
+    max(OK_WITHIN_MM, the label's tolerance), an `uncertain` band covering its miss.
+    `mm_per_px` is the copy's calibration; `rows_cut` the rows a crop took off the top."""
+    found = []
+    if original.status in ("ok", "uncertain") and copy.status not in ("ok", "uncertain"):
+        found.append(f"{original.status} -> {copy.status}: {copy.notes}")
+    if label["kind"] == "no_hairline" and copy.status != "no_hairline":
+        found.append(f"a bald head answered {copy.status}: {copy.notes}")
+    if label["kind"] == "hairline" and copy.trichion is not None:
+        error_mm = abs(copy.trichion[1] + rows_cut - label["trichion_row"]) * mm_per_px
+        tolerance_mm = label["tolerance_px"] * mm_per_px
+        allowed = max(OK_WITHIN_MM, tolerance_mm)
+        if copy.status == "uncertain":
+            allowed = max(tolerance_mm, copy.uncertainty_mm or 0.0)
+        if error_mm > allowed:
+            found.append(f"{copy.status}, {error_mm:.1f} mm off (allowed {allowed:.1f})")
+    return found

@@ -3,7 +3,8 @@ white) through the hair network's own mask, and with its top cropped just above 
 (`copies`). A copy changes nothing about where the hairline is, so it must not turn a true
 `ok`/`uncertain` into a claim of baldness or of a hat, and any number it states must hold
 by the rule of the labelled photos (an `ok` within max(3 mm, the label's tolerance), an
-`uncertain` band covering its miss). A cheap subset runs by default, the rest with -m slow.
+`uncertain` band covering its miss: `copies.problems`). A cheap subset runs by default, the
+rest with -m slow; scripts/sweep_copies.py measures other dyes and crop margins.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from analysis.face.landmarks import FaceMeshDetector
 from analysis.hairline.frontal import trace_hairline
 from analysis.segmentation.hairnet import HairNetSegmenter
 
-from .copies import cropped_above_hair, recoloured
+from .copies import cropped_above_hair, painted_whole_mask, problems, recoloured
 from .images import load_photo
-from .test_real_photos import OK_WITHIN_MM, _labels
+from .test_real_photos import _labels
 
 COPIES = ("blonde", "white", "top cropped")
 DEFAULT_RUN = {"obama.jpg", "biden2.jpg", "deepface_img1.jpg", "openface_adams.jpg", "willis_white.png"}
@@ -62,15 +63,24 @@ def test_a_copy_makes_no_false_claim(
     edited_face = detector.detect(edited)
     calibration = calibrate(edited_face)
     hairline = trace_hairline(edited, edited_face, hairnet.segment(edited, edited_face), calibration)
-    if original.status in ("ok", "uncertain"):
-        assert hairline.status in ("ok", "uncertain"), (original.status, hairline.status, hairline.notes)
-    if label["kind"] == "no_hairline":
-        assert hairline.status == "no_hairline", hairline.notes  # an empty mask recolours nothing
-    if label["kind"] != "hairline" or hairline.trichion is None:
-        return
-    error_mm = abs(hairline.trichion[1] + rows_cut - label["trichion_row"]) * calibration.mm_per_px
-    allowed = max(OK_WITHIN_MM, label["tolerance_px"] * calibration.mm_per_px)
-    if hairline.status == "uncertain":
-        assert hairline.uncertainty_mm is not None
-        allowed = max(label["tolerance_px"] * calibration.mm_per_px, hairline.uncertainty_mm)
-    assert error_mm <= allowed, f"{hairline.status}, {error_mm:.1f} mm off (allowed {allowed:.1f})"
+    assert not problems(label, original, hairline, calibration.mm_per_px, rows_cut)
+
+
+@pytest.mark.slow
+def test_a_painted_edge_above_the_fine_hairs_is_not_snapped_to(
+    photos_dir: Path, detector: FaceMeshDetector, hairnet: HairNetSegmenter
+) -> None:
+    """deepface_img7 with its whole mask painted white (the naive recolouring): the paint's
+    sharp edge lies 2.5 mm above the fine brown hairs the mask left out, which the new mask
+    and the forehead's skin both end at; snapped to, it was `ok` 4.5 mm off. Two views
+    outvote the crossing (`checks.weigh_edges`)."""
+    label = next(entry for entry in _labels() if entry["file"] == "deepface_img7.jpg")
+    rgb = load_photo(photos_dir, label["file"])
+    face = detector.detect(rgb)
+    segmentation = hairnet.segment(rgb, face)
+    original = trace_hairline(rgb, face, segmentation, calibrate(face))
+    painted = painted_whole_mask(rgb, segmentation.hair, "white")
+    painted_face = detector.detect(painted)
+    calibration = calibrate(painted_face)
+    hairline = trace_hairline(painted, painted_face, hairnet.segment(painted, painted_face), calibration)
+    assert not problems(label, original, hairline, calibration.mm_per_px)

@@ -305,6 +305,22 @@ EDGE_CASES = {
         NETWORK,
         (2.0, 2.0, NOTE_SNAP),
     ),
+    "sharp, above the mask, the forehead's skin reaching up to it: snap": (
+        _edge(98.0, SHARP),
+        (97.5, 98.5),
+        98.5,
+        False,
+        NETWORK,
+        (-2.0, 0.5, None),
+    ),
+    "sharp, above the mask, the forehead's skin starting 2 mm below it: mask and forehead outvote it": (
+        _edge(97.5, SHARP),
+        (97.0, 98.0),
+        99.5,
+        False,
+        NETWORK,
+        (0.0, 2.5, NOTE_SNAP),
+    ),
     "soft, all three views agree: middle of mask and crossing": (
         _edge(101.0, SOFT),
         (100.8, 101.2),
