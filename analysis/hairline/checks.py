@@ -332,8 +332,9 @@ def weigh_edges(
         return 0.0, _to_ramp_end(offset_px, 0.0, whole), NOTE_SOFT
     if forehead_sees_hair and skin_into_px * mm_per_px > SKIN_INTO_MASK_MM:
         return (*_between_mask_and_skin(skin_into_px, offset_px, whole), NOTE_SNAP)
-    if offset_px < 0 and forehead_top is not None and (forehead_top - whole.crossing_row) * mm_per_px > VIEWS_AGREE_MM:
-        return 0.0, max(-offset_px, abs(forehead_top - mask_row)), NOTE_SNAP
+    skin_below_crossing_px = 0.0 if forehead_top is None else forehead_top - whole.crossing_row
+    if offset_px < 0 and skin_below_crossing_px * mm_per_px > VIEWS_AGREE_MM:  # outvoted: see VIEWS_AGREE_MM
+        return 0.0, max(-offset_px, abs(skin_into_px)), NOTE_SNAP
     tilted = split_px is not None and split_px * mm_per_px <= MAX_SNAP_MM and abs(offset_px) * mm_per_px <= AGREE_MM
     if near and (halves_agree or tilted):
         return offset_px, split_px or 0.0, None
