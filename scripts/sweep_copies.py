@@ -23,37 +23,24 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.analysis
 
 from analysis.face.calibration import calibrate
 from analysis.face.landmarks import FaceMeshDetector
 from analysis.hairline.frontal import trace_hairline
 from analysis.segmentation.hairnet import HairNetSegmenter
-from analysis.types import Face, HairSegmentation
-from tests.analysis.copies import cropped_above_hair, painted_by_probability, painted_whole_mask, problems, recoloured
+from tests.analysis.copies import DYES, copy_of, problems
 from tests.analysis.images import load_photo
 
 DEFAULT_PHOTOS = Path(__file__).resolve().parents[1] / ".." / "shared" / "photos"
 COLOURS = ("blonde", "white")
 
 
-def dyed(rgb: np.ndarray, face: Face, segmentation: HairSegmentation, dye: str, colour: str) -> np.ndarray:
-    if dye == "skin-kept":
-        return recoloured(rgb, segmentation.hair, face, colour)
-    if dye == "whole-mask":
-        return painted_whole_mask(rgb, segmentation.hair, colour)
-    if dye == "probability":
-        return painted_by_probability(rgb, segmentation, face, colour)
-    raise ValueError(f"unknown dye {dye!r}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--photos", type=Path, default=DEFAULT_PHOTOS)
     parser.add_argument("--only", nargs="*", default=None, help="photo file names (default: all labelled)")
-    parser.add_argument("--dyes", default="skin-kept,whole-mask,probability")
+    parser.add_argument("--dyes", default=",".join(DYES))
     parser.add_argument("--margins", default="0,0.005,0.01,0.02")
     args = parser.parse_args()
     dyes = [dye for dye in args.dyes.split(",") if dye]
@@ -68,21 +55,15 @@ def main() -> None:
         face = detector.detect(rgb)
         segmentation = network.segment(rgb, face)
         original = trace_hairline(rgb, face, segmentation, calibrate(face))
-        copies = [
-            (dye, f"{dye} {colour}", dyed(rgb, face, segmentation, dye, colour), 0)
-            for dye in dyes
-            for colour in COLOURS
-        ]
-        for margin in margins:
-            copies.append(
-                ("top cropped", f"top cropped {margin:g}", *cropped_above_hair(rgb, segmentation.hair, margin))
-            )
-        for kind, name, copy, rows_cut in copies:
+        names = [f"{dye} {colour}" for dye in dyes for colour in COLOURS]
+        names += [f"top cropped {margin:g}" for margin in margins]
+        for name in names:
+            copy, rows_cut = copy_of(rgb, face, segmentation, name)
             copy_face = detector.detect(copy)
             calibration = calibrate(copy_face)
             answer = trace_hairline(copy, copy_face, network.segment(copy, copy_face), calibration)
             found = problems(label, original, answer, calibration.mm_per_px, rows_cut)
-            tally[(kind, "problem" if found else "holds")] += 1
+            tally[(name.rpartition(" ")[0], "problem" if found else "holds")] += 1
             print(
                 f"{label['file']:30} {name:22} {original.status:11} {answer.status:11} "
                 f"{_error_mm(label, answer.trichion, rows_cut, calibration.mm_per_px):>6} "

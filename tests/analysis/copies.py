@@ -34,6 +34,7 @@ FEATHER_PX = 1.5  # the mask's edge is blended, as a recolouring in an editor wo
 # under which a pixel is skin (not dyed) and over which it is hair (dyed), blended between
 SKIN_DISTANCE, HAIR_DISTANCE = 3.0, 6.0
 CROP_MARGIN = 0.02  # of the photo's height left above the hair's top
+DYES = ("skin-kept", "whole-mask", "probability")  # `copy_of`; only the first is the tests'
 PROBABILITY_REACH_PX = 4  # photo px beyond the subject's mask the probability dye may paint
 
 
@@ -93,6 +94,23 @@ def cropped_above_hair(rgb: np.ndarray, hair: np.ndarray, margin: float = CROP_M
     rows = np.nonzero(hair.any(axis=1))[0]
     first = 0 if len(rows) == 0 else max(0, int(rows[0] - margin * rgb.shape[0]))
     return np.ascontiguousarray(rgb[first:]), first
+
+
+def copy_of(rgb: np.ndarray, face: Face, segmentation: HairSegmentation, name: str) -> tuple[np.ndarray, int]:
+    """The copy called `name`, and the rows it cut off the top: "top cropped" (CROP_MARGIN
+    left) or "top cropped <margin>", "<colour>" dyed as the tests dye, or "<dye> <colour>"
+    with a dye of DYES."""
+    if name.startswith("top cropped"):
+        margin = name.removeprefix("top cropped").strip()
+        return cropped_above_hair(rgb, segmentation.hair, float(margin) if margin else CROP_MARGIN)
+    dye, _, colour = name.rpartition(" ")
+    if dye in ("", "skin-kept"):
+        return recoloured(rgb, segmentation.hair, face, colour), 0
+    if dye == "whole-mask":
+        return painted_whole_mask(rgb, segmentation.hair, colour), 0
+    if dye == "probability":
+        return painted_by_probability(rgb, segmentation, face, colour), 0
+    raise ValueError(f"no copy called {name!r}")
 
 
 def problems(
