@@ -109,7 +109,8 @@ def _inside(point: Any) -> Any:
 
 def _points_inside(points: Any) -> Any:
     if isinstance(points, str) and points.strip().startswith("["):  # the legacy JSON text
-        return json.dumps(_points_inside(json.loads(points)))
+        # stripped as the models strip it: the pattern's \s is Unicode's, wider than JSON's
+        return json.dumps(_points_inside(json.loads(points.strip())))
     return [_inside(point) for point in points] if isinstance(points, list) else points
 
 
