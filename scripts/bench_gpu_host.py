@@ -8,7 +8,10 @@ Starts one real `hairgate gpu-host` and one real `hairgate edge` in front of it 
    directly, and through gateway + host; the cost of web layer + pipe as a ratio of the
    in-process time (target ≤ 10 %);
 2. `/health` latency while inferences run back to back (target p99 < 50 ms);
-3. recovery after SIGKILL of the model child vs the child's load time (target ≤ load + 1 s).
+3. recovery after SIGKILL of the model child vs the child's load time (target ≤ load + 1 s);
+4. before all of these, the first answers after start through the gateway: endpoint 1 (the
+   model child's first photo) and endpoint 99 (the gateway face worker's first job), each
+   against its second (the load warms both: the first should cost no more).
 
 `--health-disk-check`: only (2), on two hosts one after the other, the deep disk check off
 (`min_free_disk_mb = 0`: nothing measured) and on (the shipped 1024): the check must cost
@@ -48,6 +51,7 @@ from shared.settings import AnalysisSettings  # noqa: E402
 from tests.gpu_host.processes import astronaut_png, model_child_pid, start  # noqa: E402
 
 MEASURE = "/api/v1/hair/measure"
+SPECIAL_POINTS = "/api/v1/face/special-points"
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*model process (started|ready) \| pid=(\d+)")
 
 
@@ -92,6 +96,19 @@ def latency_medians(client: httpx.Client, urls: dict[str, str], photo: bytes, ru
                 times[name].append(time.perf_counter() - started)
     models.close()
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+def first_and_second(client: httpx.Client, gateway_url: str, photo: bytes) -> dict[str, list[float]]:
+    """Seconds of the first two answers of endpoints 1 and 99 of a just-started cluster."""
+    seconds: dict[str, list[float]] = {MEASURE: [], SPECIAL_POINTS: []}
+    for path, times in seconds.items():
+        for _ in range(2):
+            started = time.perf_counter()
+            body = client.post(gateway_url + path, files={"image": ("a.png", photo, "image/png")}).json()
+            times.append(time.perf_counter() - started)
+            if body["code"] != 0:
+                raise SystemExit(f"bench: {path} answered {body['code']}: {body['message']}")
+    return seconds
 
 
 def health_during_inference(host_url: str, token: str, photo: bytes, runs: int) -> dict:
@@ -196,6 +213,7 @@ def main() -> int:
         with httpx.Client(headers={HEADER_TOKEN: cluster.token}, timeout=120) as client:
             wait_until(lambda: client.get(host.health_url).status_code == 200, "host ready", step_s=0.1)
             wait_until(lambda: client.get(gateway.health_url).json().get("workers_healthy") == 1, "gateway", step_s=0.1)
+            first_answers = first_and_second(client, cluster.gateway_url, photo)
             print("measuring in-process / host / gateway + host, interleaved ...", file=sys.stderr)
             medians = latency_medians(
                 client,
@@ -211,6 +229,7 @@ def main() -> int:
 
     report = {
         "runs": args.runs,
+        "first_and_second_answer_s": first_answers,
         "measure_median_s": medians,
         "overhead_ratio": {
             "host_web_and_pipe": medians["host_direct"] / medians["in_process"] - 1,

@@ -111,7 +111,7 @@ async def main(runs: int, workers: int, seconds: float) -> None:
         nursery.cancel_scope.cancel()
 
     limiter = trio.CapacityLimiter(workers)
-    face_jobs.load_detector()  # this process's own, for the threads
+    face_jobs.prepare_worker()  # this process's own, for the threads
 
     async def in_thread() -> object:
         return await trio.to_thread.run_sync(face_jobs.special_points, body, content_type, LIMITS, limiter=limiter)

@@ -241,5 +241,8 @@ class BisenetSegmenter:
             segmenter="bisenet", hair=labels == HAIR, person=labels != BACKGROUND, hat=labels == HAT
         )
 
+    def warm_up(self) -> None:
+        self.parse(np.zeros((INPUT_SIZE, INPUT_SIZE, 3), np.uint8))  # the first forward allocates
+
     def close(self) -> None:
         """Nothing to release: torch frees the network (and its GPU memory) with the object."""

@@ -51,6 +51,10 @@ class HairNetSegmenter:
         self.network = (network or HairNetwork.from_file()).to(device).eval()
         self._selfie = mp.solutions.selfie_segmentation.SelfieSegmentation(model_selection=0)
 
+    def warm_up(self) -> None:
+        # the first forward allocates and picks its kernels (~0.2 s on a CPU; CUDA's start more)
+        hair_probability(self.network, np.zeros((INPUT_SIZE, INPUT_SIZE, 3), np.uint8), self.device)
+
     def close(self) -> None:
         self._selfie.close()
 

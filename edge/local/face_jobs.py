@@ -46,10 +46,14 @@ class Refusal:
         return ContractError(Code(self.code), self.message)
 
 
-def load_detector() -> None:
-    """Build this process's detector (the worker context's `init`: ~1 s, once per process)."""
+def prepare_worker() -> None:
+    """Import what the jobs run and build this process's detector (the worker context's
+    `init`, once per process: ~1 s each on 2 cores). Left to the first job, the import of
+    `analysis.endpoints` (SciPy, OpenCV) made a worker's first answer, even a 1004 for a
+    1×1 PNG, take 1.2 s."""
     global _detector
     if _detector is None:
+        import analysis.endpoints  # noqa: F401 (imported for its cost, not a name)
         from analysis.face.landmarks import FaceMeshDetector
 
         _detector = FaceMeshDetector()
@@ -80,7 +84,7 @@ def features_photo(body: bytes, content_type: str | None, limits: AnalysisSettin
 
 
 def _loaded_detector() -> FaceMeshDetector:
-    load_detector()
+    prepare_worker()
     assert _detector is not None
     return _detector
 

@@ -71,7 +71,7 @@ class FaceWorkers:
         the workers (waiting for running jobs)."""
         async with trio_parallel.open_worker_context(
             idle_timeout=math.inf,
-            init=face_jobs.load_detector,
+            init=face_jobs.prepare_worker,
             grace_period=SHUTDOWN_GRACE_SECONDS,
             worker_type=trio_parallel.WorkerType.SPAWN,
         ) as context:
@@ -125,4 +125,4 @@ class FaceWorkers:
     async def _start_one_worker(self) -> None:
         # a ContractError is logged by `call`; the next job starts a worker again
         with contextlib.suppress(ContractError):
-            await self.call("-", bool)  # the worker's `init` builds its detector before any job
+            await self.call("-", bool)  # the worker's `init` (`prepare_worker`) runs before any job

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.nn.modules.module import register_module_forward_hook
 
 from analysis.models import ModelLoadError, load_models, resolve_device
 from analysis.segmentation import hairnet_graph
-from analysis.segmentation.bisenet import BiSeNet, BisenetSegmenter
+from analysis.segmentation.bisenet import BiSeNet, BisenetSegmenter, ContextPath
 from analysis.segmentation.fallback import FallbackSegmenter
 from analysis.segmentation.hairnet import HairNetSegmenter
 
@@ -91,6 +92,25 @@ def test_the_fallback_only_when_the_network_cannot_run(tmp_path, monkeypatch, ca
         assert isinstance(models.segmenter, FallbackSegmenter)
         assert models.segmenter.name == "fallback" and models.device == "cpu"
     assert "hair network unavailable" in caplog.text and "absent.tflite" in caplog.text
+
+
+@pytest.mark.parametrize("segmenter", ["hairnet", "bisenet"])
+def test_the_network_has_run_once_when_the_models_are_handed_over(segmenter, weights_file):
+    # its first run allocates and picks kernels (~0.2 s on a CPU, CUDA's start more): the
+    # load pays for it, not the first client's photo
+    ran: list[str] = []
+
+    def record(module, inputs, output):
+        if isinstance(module, (hairnet_graph.HairNetwork, ContextPath)):
+            ran.append(type(module).__name__)
+
+    hook = register_module_forward_hook(record)
+    try:
+        with closing(load_models(str(weights_file) if segmenter == "bisenet" else "", device="cpu")):
+            pass
+    finally:
+        hook.remove()
+    assert ran == (["ContextPath"] if segmenter == "bisenet" else ["HairNetwork"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")

@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import struct
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -88,6 +89,20 @@ async def test_points_of_a_real_face_and_the_hosts_refusals(special_points: Spec
     answer = await special_points.answer(b"", "text/plain", "r-5")
     assert answer.envelope["code"] == Code.INVALID_PARAMETER
     assert "text/plain" in answer.envelope["message"]
+
+
+def imported(module: str) -> bool:
+    """A job for the workers: whether its process has imported `module` already."""
+    return module in sys.modules
+
+
+async def test_a_workers_first_job_finds_the_analysis_imported() -> None:
+    # the import (SciPy, OpenCV: ~1.2 s on 2 cores) is the worker's start, not its first answer's
+    workers = FaceWorkers(1, queue_wait_seconds=60, start_at_start=False)  # this job is the first
+    async with trio.open_nursery() as nursery:
+        await nursery.start(workers.run)
+        assert await workers.call("r", imported, "analysis.endpoints")
+        nursery.cancel_scope.cancel()
 
 
 # --- a pool held busy: jobs that wait on a named pipe the test writes to -------------
