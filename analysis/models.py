@@ -33,13 +33,6 @@ class Models:
     segmenter: HairSegmenter
     device: str  # where the segmenter runs: "cpu" or "cuda:0"
 
-    def warm_up(self) -> None:
-        """What the first photo would otherwise pay for: 0.2-0.3 s on top of its ~0.2 s on a CPU."""
-        from .face.head_samples import to_lab  # OpenCV: lazy, see the module docstring
-
-        to_lab(np.zeros((8, 8, 3), np.uint8))  # OpenCV builds its Lab tables at the first conversion
-        self.segmenter.warm_up()
-
     def close(self) -> None:
         self.detector.close()
         self.segmenter.close()
@@ -65,16 +58,20 @@ def resolve_device(device: str) -> str:
 def load_models(bisenet_weights: str, device: str = "auto") -> Models:
     """The detector and the segmenter: BiSeNet when weights are named (they must load);
     otherwise the bundled hair network (torch, CUDA when there is one); the fallback
-    (MediaPipe + OpenCV, always on the CPU) only when the network cannot run here.
+    (MediaPipe + OpenCV, always on the CPU) only when the network cannot run here. A
+    network has run once on a blank input (`warm_up`): its first run's allocations and
+    kernel choice (~0.2 s on a CPU, CUDA's start more) are the load's, not the first
+    photo's, and CUDA trouble shows at the load, as the other reasons a network cannot run.
     """
     if bisenet_weights:
         resolved = resolve_device(device)
         segmenter = _load_bisenet(Path(bisenet_weights), resolved)
     else:
         resolved, segmenter = _load_hairnet(device)
-    models = Models(detector=FaceMeshDetector(), segmenter=segmenter, device=resolved)
-    models.warm_up()
-    return models
+    from .face.head_samples import to_lab  # OpenCV: lazy, see the module docstring
+
+    to_lab(np.zeros((8, 8, 3), np.uint8))  # OpenCV builds its Lab tables at the first conversion (~0.1 s)
+    return Models(detector=FaceMeshDetector(), segmenter=segmenter, device=resolved)
 
 
 def _load_hairnet(device: str) -> tuple[str, HairSegmenter]:
@@ -83,7 +80,9 @@ def _load_hairnet(device: str) -> tuple[str, HairSegmenter]:
         resolved = resolve_device(device)
         from .segmentation.hairnet import HairNetSegmenter  # torch: imported only when a segmenter is built
 
-        return resolved, HairNetSegmenter(resolved)
+        segmenter = HairNetSegmenter(resolved)
+        segmenter.warm_up()
+        return resolved, segmenter
     except Exception as error:  # no torch, a damaged data file, CUDA trouble: all mean "cannot run"
         if isinstance(error, ModelLoadError) and device not in ("auto", CPU):
             raise  # a device the operator asked for and the host lacks: say so, do not hide it
@@ -99,6 +98,8 @@ def _load_bisenet(path: Path, device: str) -> HairSegmenter:
     from .segmentation.bisenet import BisenetSegmenter
 
     try:
-        return BisenetSegmenter(path, device)
+        segmenter = BisenetSegmenter(path, device)
+        segmenter.warm_up()
+        return segmenter
     except Exception as error:  # unpickling, wrong keys/shapes, CUDA: all mean "not loadable"
         raise ModelLoadError(f"BiSeNet weights {path} cannot be loaded: {type(error).__name__}: {error}") from error

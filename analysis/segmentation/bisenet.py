@@ -242,7 +242,8 @@ class BisenetSegmenter:
         )
 
     def warm_up(self) -> None:
-        self.parse(np.zeros((INPUT_SIZE, INPUT_SIZE, 3), np.uint8))  # the first forward allocates
+        """One run on a blank input (`load_models`: the first run's cost is the load's)."""
+        self.parse(np.zeros((INPUT_SIZE, INPUT_SIZE, 3), np.uint8))
 
     def close(self) -> None:
         """Nothing to release: torch frees the network (and its GPU memory) with the object."""

@@ -42,9 +42,6 @@ class FallbackSegmenter:
 
         self._selfie = mp.solutions.selfie_segmentation.SelfieSegmentation(model_selection=0)
 
-    def warm_up(self) -> None:
-        """Nothing to warm: OpenCV's GrabCut and the selfie model cost their first photo no more."""
-
     def close(self) -> None:
         self._selfie.close()
 

@@ -52,7 +52,7 @@ class HairNetSegmenter:
         self._selfie = mp.solutions.selfie_segmentation.SelfieSegmentation(model_selection=0)
 
     def warm_up(self) -> None:
-        # the first forward allocates and picks its kernels (~0.2 s on a CPU; CUDA's start more)
+        """One run on a blank input (`load_models`: the first run's cost is the load's)."""
         hair_probability(self.network, np.zeros((INPUT_SIZE, INPUT_SIZE, 3), np.uint8), self.device)
 
     def close(self) -> None:

@@ -113,6 +113,16 @@ def test_the_network_has_run_once_when_the_models_are_handed_over(segmenter, wei
     assert ran == (["ContextPath"] if segmenter == "bisenet" else ["HairNetwork"])
 
 
+def test_a_network_that_cannot_run_once_is_not_handed_over(monkeypatch, caplog):
+    def no_kernel(self):
+        raise RuntimeError("CUDA error: no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(HairNetSegmenter, "warm_up", no_kernel)
+    with closing(load_models("", device="auto")) as models:
+        assert isinstance(models.segmenter, FallbackSegmenter)
+    assert "hair network unavailable" in caplog.text and "no kernel image" in caplog.text
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 def test_an_asked_for_gpu_that_is_missing_is_an_error_not_the_fallback():
     with pytest.raises(ModelLoadError, match="no CUDA GPU"):
