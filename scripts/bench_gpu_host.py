@@ -80,13 +80,8 @@ def latency_medians(client: httpx.Client, urls: dict[str, str], photo: bytes, ru
     def in_process() -> None:
         run_endpoint("measure", photo, {"gender": "unknown"}, models, limits)
 
-    def over_http(url: str) -> None:
-        body = client.post(url, files={"image": ("a.png", photo, "image/png")}).json()
-        if body["code"] != 0:
-            raise SystemExit(f"bench: {url} answered {body['code']}: {body['message']}")
-
     routes: dict[str, Callable[[], None]] = {"in_process": in_process}
-    routes.update({name: partial(over_http, url) for name, url in urls.items()})
+    routes.update({name: partial(post_photo, client, url, photo) for name, url in urls.items()})
     times: dict[str, list[float]] = {name: [] for name in routes}
     for round_number in range(runs + 1):
         for name, call in routes.items():
@@ -98,16 +93,20 @@ def latency_medians(client: httpx.Client, urls: dict[str, str], photo: bytes, ru
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def post_photo(client: httpx.Client, url: str, photo: bytes) -> None:
+    body = client.post(url, files={"image": ("a.png", photo, "image/png")}).json()
+    if body["code"] != 0:
+        raise SystemExit(f"bench: {url} answered {body['code']}: {body['message']}")
+
+
 def first_and_second(client: httpx.Client, gateway_url: str, photo: bytes) -> dict[str, list[float]]:
     """Seconds of the first two answers of endpoints 1 and 99 of a just-started cluster."""
     seconds: dict[str, list[float]] = {MEASURE: [], SPECIAL_POINTS: []}
     for path, times in seconds.items():
         for _ in range(2):
             started = time.perf_counter()
-            body = client.post(gateway_url + path, files={"image": ("a.png", photo, "image/png")}).json()
+            post_photo(client, gateway_url + path, photo)
             times.append(time.perf_counter() - started)
-            if body["code"] != 0:
-                raise SystemExit(f"bench: {path} answered {body['code']}: {body['message']}")
     return seconds
 
 
