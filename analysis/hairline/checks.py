@@ -111,6 +111,7 @@ NOTE_SOFT = "发际线边缘模糊（稀疏、浅色或短茬头发），位置�
 NOTE_SPREAD = "发际线中段高低不一（如中分或稀疏发际），位置不确定"
 NOTE_NO_IMAGE_EDGE = "图像中未见与头发分割相符的皮肤到头发的边缘，发际线位置不确定"
 NOTE_SMALL_FACE = "照片中人脸过小（每像素超过 1.5 mm），发际线位置不确定：请靠近一些重拍"
+NOTE_THIRD_COLOUR = "发际线处有一条颜色既不像头发也不像皮肤的带（如发根颜色不同、阴影或染发边缘），发际线位置不确定"
 NOTE_UNMASKED = "前额皮肤上缘与头发边缘之间有一段未识别的区域（如发带下的浅色头发或短茬），发际线位置不确定"
 
 
@@ -290,7 +291,10 @@ def weigh_edges(
     - A sharp crossing that disagrees otherwise (> MAX_SNAP_MM away, split halves): the
       crossing, the band reaching back to the mask. A parting or a gap in the mask pulls
       the mask's median up; the image's own sharp edge was the nearer of the two on every
-      such photo (deepface_img46, middle part: 3.1 mm against the mask's 6.5 mm)."""
+      such photo (deepface_img46, middle part: 3.1 mm against the mask's 6.5 mm).
+    - Any answer trusted above, when a band of a third colour lies on the hair side of the
+      crossing (`EdgeProfile.third_colour_px`): not trusted, the band reaching the band's
+      top, the point unchanged (`_trusted`)."""
     if whole is None:  # e.g. the network's scalp cap over stubble
         return 0.0, 0.0, NOTE_NO_IMAGE_EDGE
     offset_px = whole.crossing_row - mask_row
@@ -314,7 +318,7 @@ def weigh_edges(
             and whole.contrast >= MIN_LOW_CONTRAST_CROSSING_DE
             and whole.width_px * mm_per_px <= LOW_CONTRAST_MAX_RAMP_MM
         ):
-            return offset_px / 2, max(abs(offset_px) / 2, split_px or 0.0), None
+            return _trusted(offset_px / 2, max(abs(offset_px) / 2, split_px or 0.0), offset_px, whole)
         follow = 1.0 if mask_from_colour else 0.5  # how far towards the crossing
         if whole.sharpness < SHARP_EDGE:
             return follow * offset_px, _to_ramp_end(offset_px, follow * offset_px, whole), NOTE_SOFT
@@ -328,7 +332,7 @@ def weigh_edges(
             and forehead_top is not None
             and -SKIN_BELOW_MASK_MM <= skin_into_px * mm_per_px <= SKIN_INTO_MASK_MM
         ):
-            return offset_px / 2, max(abs(offset_px) / 2, split_px or 0.0), None
+            return _trusted(offset_px / 2, max(abs(offset_px) / 2, split_px or 0.0), offset_px, whole)
         return 0.0, _to_ramp_end(offset_px, 0.0, whole), NOTE_SOFT
     if forehead_sees_hair and skin_into_px * mm_per_px > SKIN_INTO_MASK_MM:
         return (*_between_mask_and_skin(skin_into_px, offset_px, whole), NOTE_SNAP)
@@ -337,8 +341,20 @@ def weigh_edges(
         return 0.0, max(-offset_px, abs(skin_into_px)), NOTE_SNAP
     tilted = split_px is not None and split_px * mm_per_px <= MAX_SNAP_MM and abs(offset_px) * mm_per_px <= AGREE_MM
     if near and (halves_agree or tilted):
-        return offset_px, split_px or 0.0, None
+        return _trusted(offset_px, split_px or 0.0, offset_px, whole)
     return offset_px, abs(offset_px), NOTE_SNAP
+
+
+def _trusted(
+    shift_px: float, disagreement_px: float, offset_px: float, whole: EdgeProfile
+) -> tuple[float, float, str | None]:
+    """An answer the views agree on, unless a band of a third colour lies above the crossing
+    (`EdgeProfile.third_colour_px`): its upper edge may be the hairline as well as its lower
+    one, so the band reaches from the point to the band's top."""
+    if whole.third_colour_px is None:
+        return shift_px, disagreement_px, None
+    to_band_top_px = abs(shift_px - offset_px + whole.third_colour_px)
+    return shift_px, max(disagreement_px, to_band_top_px), NOTE_THIRD_COLOUR
 
 
 def midline_spread_px(trace: Trace) -> float:

@@ -20,11 +20,12 @@ from analysis.hairline.checks import (
     NOTE_SMALL_FACE,
     NOTE_SNAP,
     NOTE_SOFT,
+    NOTE_THIRD_COLOUR,
     UNCERTAIN_FLOOR_MM,
     midline_spread_px,
     weigh_edges,
 )
-from analysis.hairline.edge_profile import FOREHEAD_STRIP, ClearForehead, EdgeProfile
+from analysis.hairline.edge_profile import FOREHEAD_STRIP, ClearForehead, EdgeProfile, midline_edge_profile
 from analysis.hairline.frontal import NOTE_NOT_FOUND, midline_edge, trace_hairline
 from analysis.hairline.hair_evidence import NOTE_BALD, NOTE_HAT
 from analysis.hairline.measurements import measure_face
@@ -270,8 +271,8 @@ def test_an_empty_mask_is_a_status_not_a_crash(
     assert bald.status == "no_hairline" and bald.notes == (NOTE_BALD,)
 
 
-def _edge(row: float, sharpness: float, width_px: float = 4.0) -> EdgeProfile:
-    return EdgeProfile(crossing_row=row, sharpness=sharpness, width_px=width_px)
+def _edge(row: float, sharpness: float, width_px: float = 4.0, third_colour_px: float | None = None) -> EdgeProfile:
+    return EdgeProfile(crossing_row=row, sharpness=sharpness, width_px=width_px, third_colour_px=third_colour_px)
 
 
 SHARP, SOFT = 15.0, 6.0
@@ -281,6 +282,14 @@ NETWORK, COLOUR = False, True  # where the mask came from: the hair network, or 
 # -> (shift of the point in rows, band's disagreement, note)
 EDGE_CASES = {
     "sharp, near, halves agree: snap": (_edge(101.5, SHARP), (101.0, 102.0), 100.0, False, NETWORK, (1.5, 0.5, None)),
+    "sharp, near, halves agree, a band of a third colour 4 rows above the crossing: band to its top": (
+        _edge(101.5, SHARP, third_colour_px=4.0),
+        (101.0, 102.0),
+        100.0,
+        False,
+        NETWORK,
+        (1.5, 4.0, NOTE_THIRD_COLOUR),
+    ),
     "sharp, too far: the crossing, band back to the mask": (
         _edge(104.0, SHARP),
         (104.0, 104.0),
@@ -353,6 +362,14 @@ EDGE_CASES = {
         True,
         NETWORK,
         (0.7, 0.7, None),
+    ),
+    "soft, hair close to skin colour, agreeing, a band of a third colour above the crossing: band to its top": (
+        _edge(101.4, SOFT, width_px=6.0, third_colour_px=3.0),
+        (101.0, 102.0),
+        99.0,
+        True,
+        NETWORK,
+        (0.7, 2.3, NOTE_THIRD_COLOUR),  # the point 0.7 rows below the mask, the band's top 2.6 above it
     ),
     "soft, hair close to skin colour, agreeing but the halves split": (
         _edge(101.4, SOFT, width_px=6.0),
@@ -490,6 +507,36 @@ def test_the_forehead_model_tells_dark_hair_from_skin_but_not_hair_of_the_forehe
     brow_row = float(face.points[9][1])
     assert not ClearForehead.scan(dark, columns, brow_row, face).takes_hair_for_skin(dark, edge_row, face)
     assert ClearForehead.scan(skin_toned, columns, brow_row, face).takes_hair_for_skin(skin_toned, edge_row, face)
+
+
+@pytest.mark.parametrize("band", [None, "dye's rim", "shadow"])
+def test_a_band_of_a_third_colour_between_hair_and_skin_is_seen(
+    astronaut_lifted: np.ndarray, face: Face, band: str | None
+) -> None:
+    """Light hair, then 4 rows of the original's brown fade that a dye left below the mask
+    (lacamoire's blonde copy) or of a grey shadow, then the forehead: a third colour, off
+    the line from skin to hair. Without it the rows between are mixtures of hair and her
+    skin (a blurred edge), on that line, and nothing is seen. The astronaut at 3x, the size
+    of a face in the working frame, her fringe brushed back."""
+    big = Face(face.landmarks * 3, face.image_width * 3, face.image_height * 3)
+    rgb = cv2.resize(astronaut_lifted, None, fx=3, fy=3)
+    columns = np.arange(int(big.points[10][0]) - 30, int(big.points[10][0]) + 30)
+    edge = round(float(big.points[10][1]) - 15.0)
+
+    def from_lab(colour: tuple[float, float, float]) -> np.ndarray:
+        return cv2.cvtColor(np.array([[colour]], np.uint8), cv2.COLOR_Lab2RGB)[0, 0]
+
+    rgb[:edge] = from_lab((160, 134, 165))  # blonde hair over her own forehead
+    rgb = cv2.GaussianBlur(rgb, (0, 0), 1.5)  # the optics' own mixing of hair and skin
+    if band is not None:
+        rgb[edge - 4 : edge] = from_lab({"dye's rim": (135, 140, 140), "shadow": (150, 128, 128)}[band])
+    lab = to_lab(rgb)
+    profile = midline_edge_profile(lab, columns, float(edge), float(big.points[9][1]), big)
+    assert profile is not None and abs(profile.crossing_row - edge) < 1.0
+    if band is None:
+        assert profile.third_colour_px is None
+    else:
+        assert profile.third_colour_px == pytest.approx(4.0, abs=1.0)
 
 
 def test_a_tilted_line_is_not_ragged_but_a_wide_parting_is(face: Face) -> None:
