@@ -27,7 +27,9 @@ def create_app(gateway: Gateway) -> QuartTrio:
     app = QuartTrio("edge", static_folder=None, template_folder=None)
     app.request_class = GatewayRequest  # a body limit a view can lower, an idle bound on the body
     # the request id of each request, the execution id, audit row and log line of each `/api/` one
-    app.asgi_app = RequestLogging(app.asgi_app, gateway.request_log.record, gateway.audit)  # type: ignore[method-assign]
+    # … and, inside it, the cap on concurrent static downloads, held until each answer ends
+    limited = gateway.static_downloads.limit(app.asgi_app)
+    app.asgi_app = RequestLogging(limited, gateway.request_log.record, gateway.audit)  # type: ignore[method-assign]
     app.config.update(
         PROVIDE_AUTOMATIC_OPTIONS=False,  # OPTIONS is a method like any other: 405 (an envelope under /api/)
         RESPONSE_TIMEOUT=None,  # a slow reader of a large answer is the client's business

@@ -6,15 +6,18 @@ forward service (`edge.forwarding`), the gateway's own endpoints (`edge.local`, 
 the routes), admission and idempotency (`edge.admission`: a refusal, a replay), the
 refusals of `edge.web`. They all import the types from here, so no sub-package imports
 upward from `edge.web`; `edge.web.api_routes.as_quart_response` is the one conversion, to
-Quart's response. `encode` is the JSON every envelope the gateway makes is written with.
-Nothing here imports the rest of `edge`.
+Quart's response. `encode` is the JSON every envelope the gateway makes is written with;
+`request_path` the path of an ASGI request as Quart routes it. Nothing here imports the
+rest of `edge`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlparse
 
 from shared.contract import HEADER_RETRY_AFTER
 
@@ -79,3 +82,10 @@ class ApiResponse:
 def encode(document: Any) -> bytes:
     """JSON as the gateway sends it: UTF-8, no spaces (an envelope's bytes are part of the contract)."""
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def request_path(scope: Mapping[str, Any]) -> str:
+    """An ASGI request's path as Quart routes it: an absolute-form target ("POST
+    http://host/api/…") by its path; the gateway is served at the root (no root_path)."""
+    path: str = scope["path"]
+    return path if path.startswith("/") else urlparse(path).path

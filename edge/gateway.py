@@ -1,10 +1,11 @@
 """The `Gateway` object graph: everything one gateway process shares.
 
 `build_gateway(settings)` wires pool, dispatcher, upstream client, image store, request
-log, stats, metrics, admission, API service and the annotation clean-up; handlers reach it through the `Gateway`
-object (`edge.app.create_app`), never module globals. What must be opened first (the
-shared Redis, the idempotency store) is passed in, and what runs in the background is
-started by `edge.main.serve`, in one nursery.
+log, stats, metrics, admission, API service, the annotation clean-up and the static
+downloads' cap; handlers reach it through the `Gateway` object (`edge.app.create_app`),
+never module globals. What must be opened first (the shared Redis, the idempotency store)
+is passed in, and what runs in the background is started by `edge.main.serve`, in one
+nursery.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import trio
 
 from edge.admission.gate import Admission
 from edge.admission.idempotency import Idempotency
+from edge.annotations.downloads import StaticDownloads
 from edge.annotations.rewrite import ImageStore
 from edge.annotations.static_cleanup import StaticCleanup
 from edge.audit.trail import AuditTrail, build_audit
@@ -60,6 +62,7 @@ class Gateway:
     features: Features
     audit: AuditTrail
     static_cleanup: StaticCleanup
+    static_downloads: StaticDownloads
     secrets: SecretsSource | None = None  # where `POST /admin/token` persists the token
     # Held by whatever changes `settings` while serving (a SIGHUP reload, a token switch),
     # so that none of them undoes another.
@@ -123,7 +126,8 @@ def build_gateway(
         settings, dispatcher, upstream, request_log, api, file_threads, stats, metrics, admission,
         face_workers, SpecialPoints(face_workers, settings.analysis),
         Features(edge.features, face_workers, settings.analysis, transport=features_transport), audit,
-        StaticCleanup(edge.static_dir, edge.static_cleanup, file_threads), secrets,
+        StaticCleanup(edge.static_dir, edge.static_cleanup, file_threads), StaticDownloads(edge.static_downloads),
+        secrets,
     )  # fmt: skip
 
 

@@ -85,6 +85,7 @@ EDGE_SETTINGS: dict[str, Literal["live", "restart"]] = {
     "health_check": LIVE,
     "dispatch": LIVE,  # request timeouts include the shutdown grace (`GatewayConfig`)
     "static_cleanup": LIVE,
+    "static_downloads": LIVE,  # for downloads that start after the reload
     "features": LIVE,
 }
 
@@ -133,6 +134,7 @@ def apply_settings(gateway: Gateway, app: QuartTrio, prober: Prober, listener: G
     gateway.audit.reconfigure(edge.rate_limit)
     gateway.static_cleanup.reconfigure(edge.static_cleanup)
     gateway.features.reconfigure(edge.features, settings.analysis)
+    gateway.static_downloads.reconfigure(edge.static_downloads)
     gateway.special_points.reconfigure(settings.analysis)
     configure_limits(app, settings)
     listener.reconfigure(edge)

@@ -32,7 +32,8 @@ connection's handling ends that connection, never the process.
   (an app's cancellation must not cut an answer in half) with no deadline, so a client
   that stopped reading held its handler, and a graceful stop, forever (a deadline on a
   shield around it bounds nothing). A write still unfinished after `SEND_LIMIT_SECONDS`
-  closes the connection. What the socket took is counted (`ConnectionWrites`, the app
+  (or a lower bound an answer set for its own writes, `send_limit_seconds`) closes the
+  connection. What the socket took is counted (`ConnectionWrites`, the app
   reads it through `connection_writes()`): a client that left mid-answer is told apart.
 
 Hypercorn has no setting or hook for these protocol decisions nor for the task a
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import traceback
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -294,10 +296,15 @@ def _json(document: dict) -> bytes:
 @dataclass
 class ConnectionWrites:
     """What one connection's socket took: bytes, and whether a write failed (the client
-    left, or stopped reading for `SEND_LIMIT_SECONDS`): nothing more reaches it then."""
+    left, or stopped reading: `stalled`): nothing more reaches it then. A write is bounded
+    by `SEND_LIMIT_SECONDS`, or by `send_limit_seconds` where an answer sent in small pieces
+    lowered it while it is sent (a static download: no piece taken for that long is a
+    stalled client)."""
 
     sent_bytes: int = 0
     failed: bool = False
+    stalled: bool = False
+    send_limit_seconds: float = math.inf
 
 
 _WRITES: ContextVar[ConnectionWrites] = ContextVar("connection_writes")
@@ -333,7 +340,8 @@ class ContainedTCPServer(TCPServer):
             return
         async with self.send_lock:
             # shielded like Hypercorn's, bounded by its own deadline
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + SEND_LIMIT_SECONDS) as bounded:
+            deadline = trio.current_time() + min(SEND_LIMIT_SECONDS, self.writes.send_limit_seconds)
+            with trio.CancelScope(shield=True, deadline=deadline) as bounded:
                 try:
                     await self._send_counted(event.data)
                     return
@@ -341,6 +349,7 @@ class ContainedTCPServer(TCPServer):
                     pass
             self.writes.failed = True
             if bounded.cancelled_caught:  # the client stopped reading: its reader is ended too
+                self.writes.stalled = True
                 await trio.aclose_forcefully(self.stream)  # no TLS goodbye to a client that reads none
         await self.protocol.handle(Closed())
 

@@ -66,6 +66,9 @@ IMAGE_BASE64_FIELD = "image_base64"  # JSON: the photo as base64 text
 MSG_NO_IMAGE = "缺少图片：multipart 请上传文件字段 image，JSON 请提供 image_base64"
 MSG_IMAGE_NOT_TEXT = "参数 image_base64 必须是字符串（base64 编码的图片）"
 _POINTS_SHAPE = "格式应为 [[x, y], [x, y], …]"
+# What a refusal of a number out of range says is allowed (`_number_message`).
+_DROP_MM_RANGE = f"应在 0–{MAX_DROP_MM:g} 毫米之间"
+_COORDINATE_RANGE = "应在图片范围内：x 在 0 到图片宽度之间，y 在 0 到高度之间（像素）"
 
 
 def json_integer(text: str) -> int | float:
@@ -122,11 +125,38 @@ def _coordinate(value: Any) -> Any:
 
 # A JSON number (ints included) or its text, never a boolean, NaN or an infinity.
 Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+# A coordinate lies inside the photo (the analysis refuses one outside it), and no photo's
+# side is longer than the setting `analysis.max_long_side_px` (1004): the document says
+# 0 to that. The number is a setting, so the schema holds a mark where it goes, and the
+# gateway's document puts the configured value there (`bound_coordinates`).
+_MAX_SIDE_MARK = "x-maximum-is-max-long-side-px"
 Coordinate = Annotated[
     Number,
     BeforeValidator(_coordinate),
-    WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "string", "pattern": NUMBER_TEXT}]}),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "minimum": 0, _MAX_SIDE_MARK: True},
+                {"type": "string", "pattern": NUMBER_TEXT, "description": "the number as text, within the same bounds"},
+            ]
+        }
+    ),
 ]
+
+
+def bound_coordinates(schema: Any, max_long_side_px: int) -> None:
+    """Every coordinate in `schema` (a JSON Schema or a document holding some, changed in
+    place) bounded to 0–`max_long_side_px`, the largest photo side the service takes."""
+    if isinstance(schema, dict):
+        if schema.pop(_MAX_SIDE_MARK, False):
+            schema["maximum"] = max_long_side_px
+        for value in schema.values():
+            bound_coordinates(value, max_long_side_px)
+    elif isinstance(schema, list):
+        for value in schema:
+            bound_coordinates(value, max_long_side_px)
+
+
 Point = Annotated[
     tuple[Coordinate, Coordinate], Field(description="[x, y]: pixels of the upright photo, origin top-left")
 ]
@@ -533,18 +563,27 @@ def _choices_message(name: str, allowed: Sequence[str]) -> Callable[[tuple[int |
     return message
 
 
-def _number_message(name: str, kind: str, given: Any) -> str:
+def _number_message(name: str, kind: str, given: Any, allowed: str) -> str:
+    """A number's refusal; one out of range says the range (`allowed`) and the value given."""
     if kind == "finite_number":
         if isinstance(given, float) and math.isnan(given):
             return f"参数 {name} 必须是有限的数字"
-        return f"参数 {name} 超出范围：数值过大"  # inf: "1e400", or a 400-digit integer
+        return f"参数 {name} 超出范围：数值过大，{allowed}"  # inf: "1e400", or a 400-digit integer
     if kind == "float_type" and isinstance(given, int) and not isinstance(given, bool):
-        return f"参数 {name} 超出范围：数值过大"  # an int past float's range (a caller's own dict)
-    if kind in ("greater_than_equal", "less_than_equal"):
-        return f"参数 {name} 超出范围：{given:g}，应在 0–{MAX_DROP_MM:g} 毫米之间"
+        return f"参数 {name} 超出范围：数值过大，{allowed}"  # an int past float's range (a caller's own dict)
+    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        return f"参数 {name} 超出范围：{shown_number(given)}，{allowed}"
     if isinstance(given, str):
         return f"参数 {name} 必须是数字，收到 {given[:40]!r}"
     return f"参数 {name} 必须是数字"
+
+
+def shown_number(number: float) -> str:
+    """`number` with every digit it has, as a refusal shows it: `:g` showed 40.0000001 as
+    "40", a value that reads as inside 0–40 (issue 39); a whole float without its ".0"."""
+    if isinstance(number, float) and number.is_integer() and abs(number) < 1e16:
+        return str(int(number))
+    return repr(number)
 
 
 def _points_message(rest: tuple[int | str, ...], kind: str, given: Any) -> str:
@@ -555,7 +594,7 @@ def _points_message(rest: tuple[int | str, ...], kind: str, given: Any) -> str:
     index = int(rest[0])
     if len(rest) == 1 or kind == "missing":  # the point itself, or a coordinate short
         return f"参数 hairline_points 第 {index + 1} 个点无效，{_POINTS_SHAPE}"
-    return _number_message(f"hairline_points[{index}]", kind, given)
+    return _number_message(f"hairline_points[{index}]", kind, given, _COORDINATE_RANGE)
 
 
 _FIELD_MESSAGES: Mapping[str, Callable[[tuple[int | str, ...], str, Any], str]] = {
@@ -564,7 +603,7 @@ _FIELD_MESSAGES: Mapping[str, Callable[[tuple[int | str, ...], str, Any], str]] 
     "plans": _choices_message("plans", PLANS),
     "styles": _choices_message("styles", STYLES),
     "hairline_points": _points_message,
-    "drop_mm": lambda rest, kind, given: _number_message("drop_mm", kind, given),
+    "drop_mm": lambda rest, kind, given: _number_message("drop_mm", kind, given, _DROP_MM_RANGE),
 }
 
 

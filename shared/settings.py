@@ -97,6 +97,15 @@ class StaticCleanupSettings(_Section):
     max_total_mb: float = Field(2048, gt=0)
 
 
+class StaticDownloadSettings(_Section):
+    """`GET /static/…`: files stream in pieces; these bound who may hold the gateway how long."""
+
+    max_concurrent: int = Field(64, ge=1)  # downloads at once; the next is answered 503 with Retry-After
+    # A download whose client takes no piece (64 KiB) for this long is cut and its slot freed;
+    # at most 300: the bound on any write of the server (shared.http_server.SEND_LIMIT_SECONDS).
+    stall_seconds: float = Field(30, gt=0, le=300)
+
+
 class IdempotencySettings(_Section):
     enabled: bool = True
     path: str = "var/idempotency.sqlite3"
@@ -236,6 +245,7 @@ class EdgeSettings(_Section):
     health_check: HealthCheckSettings = HealthCheckSettings()
     dispatch: DispatchSettings = DispatchSettings()
     static_cleanup: StaticCleanupSettings = StaticCleanupSettings()
+    static_downloads: StaticDownloadSettings = StaticDownloadSettings()
     idempotency: IdempotencySettings = IdempotencySettings()
     audit: AuditSettings = AuditSettings()
     cpu: CpuSettings = CpuSettings()

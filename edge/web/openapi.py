@@ -11,9 +11,10 @@ would replace the gateway's JSON provider, response conversion and WebSocket cla
 rebuild the document on every request.
 
 Built once: at start, and again on the first request after a reload changed the settings it
-reads (the rate-limit key header, the public base URL, the body limit); answered as stored
-bytes. `/docs` is Swagger UI 5 with its files served here from the installed
-`flask_swagger_ui` package (its `dist/`): no CDN, which clinics' networks block.
+reads (the rate-limit key header, the public base URL, the body limit, the largest photo
+side that bounds `hairline_points`' coordinates); answered as stored bytes. `/docs` is
+Swagger UI 5 with its files served here from the installed `flask_swagger_ui` package (its
+`dist/`): no CDN, which clinics' networks block.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from shared.models import (
     IMAGE_FIELD,
     JSON_BODIES,
     answer_model,
+    bound_coordinates,
 )
 from shared.settings import Settings
 
@@ -302,7 +304,10 @@ class Document:
         )
         self._app.config.setdefault("QUART_SCHEMA_CONVERSION_PREFERENCE", "pydantic")
         self._app.config.setdefault("QUART_SCHEMA_CONVERT_CASING", False)
-        return ContractDocument(self._app, extension).schema()
+        document = ContractDocument(self._app, extension).schema()
+        # as the service bounds them: a fuzzer's 7.5e179 is out of the document too (issue 39)
+        bound_coordinates(document, settings.analysis.max_long_side_px)
+        return document
 
 
 def _document(view: Any, operation: Operation, headers: type[BaseModel]) -> None:

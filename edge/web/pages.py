@@ -5,7 +5,7 @@
 | /health, /gateway-health        | GET, HEAD | no    | liveness, pool counts          |
 | /monitor                        | GET, HEAD | no    | external alerting (seed 001)   |
 | /monitor/fault                  | POST      | yes   | the alert drill switch (64 KiB body) |
-| /static/annotations/<uuid>.png  | GET, HEAD | no    | annotation PNGs                |
+| /static/annotations/<uuid>.png  | GET, HEAD | no    | annotation PNGs, streamed      |
 
 Pages read memory only (never a worker) and are not in the request log.
 """
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from quart import Blueprint, request
 from quart import Response as QuartResponse
 
-from edge.annotations.static_files import read_annotation
+from edge.annotations.static_files import AnnotationBody, check_annotation
 from edge.web import monitor
 from edge.web.http import current_gateway_request, json_page
 from edge.web.refusals import requires_token
@@ -63,9 +63,14 @@ def pages_blueprint(gateway: Gateway) -> Blueprint:
 
     @pages.get("/static/<path:subpath>")
     async def static(subpath: str) -> QuartResponse:
-        data = await read_annotation(gateway.settings.edge.static_dir, subpath, gateway.file_threads)
-        if data is None:
+        # streamed in pieces; the cap and the stall bound: `edge.annotations.downloads`
+        checked = await check_annotation(gateway.settings.edge.static_dir, subpath, gateway.file_threads)
+        if checked is None:
             return QuartResponse(b"not found", status=404, content_type="text/plain")
-        return QuartResponse(data, status=200, content_type="image/png", headers=_PNG_HEADERS)
+        # Quart hands a HEAD's body over too (the server drops it): a HEAD reads no file
+        body = b"" if request.method == "HEAD" else AnnotationBody(checked)
+        response = QuartResponse(body, status=200, content_type="image/png", headers=_PNG_HEADERS)
+        response.content_length = checked.size
+        return response
 
     return pages

@@ -21,12 +21,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import urlparse
 
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
 
-from edge.exchange import Exchange, LogFacts
+from edge.exchange import Exchange, LogFacts, request_path
 from edge.observe.request_log import RequestRecord
 from shared.contract import API_PREFIX, HEADER_REQUEST_ID, request_id_from_header
 from shared.http_server import connection_writes
@@ -78,7 +77,7 @@ class RequestLogging:
             return
         started = time.perf_counter()
         notes = request_notes(scope)
-        path = _path(scope)
+        path = request_path(scope)
         logged = path.startswith(API_PREFIX)
         if logged:  # named on arrival, before any check
             notes.execution_id = self._audit.received(notes.request_id, path, scope)
@@ -159,10 +158,3 @@ def _record(scope: Mapping[str, Any], path: str, notes: RequestNotes, sent: _Sen
 def _request_id(scope: Mapping[str, Any]) -> str:
     given = next((value for name, value in scope["headers"] if name == _REQUEST_ID), None)
     return request_id_from_header(None if given is None else given.decode("latin-1"))
-
-
-def _path(scope: Mapping[str, Any]) -> str:
-    # `request.path` as Quart reads it: an absolute-form target ("POST http://host/api/…")
-    # counts by its path; the gateway is served at the root (no root_path)
-    path: str = scope["path"]
-    return path if path.startswith("/") else urlparse(path).path

@@ -3,12 +3,14 @@ from shared.models, built once, with its page's files served by the gateway (no 
 
 from __future__ import annotations
 
+import json
 import re
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 from openapi_spec_validator import validate
 
@@ -79,6 +81,29 @@ def test_every_example_is_an_answer_its_model_accepts() -> None:
     for name, examples in openapi._EXAMPLES.items():
         for example in examples.values():
             models.answer_model(answers[name]).model_validate(example)
+
+
+@pytest.mark.parametrize("max_long_side_px", [8192, 4000])
+async def test_hairline_points_coordinates_are_bounded_as_the_service_bounds_them(
+    tmp_path: Path, max_long_side_px: int
+) -> None:
+    # Issue 39: Schemathesis sent a coordinate of 7.5e179, valid by the document, which the
+    # service refuses: a point lies inside the photo, whose longest side is at most the setting
+    settings = make_settings(tmp_path)
+    analysis = settings.analysis.model_copy(update={"max_long_side_px": max_long_side_px})
+    gateway = build_gateway(settings.model_copy(update={"analysis": analysis}))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(gateway)), base_url="http://g.test"
+    ) as client:
+        schemas = (await _document(client))["components"]["schemas"]
+    for name, image in ("MarkJson", "image_base64"), ("MarkForm", "image"):
+        schema = schemas[name]
+        coordinate = schema["properties"]["hairline_points"]["anyOf"][0]["items"]["prefixItems"][0]
+        assert coordinate["anyOf"][0] == {"type": "number", "minimum": 0, "maximum": max_long_side_px}
+        for point, valid in ([7.5e179, 1], False), ([-1, 1], False), ([max_long_side_px, 0.5], True):
+            body = {image: "aGFpcg==", "hairline_points": [point, [1, 1], [2, 2]]}
+            assert jsonschema.Draft202012Validator(schema).is_valid(body) is valid, (name, point)
+    assert "x-maximum" not in json.dumps(schemas), "every mark is replaced by the setting's value"
 
 
 async def test_the_rate_limit_key_header_is_documented_when_configured(tmp_path: Path) -> None:

@@ -235,6 +235,7 @@ async def test_a_reload_reconfigures_every_component_that_can_be(tmp_path: Path,
         "features",
         "special_points",
         "static_cleanup",
+        "static_downloads",
         "prober",
         "listener",
     }

@@ -179,6 +179,33 @@ def test_mark_messages(fields: dict[str, Any], named: str) -> None:
     assert named in _refused(lambda: models.validate_form("mark", fields))
 
 
+DROP_RANGE = "应在 0–40 毫米之间"
+INSIDE_THE_PHOTO = "应在图片范围内：x 在 0 到图片宽度之间，y 在 0 到高度之间（像素）"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        # issue 39: `:g` showed 40.0000001 as "40", a value that reads as inside 0–40
+        ({"drop_mm": 40.0000001}, f"参数 drop_mm 超出范围：40.0000001，{DROP_RANGE}"),
+        ({"drop_mm": "40.0000001"}, f"参数 drop_mm 超出范围：40.0000001，{DROP_RANGE}"),
+        ({"drop_mm": "41.0"}, f"参数 drop_mm 超出范围：41，{DROP_RANGE}"),
+        ({"drop_mm": 123456789.125}, f"参数 drop_mm 超出范围：123456789.125，{DROP_RANGE}"),
+        # past float's range the value has no digits to show; the range is still said
+        ({"drop_mm": "1e400"}, f"参数 drop_mm 超出范围：数值过大，{DROP_RANGE}"),
+        ({"drop_mm": 10**400}, f"参数 drop_mm 超出范围：数值过大，{DROP_RANGE}"),
+        (
+            {"hairline_points": [[1, 2], [3, 4], ["1e400", 6]]},
+            f"参数 hairline_points[2] 超出范围：数值过大，{INSIDE_THE_PHOTO}",
+        ),
+    ],
+)
+def test_a_number_out_of_range_is_refused_with_the_range_and_the_value_given(
+    fields: dict[str, Any], message: str
+) -> None:
+    assert _refused(lambda: models.validate_form("mark", fields)) == message
+
+
 def test_form_text_spellings_map_onto_the_same_values() -> None:
     assert models.validate_form("grow", MultiDict([("plans", "standard"), ("plans", "aggressive")]))["plans"] == [
         "standard",

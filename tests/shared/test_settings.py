@@ -149,6 +149,25 @@ def test_gateway_cpu_and_features_settings_are_checked(tmp_path, section, key):
         load_text(tmp_path, section + "\n")
 
 
+@pytest.mark.parametrize(
+    ("value", "accepted"),
+    [
+        ("max_concurrent = 0", False),
+        ("max_concurrent = 1.5", False),
+        ("stall_seconds = 0", False),
+        ("stall_seconds = 301", False),  # past the server's own bound on a write: it would not apply
+        ("max_concurrent = 1\nstall_seconds = 0.5", True),
+    ],
+)
+def test_static_download_bounds_are_checked(tmp_path, value, accepted):
+    text = f"[edge.static_downloads]\n{value}\n"
+    if accepted:
+        load_text(tmp_path, text)
+        return
+    with pytest.raises(SettingsError, match=r"edge\.static_downloads\.(max_concurrent|stall_seconds)"):
+        load_text(tmp_path, text)
+
+
 def test_features_api_key_comes_from_the_secrets_file(tmp_path):
     config = write(tmp_path / "s.toml", "[edge.features]\nbase_url = 'https://ark.example/api/v3/'\nmodel = 'm'\n")
     secrets = write(tmp_path / "secrets.toml", "[edge.features]\napi_key = 'sk-1'\n")
