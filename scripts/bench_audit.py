@@ -5,11 +5,12 @@
                            [--outage-seconds 30] [--outage-rate 20] [--only hooks,sqlite,postgres,outage,gateway]
 
 (a) hooks: one request's hook calls (received, queued, forwarding around a no-op forward,
-    finished) in-process, CPU µs per request, recording on and off (no store);
+    finished) in-process, CPU µs per request: recording with its journal (as the gateway
+    runs: two `write()`s per request), recording without a journal, and off (no store);
 (b) sustained: a fake request source of `--rate` executions/s (each received, then
     finished 20 ms later) for `--seconds` into SQLite and into PostgreSQL, the writer task
-    running as in the gateway: rows/s written and `pending` sampled every second (flat =
-    the writer keeps up);
+    running as in the gateway (its journal included): rows/s written and `pending` sampled
+    every second (flat = the writer keeps up), and the journal's largest size;
 (c) outage: `--outage-rate` executions/s into PostgreSQL, the server stopped for
     `--outage-seconds` and started again: each execution's hook time (p50/p99) before,
     during and after, and the rows lost (must be 0);
@@ -60,9 +61,13 @@ FINISH_AFTER_SECONDS = 0.02
 WRITER_BATCH = 500  # executions pending between two writes at 1,000/s
 
 
-def trail_on(store: AuditStore | None) -> AuditTrail:
-    keys = ClientKeys(RateLimitSettings())
-    return AuditTrail(ExecutionIds(0), store, lambda: keys, max_pending=1_000_000)
+def trail_on(store: AuditStore | None, journal_dir: Path | None = None) -> AuditTrail:
+    trail = AuditTrail(
+        ExecutionIds(0), store, ClientKeys(RateLimitSettings()), max_pending=1_000_000, journal_dir=journal_dir
+    )
+    if journal_dir is not None:
+        trail.open_journal()
+    return trail
 
 
 async def _no_forward() -> None:
@@ -77,10 +82,15 @@ async def one_request(trail: AuditTrail) -> None:
 
 
 async def hooks(count: int, directory: Path) -> dict[str, float]:
-    """µs per request of the hooks, recording (a store that is never flushed) and not."""
+    """µs per request of the hooks: recording (a store that is never flushed) with and without
+    its journal, and not recording."""
     results = {}
-    for name, store in (("recording", SqliteAuditStore(directory / "hooks.sqlite3")), ("off", None)):
-        trail = trail_on(store)
+    store = SqliteAuditStore(directory / "hooks.sqlite3")
+    for name, trail in (
+        ("journal", trail_on(store, directory / "hooks.journals")),
+        ("recording", trail_on(store)),
+        ("off", trail_on(None)),
+    ):
         best = float("inf")
         for _ in range(3):  # the best of three: the machine is shared
             elapsed = 0.0
@@ -90,6 +100,7 @@ async def hooks(count: int, directory: Path) -> dict[str, float]:
                     await one_request(trail)
                 elapsed += time.process_time() - started
                 trail._pending.clear()  # what the writer takes every 0.5 s (not timed: off the path)
+                trail._rewrite_journal_if_due()  # and the journal it then keeps to what is under way
             best = min(best, elapsed / (count // WRITER_BATCH * WRITER_BATCH))
         results[name] = best * 1e6
     return results
@@ -125,9 +136,10 @@ async def source(trail: AuditTrail, rate: float, seconds: float, hook_seconds: l
     return sent
 
 
-async def sustained(store: AuditStore, rate: float, seconds: float) -> dict[str, float]:
-    trail = trail_on(store)
+async def sustained(store: AuditStore, rate: float, seconds: float, journal_dir: Path) -> dict[str, float]:
+    trail = AuditTrail(ExecutionIds(0), store, ClientKeys(RateLimitSettings()), journal_dir=journal_dir)
     pending: list[int] = []
+    journal_bytes: list[int] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(trail.run)
 
@@ -135,6 +147,7 @@ async def sustained(store: AuditStore, rate: float, seconds: float) -> dict[str,
             while True:
                 await trio.sleep(1)
                 pending.append(trail.pending)
+                journal_bytes.append(trail.journal.size_bytes if trail.journal else 0)
 
         nursery.start_soon(sample)
         started = time.perf_counter()
@@ -150,6 +163,7 @@ async def sustained(store: AuditStore, rate: float, seconds: float) -> dict[str,
         "pending mean (2nd half)": statistics.fmean(second_half),
         "failed": trail.writes["failed"],
         "dropped": trail.writes["dropped"],
+        "journal KiB max": max(journal_bytes or [0]) / 1024,
     }
 
 
@@ -279,10 +293,13 @@ async def main_async(args: argparse.Namespace) -> int:
         if "hooks" in only:
             result = await hooks(args.hooks, directory)
             print(
-                f"(a) hooks per request: recording {result['recording']:.2f} µs, off {result['off']:.2f} µs", flush=True
+                f"(a) hooks per request: recording with its journal {result['journal']:.2f} µs,"
+                f" without {result['recording']:.2f} µs, off {result['off']:.2f} µs",
+                flush=True,
             )
         if "sqlite" in only:
-            result = await sustained(SqliteAuditStore(directory / "sustained.sqlite3"), args.rate, args.seconds)
+            store = SqliteAuditStore(directory / "sustained.sqlite3")
+            result = await sustained(store, args.rate, args.seconds, directory / "sustained.journals")
             print(f"(b) SQLite, {args.seconds:g} s: {_line(result)}", flush=True)
         if only & {"postgres", "outage", "gateway"}:
             if not postgres_available():
@@ -292,7 +309,7 @@ async def main_async(args: argparse.Namespace) -> int:
             cluster.start()
         if "postgres" in only and cluster is not None:
             store = PostgresAuditStore(cluster.create_database("bench_sustained"))
-            result = await sustained(store, args.rate, args.seconds)
+            result = await sustained(store, args.rate, args.seconds, directory / "sustained-pg.journals")
             print(f"(b) PostgreSQL, {args.seconds:g} s: {_line(result)}", flush=True)
         if "outage" in only and cluster is not None:
             result = await outage(cluster, args.outage_rate, args.outage_seconds)

@@ -63,7 +63,7 @@ STATS_CATCH_UP_SECONDS = 3.0  # /admin/stats trails the request log by one flush
 AUDIT_CATCH_UP_SECONDS = 5.0  # a row is written within 1 s of its last change
 FINISHED = ("completed", "failed")
 # NULL by design: without a key, without edge.rate_limit.key_header; `worker` only for a replay
-MAY_BE_EMPTY = {"idempotency_key", "user_id"}
+MAY_BE_EMPTY = {"idempotency_key", "user_id", "reason"}  # reason: only on a row closed at a restart
 MEASURE = "/api/v1/hair/measure"
 MARK = "/api/v1/hair/mark"
 CONCURRENT_DUPLICATES = 4

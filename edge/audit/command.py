@@ -2,7 +2,9 @@
 
 Reads the store the settings name (`--config`, `--secrets`: PostgreSQL when the DSN
 secret is set, else the SQLite file at `edge.audit.path`), a table by default, `--json`
-for scripts. Exit 0 with rows or without, 1 when the store cannot be read, 2 on bad usage.
+for scripts. Those three go before or after the question, as people type them
+(`hairgate audit failures --since 1h --json`). Exit 0 with rows or without, 1 when the
+store cannot be read, 2 on bad usage (argparse's usage line and a message, never a traceback).
 """
 
 from __future__ import annotations
@@ -11,31 +13,69 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 SHOW_COLUMNS = (
     "execution_id", "request_id", "endpoint", "status", "code", "worker", "retry_count", "replayed",
-    "queue_ms", "gpu_ms", "duration_ms", "cost_usd", "client_ip", "created_at",
+    "queue_ms", "gpu_ms", "duration_ms", "cost_usd", "client_ip", "created_at", "reason",
 )  # fmt: skip
+MAX_TOP = 1000  # rows per list: a screenful is the point; a LIMIT the stores take whatever the int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default="settings.toml", help="settings TOML (default: %(default)s)")
-    parser.add_argument("--secrets", default=None, help="secrets TOML (default: secrets.toml beside --config)")
-    parser.add_argument("--json", action="store_true", help="JSON instead of a table")
+    _add_common(parser, defaults=True)
     questions = parser.add_subparsers(dest="question", required=True)
-    show = questions.add_parser("show", help="the rows of one execution id (or request id)")
-    show.add_argument("id", help="an execution id (exec_…) or a request id")
-    key = questions.add_parser("key", help="the executions of one Idempotency-Key")
+
+    def question(name: str, what: str) -> argparse.ArgumentParser:
+        asked = questions.add_parser(name, help=what)
+        _add_common(asked, defaults=False)
+        return asked
+
+    question("show", "the rows of one execution id (or request id)").add_argument(
+        "id", help="an execution id (exec_…) or a request id"
+    )
+    key = question("key", "the executions of one Idempotency-Key")
     key.add_argument("key", help="the key as the client sent it")
     key.add_argument("--api-key", default=None, help="the client's edge.rate_limit.key_header value, when one is set")
-    for name, what in (("retries", "clients and keys with the most retried or replayed executions"),
-                       ("failures", "failure share by endpoint, by worker and by code")):  # fmt: skip
-        question = questions.add_parser(name, help=what)
-        question.add_argument("--since", default="1h", help="how far back: 90s, 30m, 1h, 7d (default: %(default)s)")
-        if name == "retries":
-            question.add_argument("--top", type=int, default=10, help="rows per list (default: %(default)s)")
+    retries = question("retries", "clients and keys with the most retried or replayed executions")
+    failures = question("failures", "failure share by endpoint, by worker and by code")
+    for asked in (retries, failures):
+        asked.add_argument("--since", type=_since, default="1h", help="how far back: 90s, 30m, 1h, 7d (default: 1h)")
+    retries.add_argument("--top", type=_top, default=10, help=f"rows per list, 1-{MAX_TOP} (default: %(default)s)")
+
+
+def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """--config, --secrets, --json: on `audit` with their defaults, and again on each question
+    with none (argparse.SUPPRESS), so that one given after the question is kept and one given
+    before it is not reset by the question's parser."""
+
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument("--config", default=default("settings.toml"), help="settings TOML (default: settings.toml)")
+    parser.add_argument("--secrets", default=default(None), help="secrets TOML (default: secrets.toml beside --config)")
+    parser.add_argument("--json", action="store_true", default=default(False), help="JSON instead of a table")
+
+
+def _since(text: str) -> timedelta:
+    from edge.audit.queries import parse_since  # imported when used: `hairgate --help` stays instant
+
+    try:
+        return parse_since(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _top(text: str) -> int:
+    try:
+        top = int(text)
+    except ValueError:
+        top = 0
+    if not 1 <= top <= MAX_TOP:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_TOP}, got {text!r}")
+    return top
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         settings = load_settings(args.config, args.secrets)
-        since = queries.parse_since(args.since) if args.question in ("retries", "failures") else None
-    except (SettingsError, ValueError) as error:
+    except SettingsError as error:
         print(f"hairgate audit: {error}", file=sys.stderr)
         return 2
+    since = getattr(args, "since", None)  # parsed by argparse (`_since`)
     audit = settings.edge.audit
     store = open_store(audit.path, settings.audit.postgres_dsn, command=True)
     if isinstance(store, SqliteAuditStore) and not Path(audit.path).exists():

@@ -21,16 +21,22 @@ LOOKUP_COLUMNS = ("execution_id", "request_id", "idempotency_key")
 FAILURE_GROUPS = ("endpoint", "worker", "code")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# Far beyond any retention_days, and well within what a datetime can go back from now (a
+# cutoff before year 1 would be an OverflowError, not an answer).
+MAX_SINCE = timedelta(days=36_500)
 _REPLAYS = "SUM(CASE WHEN replayed THEN 1 ELSE 0 END)"
 _FINAL = ", ".join(f"'{state}'" for state in FINAL_STATES)
 
 
 def parse_since(text: str) -> timedelta:
-    """ "90s", "30m", "1h", "7d" → a duration; ValueError otherwise."""
+    """ "90s", "30m", "1h", "7d" → a duration of at most MAX_SINCE; ValueError otherwise."""
     match = _DURATION.fullmatch(text.strip())
     if match is None:
-        raise ValueError(f"--since must be a number with s, m, h or d (e.g. 1h), got {text!r}")
-    return timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
+        raise ValueError(f"must be a number with s, m, h or d (e.g. 1h), got {text!r}")
+    seconds = float(match[1]) * _UNIT_SECONDS[match[2]]
+    if seconds > MAX_SINCE.total_seconds():  # compared as a float: timedelta() itself overflows past 10^9 days
+        raise ValueError(f"must be at most {MAX_SINCE.days}d (100 years), got {text!r}")
+    return timedelta(seconds=seconds)
 
 
 def rows(store: AuditStore, column: str, value: str) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from typing import Any
 RECEIVED, QUEUED, EXECUTING, COMPLETED, FAILED = "received", "queued", "executing", "completed", "failed"
 STATES = (RECEIVED, QUEUED, EXECUTING, COMPLETED, FAILED)  # seed 002 §4.2.3, in this order
 FINAL_STATES = (COMPLETED, FAILED)
+RESTARTED = "gateway restarted"  # `reason` of a row its gateway died under (closed by the next start)
 
 # Every column but `id` (the store's), in the order `Execution.values()` gives them.
 COLUMNS = (
@@ -29,6 +30,8 @@ COLUMNS = (
     "cost_usd",
     "created_at",
     "updated_at",
+    "node",  # the node part of the creating gateway's ids: only that gateway may change the row
+    "reason",  # why a row failed without an answer of its own (RESTARTED); NULL otherwise
 )
 
 
@@ -53,12 +56,31 @@ class Execution:
     gpu_ms: int | None = None
     duration_ms: int | None = None
     cost_usd: float | None = None
+    node: str = ""  # the creating process's (`ExecutionIds.node`): a replayed row keeps its own
+    reason: str | None = None
+    refused: bool = False  # another gateway holds this execution id: never written again (not a column)
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """Every field but `refused`, in declaration order: `Execution(*snapshot)` is this execution
+        again (the journal's line); times stay epoch seconds."""
+        return (
+            self.execution_id, self.request_id, self.endpoint, self.idempotency_key, self.client_ip, self.user_id,
+            self.created_at, self.updated_at, self.status, self.code, self.worker, self.retry_count, self.replayed,
+            self.queue_ms, self.gpu_ms, self.duration_ms, self.cost_usd, self.node, self.reason,
+        )  # fmt: skip
+
+    def close_as_restarted(self, now: float) -> None:
+        """An execution its gateway died under, unfinished: failed, no code (the client's answer is
+        unknown), the reason said."""
+        if self.status not in FINAL_STATES:
+            self.status, self.reason, self.updated_at = FAILED, RESTARTED, now
 
     def values(self) -> tuple[Any, ...]:
         return (
             self.execution_id, self.request_id, self.endpoint[:64], self.idempotency_key, self.client_ip or "0.0.0.0",
             self.user_id, self.status, self.code, self.worker, self.retry_count, self.replayed, self.queue_ms,
-            self.gpu_ms, self.duration_ms, self.cost_usd, _utc(self.created_at), _utc(self.updated_at),
+            self.gpu_ms, self.duration_ms, self.cost_usd, _utc(self.created_at), _utc(self.updated_at), self.node,
+            self.reason,
         )  # fmt: skip
 
 

@@ -1,8 +1,14 @@
 """Where audit rows live: the `audit_log` table in SQLite (default) or PostgreSQL (audit.md § The table).
 
 Both stores are plain blocking code behind one small interface, called from a worker
-thread (`trio.to_thread`), one batch per hop: `write(rows)` upserts a batch in one
+thread (`trio.to_thread`), one batch per hop: `write(rows)` inserts or updates a batch in one
 transaction, `delete_older(cutoff, limit)` is one retention step, `query(sql, args)` reads.
+
+A row belongs to the gateway process that created it (its `node`, the node part of that
+process's execution ids): a write changes an existing row only when the row's node is the
+writer's (`ON CONFLICT … DO UPDATE … WHERE audit_log.node = excluded.node`). A row of
+another gateway under the same execution id is left as it is, and `write` names the
+refused ids; never a merge of two executions into one row.
 A store connects lazily and reconnects after any failure, so a store that was down (the
 file's disk full, PostgreSQL restarting) is used again by the next call without a
 restart. Every failure surfaces as `AuditStoreError`, whose message never holds a DSN.
@@ -17,12 +23,15 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
+from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from edge.audit.rows import COLUMNS, FINAL_STATES, STATES
+
+T = TypeVar("T")
 
 SQLITE_BUSY_TIMEOUT_SECONDS = 5.0
 POSTGRES_CONNECT_TIMEOUT_SECONDS = 5
@@ -74,13 +83,40 @@ _SQLITE_V1 = [
     *_INDEXES,
 ]
 _POSTGRES_V1 = [_TABLE.format(id="BIGSERIAL PRIMARY KEY", inet="INET", check=_STATUS_CHECK, now="NOW()"), *_INDEXES]
-MIGRATIONS = {"sqlite": [_SQLITE_V1], "postgresql": [_POSTGRES_V1]}
-SCHEMA_VERSION = 1
+# v2: who created the row (its gateway's node: only that gateway updates it) and why a row
+# failed without an answer (a gateway restarted under it). Rows of v1 keep NULL in both,
+# so no gateway of v2 ever changes them.
+_SQLITE_V2 = [
+    "ALTER TABLE audit_log ADD COLUMN node VARCHAR(16)",
+    "ALTER TABLE audit_log ADD COLUMN reason VARCHAR(64)",
+]
+_POSTGRES_V2 = [
+    "ALTER TABLE audit_log ADD COLUMN IF NOT EXISTS node VARCHAR(16)",
+    "ALTER TABLE audit_log ADD COLUMN IF NOT EXISTS reason VARCHAR(64)",
+]
+MIGRATIONS = {"sqlite": [_SQLITE_V1, _SQLITE_V2], "postgresql": [_POSTGRES_V1, _POSTGRES_V2]}
+SCHEMA_VERSION = 2
 
-_UPDATED = [column for column in COLUMNS if column not in ("execution_id", "request_id", "endpoint", "created_at")]
-_UPSERT = "INSERT INTO audit_log ({columns}) VALUES ({values}) ON CONFLICT (execution_id) DO UPDATE SET " + ", ".join(
-    f"{column} = excluded.{column}" for column in _UPDATED
+_CREATED_ONLY = ("execution_id", "request_id", "endpoint", "created_at", "node")
+_UPDATED = [column for column in COLUMNS if column not in _CREATED_ONLY]
+_UPSERT = (
+    "INSERT INTO audit_log ({columns}) VALUES ({values}) ON CONFLICT (execution_id) DO UPDATE SET "
+    + ", ".join(f"{column} = excluded.{column}" for column in _UPDATED)
+    + " WHERE audit_log.node = excluded.node"  # another gateway's row: untouched (a row count of 0)
 )
+_EXECUTION_ID, _NODE = COLUMNS.index("execution_id"), COLUMNS.index("node")
+
+
+def _refused(cursor: Any, rows: Sequence[tuple[Any, ...]], placeholder: str) -> list[str]:
+    """The execution ids of `rows` whose stored row another node created: read after a batch
+    whose row count fell short, in its transaction (the common batch pays no read)."""
+    if not rows:  # `write([])` opens the store (the schema) and writes nothing
+        return []
+    ids = [row[_EXECUTION_ID] for row in rows]
+    marks = ", ".join(placeholder for _ in ids)
+    cursor.execute(f"SELECT execution_id, node FROM audit_log WHERE execution_id IN ({marks})", ids)
+    stored = dict(cursor.fetchall())
+    return [row[_EXECUTION_ID] for row in rows if stored.get(row[_EXECUTION_ID]) != row[_NODE]]
 
 
 class AuditStoreError(Exception):
@@ -93,8 +129,9 @@ class AuditStore(Protocol):
     dialect: str  # "sqlite" or "postgresql": the SQL of `edge.audit.queries` differs a little
     where: str  # for logs and the CLI: the file, or "PostgreSQL" (never the DSN)
 
-    def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Upsert `rows` (values in `COLUMNS` order) in one transaction."""
+    def write(self, rows: Sequence[tuple[Any, ...]]) -> list[str]:
+        """Insert `rows` (values in `COLUMNS` order), or update those whose row has their node, in
+        one transaction; the execution ids of the rows refused (another node's row holds the id)."""
 
     def delete_older(self, cutoff: datetime, limit: int) -> int:
         """Delete at most `limit` rows created before `cutoff`; how many went."""
@@ -136,22 +173,27 @@ class SqliteAuditStore:
         self._connection = connection
         return connection
 
-    def _run(
-        self, sql: str, args: Sequence[Any] = (), *, many: Sequence[Sequence[Any]] | None = None
-    ) -> sqlite3.Cursor:
+    def _run(self, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
         with self._lock:
             connection = self._connect()
             try:
-                if many is None:
-                    return connection.execute(sql, args)
-                with _sqlite_transaction(connection):
-                    return connection.executemany(sql, many)
+                return connection.execute(sql, args)
             except (sqlite3.Error, OSError) as error:
                 self._drop()
                 raise AuditStoreError(f"SQLite {self.path}: {error}") from None
 
-    def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        self._run(_SQLITE_UPSERT, many=[_sqlite_values(row) for row in rows])
+    def write(self, rows: Sequence[tuple[Any, ...]]) -> list[str]:
+        values = [_sqlite_values(row) for row in rows]
+        with self._lock:
+            connection = self._connect()
+            try:
+                with _sqlite_transaction(connection):
+                    if connection.executemany(_SQLITE_UPSERT, values).rowcount == len(values):
+                        return []
+                    return _refused(connection.cursor(), values, "?")
+            except (sqlite3.Error, OSError) as error:
+                self._drop()
+                raise AuditStoreError(f"SQLite {self.path}: {error}") from None
 
     def delete_older(self, cutoff: datetime, limit: int) -> int:
         sql = "DELETE FROM audit_log WHERE id IN (SELECT id FROM audit_log WHERE created_at < ? ORDER BY id LIMIT ?)"
@@ -240,16 +282,21 @@ def _migrate_postgres(connection: Any) -> None:
         _apply_migrations(connection, "postgresql", "%s")
 
 
-def _execute(connection: Any, sql: str, args: Sequence[Any], many: Sequence[Sequence[Any]] | None) -> Any:
-    """One statement (or one batch) in one transaction: its rows, or its row count."""
+def _execute(connection: Any, sql: str, args: Sequence[Any]) -> Any:
+    """One statement in one transaction: its rows, or its row count."""
     with connection.transaction():
         cursor = connection.cursor()
-        if many is None:
-            cursor.execute(sql, args)
-        else:
-            cursor.executemany(sql, many)
+        cursor.execute(sql, args)
         rows = cursor.fetchall() if cursor.description is not None else None
         return rows if rows is not None else cursor.rowcount
+
+
+def _write_postgres(connection: Any, rows: Sequence[tuple[Any, ...]]) -> list[str]:
+    """`AuditStore.write` in one transaction (psycopg sums an executemany's row counts)."""
+    with connection.transaction():
+        cursor = connection.cursor()
+        cursor.executemany(_POSTGRES_UPSERT, rows)
+        return [] if cursor.rowcount == len(rows) else _refused(cursor, rows, "%s")
 
 
 class PostgresAuditStore:
@@ -285,28 +332,29 @@ class PostgresAuditStore:
         self._connection = connection
         return connection
 
-    def _run(self, sql: str, args: Sequence[Any] = (), *, many: Sequence[Sequence[Any]] | None = None) -> Any:
+    def _run(self, work: Callable[[Any], T]) -> T:
+        """`work(connection)` on the writer's connection, psycopg's errors as `AuditStoreError`."""
         import psycopg
 
         with self._lock:
             connection = self._connect()
             try:
-                return _execute(connection, sql, args, many)
+                return work(connection)
             except psycopg.Error as error:
                 if connection.closed or connection.broken:
                     self._connection = None
                 raise AuditStoreError(f"PostgreSQL: {_postgres_reason(error)}") from None
 
-    def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        self._run(_POSTGRES_UPSERT, many=rows)
+    def write(self, rows: Sequence[tuple[Any, ...]]) -> list[str]:
+        return self._run(partial(_write_postgres, rows=rows))
 
     def delete_older(self, cutoff: datetime, limit: int) -> int:
         sql = "DELETE FROM audit_log WHERE id IN (SELECT id FROM audit_log WHERE created_at < %s ORDER BY id LIMIT %s)"
-        deleted: int = self._run(sql, (cutoff, limit))
+        deleted: int = self._run(partial(_execute, sql=sql, args=(cutoff, limit)))
         return deleted
 
     def query(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
-        rows: list[tuple[Any, ...]] = self._run(sql.replace("?", "%s"), args)
+        rows: list[tuple[Any, ...]] = self._run(partial(_execute, sql=sql.replace("?", "%s"), args=args))
         return rows
 
     def close(self) -> None:
@@ -343,7 +391,7 @@ class PostgresAuditReaders(PostgresAuditStore):
         )
         self._opened = False
 
-    def _run(self, sql: str, args: Sequence[Any] = (), *, many: Sequence[Sequence[Any]] | None = None) -> Any:
+    def _run(self, work: Callable[[Any], T]) -> T:
         import psycopg
 
         with self._lock:
@@ -352,7 +400,7 @@ class PostgresAuditReaders(PostgresAuditStore):
                 self._opened = True
         try:
             with self._pool.connection(timeout=POSTGRES_CONNECT_TIMEOUT_SECONDS) as connection:
-                return _execute(connection, sql, args, many)
+                return work(connection)
         except psycopg.Error as error:  # PoolTimeout included: no connection could be made in time
             raise AuditStoreError(f"PostgreSQL: {_postgres_reason(error)}") from None
 

@@ -1,20 +1,27 @@
 """The audit trail's write side: hooks on the request's path, a writer task off it (audit.md § Writing).
 
-The request's path only touches memory: `received` (its arrival, before any check: the
-execution id), `queued` (waiting for a host), `forwarding` (around each forward: executing,
-then the answering host and its time), `executing` (answered by the gateway itself) and
-`finished` (its request-log record: code, retries, times). Each mutates the execution's
-`Execution` and puts it in `pending` (an ordered dict: one entry per execution however
-many changes it had, oldest first); a few microseconds, no I/O, no await.
+The request's path touches memory (and the journal, below): `received` (its arrival,
+before any check: the execution id), `queued` (waiting for a host), `forwarding` (around
+each forward: executing, then the answering host and its time), `executing` (answered by
+the gateway itself) and `finished` (its request-log record: code, retries, times). Each
+mutates the execution's `Execution` and puts it in `pending` (an ordered dict: one entry
+per execution however many changes it had, oldest first); microseconds, no await, no store.
+
+With a journal (`edge.audit.journal`; the gateway always has one), `received` and `finished`
+also append the execution to it, one `write()` each, so that a crash loses no row; `run()`
+first adopts the journals of dead gateways in its folder.
 
 `run()`, in the serving nursery, writes what is pending every `FLUSH_INTERVAL_SECONDS` in
-batches of at most `BATCH_ROWS`, one thread hop per batch. A batch the store refuses goes
-back to the front and is tried again a second later, in order, until the store is back;
-beyond `max_pending` executions the oldest pending are dropped and counted. Failures are
-logged once a minute. Cancelled (shutdown, after the server drained), it writes what is
-left, for at most `SHUTDOWN_FLUSH_SECONDS`: a write still in its thread then is abandoned
-(the store's own timeouts end it), and what is still pending counts as dropped, logged
-once. Retention runs beside it, in small batches.
+batches of at most `BATCH_ROWS`, one thread hop per batch. A row whose execution id another
+gateway's row already holds is refused by the store: logged, counted (`conflict`), and that
+execution is never written again. A batch the store refuses goes back to the front and is
+tried again a second later, in order, until the store is back; beyond `max_pending`
+executions the oldest pending are dropped and counted. Failures are logged once a minute.
+Cancelled (shutdown, after the server drained), it writes what is left, for at most
+`SHUTDOWN_FLUSH_SECONDS`: a write still in its thread then is abandoned (the store's own
+timeouts end it), and what is still pending stays in the journal for the next start
+(without a journal: counted as dropped), logged once. Retention runs beside it, in small
+batches.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
@@ -34,6 +42,7 @@ from prometheus_client.metrics_core import Metric
 
 from edge.admission.rate_limit import ClientKeys, scoped_key
 from edge.audit.ids import ExecutionIds
+from edge.audit.journal import Journal, journal_directory
 from edge.audit.rows import COLUMNS, COMPLETED, EXECUTING, FAILED, QUEUED, Execution
 from edge.audit.store import AuditStore, AuditStoreError, open_store
 from edge.observe.metrics import GatewayMetrics
@@ -52,7 +61,11 @@ SHUTDOWN_FLUSH_SECONDS = 10.0
 RETENTION_INTERVAL_SECONDS = 3600.0
 RETENTION_BATCH_ROWS = 1000
 RETENTION_PAUSE_SECONDS = 0.2  # between two deletes: the table stays writable
-WRITE_RESULTS = ("written", "failed", "dropped")
+# The journal is rewritten (to what is pending or under way) once it holds this much, or twice
+# what the last rewrite left while the store is down: a rewrite's cost stays proportional
+# to the lines appended since the last one.
+JOURNAL_REWRITE_BYTES = 1024 * 1024
+WRITE_RESULTS = ("written", "failed", "dropped", "conflict")
 _KEY = HEADER_IDEMPOTENCY_KEY.lower().encode()
 _FORWARDED_FOR = b"x-forwarded-for"
 Scope = Mapping[str, Any]
@@ -82,8 +95,12 @@ class AuditTrail:
         max_pending: int = 100_000,
         retention_days: float = 30,
         gpu_second_usd: float = 0.0,
+        journal_dir: Path | None = None,
     ) -> None:
         self._ids = ids
+        self.node = ids.node  # every row this trail creates carries it: only this trail changes them
+        self._journal_dir = journal_dir if store is not None else None
+        self.journal: Journal | None = None  # opened by `open_journal` (run() does)
         self.store = store
         self.reader = reader  # its own connection: a slow read never holds up the writer
         self._client_keys = client_keys  # who a request is (its IP, its API key), as admission says
@@ -95,10 +112,13 @@ class AuditTrail:
         self._has_pending = trio.Event()
         self._writer = trio.CapacityLimiter(1)
         # since start: written and failed count row write attempts (a refused batch counts
-        # again at each retry), dropped counts rows given up (beyond max_pending, or at shutdown)
+        # again at each retry), dropped counts rows given up (beyond max_pending, or at shutdown),
+        # conflict counts executions refused because another gateway's row holds their id
         self.writes = dict.fromkeys(WRITE_RESULTS, 0)
         self._failures = FailureLog(log, f"审计日志写入失败，变更暂存内存（{store.where if store else '-'}）")
         self._dropped_log = FailureLog(log, "审计日志待写变更超过 edge.audit.max_pending，最旧的已丢弃")
+        self._conflicts = FailureLog(log, "审计日志执行 ID 已被另一网关的记录占用，本条不写入、不合并")
+        self._journal_failures = FailureLog(log, "审计日志文件写入失败，崩溃时这些请求的记录可能丢失")
 
     @property
     def pending(self) -> int:
@@ -133,10 +153,11 @@ class AuditTrail:
         execution = Execution(
             execution_id, request_id, path,
             None if key is None else key_hash(key, keys.key_header, api_key), client_ip,
-            user_id(api_key) if api_key else None, now, now,
+            user_id(api_key) if api_key else None, now, now, node=self.node,
         )  # fmt: skip
         self._live[execution_id] = execution
         self._changed(execution)
+        self._journaled(execution)  # before any answer can leave: a crash from now on keeps the row
         return execution_id
 
     def queued(self, execution_id: str) -> None:
@@ -177,6 +198,18 @@ class AuditTrail:
             execution.worker, execution.gpu_ms = None, 0
         execution.cost_usd = round(execution.gpu_ms * self._gpu_ms_usd, 6)
         self._move(execution, COMPLETED if entry.code == Code.OK else FAILED)
+        self._journaled(execution)
+
+    def _journaled(self, execution: Execution) -> None:
+        """Only arrival and end go to the journal: the states between add nothing a restart
+        would keep (an unfinished execution is closed as failed either way), and each line
+        costs a `write()` on the request's path."""
+        if self.journal is None or execution.refused:
+            return
+        try:
+            self.journal.append(execution)
+        except OSError as error:  # a full disk: the request goes on, the row waits in memory as before
+            self._journal_failures.report(error)
 
     def _move(self, execution: Execution, status: str) -> None:
         execution.status = status
@@ -184,6 +217,8 @@ class AuditTrail:
         self._changed(execution)
 
     def _changed(self, execution: Execution) -> None:
+        if execution.refused:  # another gateway's row holds its id: never written, never merged
+            return
         pending = self._pending
         if execution.execution_id not in pending:
             pending[execution.execution_id] = execution
@@ -198,8 +233,24 @@ class AuditTrail:
 
     # --- the writer task -----------------------------------------------------------------------
 
+    def open_journal(self) -> list[Execution]:
+        """Blocking (a worker thread, at start): this process's journal, and the executions of the
+        dead gateways' journals beside it (unfinished ones closed as failed: "gateway restarted"),
+        already in the new journal; `run()` puts them in `pending`."""
+        assert self._journal_dir is not None and self.journal is None
+        self.journal = Journal.create(self._journal_dir, self.node)
+        now = time.time()
+        return self.journal.adopt_dead(lambda execution: execution.close_as_restarted(now))
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Write batches until cancelled, then what is left; retention beside it."""
+        """Adopt what dead gateways left, then write batches until cancelled, then what is left;
+        retention beside it. Started (`task_status.started()`) once the journal is open: before
+        the gateway listens, so that every request is journaled."""
+        if self.store is not None and self._journal_dir is not None:
+            try:
+                self._adopt(await trio.to_thread.run_sync(self.open_journal))
+            except OSError as error:  # a folder it may not write: the gateway serves, as before the journal
+                log.error("审计日志文件无法打开（%s），崩溃时最近的记录可能丢失：%s", self._journal_dir, error)
         task_status.started()
         if self.store is None:
             return
@@ -214,36 +265,100 @@ class AuditTrail:
         finally:
             with trio.CancelScope(shield=True, deadline=trio.current_time() + SHUTDOWN_FLUSH_SECONDS):
                 await self.flush()
-            if self._pending:
-                left = len(self._pending)
-                log.error("退出时审计日志仍有 %d 条变更未能写入，已丢弃（%s）", left, self.store.where)
-                self.writes["dropped"] += left
-                self._pending.clear()
+            self._left_at_shutdown()
             self.store.close()
             if self.reader is not None:
                 self.reader.close()
 
+    def _adopt(self, executions: list[Execution]) -> None:
+        """Dead gateways' executions (with their own node: their rows stay theirs) to be written."""
+        for execution in executions:
+            self._changed(execution)
+        if executions:
+            restarted = sum(execution.reason is not None for execution in executions)
+            log.warning(
+                "已接管已退出网关的审计日志文件：%d 条记录待写入，其中 %d 条未完成的已记为失败（gateway restarted）",
+                len(executions),
+                restarted,
+            )
+
+    def _left_at_shutdown(self) -> None:
+        """What the shutdown flush could not write: left in the journal for the next start when
+        there is one, else dropped and counted. Logged once either way."""
+        assert self.store is not None
+        left = len(self._pending)
+        journal = self._close_journal()
+        if left and journal is not None:
+            log.error("退出时审计日志仍有 %d 条变更未能写入，留在 %s，下次启动时写入", left, journal)
+        elif left:
+            log.error("退出时审计日志仍有 %d 条变更未能写入，已丢弃（%s）", left, self.store.where)
+            self.writes["dropped"] += left
+        self._pending.clear()
+
+    def _close_journal(self) -> Path | None:
+        """The journal closed: removed when the store has everything, else rewritten to what it
+        lacks and left for the next start (its path returned)."""
+        journal, self.journal = self.journal, None
+        if journal is None:
+            return None
+        unwritten = {**self._pending, **self._live}
+        try:
+            if unwritten:
+                journal.rewrite(unwritten.values())
+        except OSError as error:  # the journal as it was still holds all of it (and more)
+            self._journal_failures.report(error)
+        journal.close(keep=bool(unwritten))
+        return journal.path if unwritten else None
+
     async def flush(self) -> bool:
         """Write everything pending, batch by batch; False when the store refused (the rest waits)."""
         assert self.store is not None
-        while self._pending:
-            batch = [self._pending.popitem(last=False)[1] for _ in range(min(BATCH_ROWS, len(self._pending)))]
-            rows = [_checked(execution.values()) for execution in batch]
-            try:
-                # abandoned when cancelled: the shutdown flush's deadline holds even while
-                # the store blocks (the thread ends by the store's timeouts, in the background)
-                await trio.to_thread.run_sync(self.store.write, rows, limiter=self._writer, abandon_on_cancel=True)
-            except AuditStoreError as error:
-                self.writes["failed"] += len(rows)
-                self._failures.report(error)
-                self._put_back(batch)
-                return False
-            except BaseException:  # cancelled (a shutdown): not known written, still to be written
-                self._put_back(batch)
-                raise
-            self.writes["written"] += len(rows)
-        self._has_pending = trio.Event()
-        return True
+        try:
+            while self._pending:
+                batch = [self._pending.popitem(last=False)[1] for _ in range(min(BATCH_ROWS, len(self._pending)))]
+                rows = [_checked(execution.values()) for execution in batch]
+                try:
+                    # abandoned when cancelled: the shutdown flush's deadline holds even while
+                    # the store blocks (the thread ends by the store's timeouts, in the background)
+                    refused = await trio.to_thread.run_sync(
+                        self.store.write, rows, limiter=self._writer, abandon_on_cancel=True
+                    )
+                except AuditStoreError as error:
+                    self.writes["failed"] += len(rows)
+                    self._failures.report(error)
+                    self._put_back(batch)
+                    return False
+                except BaseException:  # cancelled (a shutdown): not known written, still to be written
+                    self._put_back(batch)
+                    raise
+                self.writes["written"] += len(rows) - len(refused)
+                if refused:
+                    self._refuse(batch, refused)
+            self._has_pending = trio.Event()
+            return True
+        finally:
+            self._rewrite_journal_if_due()
+
+    def _refuse(self, batch: list[Execution], refused: list[str]) -> None:
+        """Another gateway's row holds these ids: ours are never written (nor merged into theirs)."""
+        ids = set(refused)
+        for execution in batch:
+            if execution.execution_id in ids:
+                execution.refused = True
+        self.writes["conflict"] += len(ids)
+        self._conflicts.report(f"{len(ids)} 条，例如 {refused[0]}；累计 {self.writes['conflict']} 条")
+
+    def _rewrite_journal_if_due(self) -> None:
+        """Keep the journal to what the store may lack: the executions pending or under way.
+        Called when no batch is in a thread: `flush` has one caller at a time (the writer task,
+        then the shutdown flush once it has been cancelled)."""
+        journal = self.journal
+        if journal is None or journal.size_bytes < max(JOURNAL_REWRITE_BYTES, 2 * journal.rewritten_bytes):
+            return
+        try:
+            journal.rewrite({**self._pending, **self._live}.values())
+        except OSError as error:
+            self._journal_failures.report(error)
 
     def _put_back(self, batch: list[Execution]) -> None:
         """A refused batch goes back in front of what came since, in its order."""
@@ -283,7 +398,8 @@ class AuditTrail:
         writes = CounterMetricFamily(
             "hairgate_audit_writes",
             "Audit row write attempts by result (failed: refused, counted again at each retry), "
-            "and rows dropped unwritten (beyond max_pending, or left at shutdown)",
+            "rows dropped unwritten (beyond max_pending, or left at shutdown), "
+            "and executions refused because another gateway's row holds their id (conflict)",
             labels=["result"],
         )
         for result in WRITE_RESULTS:
@@ -318,6 +434,7 @@ def build_audit(settings: Settings, metrics: GatewayMetrics) -> AuditTrail:
         max_pending=audit.max_pending,
         retention_days=audit.retention_days,
         gpu_second_usd=audit.gpu_second_usd,
+        journal_dir=journal_directory(audit.path, settings.audit.postgres_dsn),
     )
     metrics.registry.register(trail)
     return trail

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -23,6 +24,7 @@ import trio
 import trio.testing
 from prometheus_client import generate_latest
 
+import edge.audit.store as store_module
 import edge.audit.trail as trail_module
 from edge.admission.idempotency import open_idempotency
 from edge.admission.rate_limit import ClientKeys, header_key
@@ -38,7 +40,7 @@ from tests.edge.conftest import PHOTO, TOKEN, WORKERS, bring_online, make_settin
 from tests.edge.test_api import FakeUpstream
 
 MEASURE = "/api/v1/hair/measure"
-EXECUTION_ID = re.compile(r"exec_\d{13}_\d{3}_\d{5}")
+EXECUTION_ID = re.compile(r"exec_\d{13}_\d{3}_[0-9a-f]{12}_\d{5}")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -64,18 +66,31 @@ async def build(tmp_path: Path, upstream: FakeUpstream, **edge: Any) -> tuple[Ga
 
 def test_execution_ids_are_spec_shaped_unique_and_sortable() -> None:
     now = [1723456789012_000_000]
-    ids = ExecutionIds(1, clock_ns=lambda: now[0])
+    ids = ExecutionIds(1, clock_ns=lambda: now[0], node="00c0ffee0001")
     first, second = ids.next(), ids.next()
-    assert (first, second) == ("exec_1723456789012_001_00000", "exec_1723456789012_001_00001")
+    assert (first, second) == ("exec_1723456789012_001_00c0ffee0001_00000", "exec_1723456789012_001_00c0ffee0001_00001")
     now[0] += 1_000_000
-    assert ids.next() == "exec_1723456789013_001_00000", "the sequence starts again each millisecond"
+    assert ids.next() == "exec_1723456789013_001_00c0ffee0001_00000", "the sequence starts again each millisecond"
     now[0] -= 5_000_000  # the clock stepped back: never an id twice
-    assert ids.next() == "exec_1723456789013_001_00001"
+    assert ids.next() == "exec_1723456789013_001_00c0ffee0001_00001"
     many = [ids.next() for _ in range(100_001)]
     assert len(set(many)) == len(many) and many == sorted(many), "past 99,999 in one ms it borrows the next ms"
     assert ExecutionIds(2, clock_ns=lambda: now[0]).next().split("_")[2] == "002"
-    with pytest.raises(ValueError):
-        ExecutionIds(1000)
+    assert len(first) <= 64, "the execution_id column is VARCHAR(64)"
+    for wrong in ({"gateway_id": 1000}, {"gateway_id": 1, "node": "C0FFEE"}):
+        with pytest.raises(ValueError):
+            ExecutionIds(**wrong)  # type: ignore[arg-type]
+
+
+def test_two_gateways_with_the_same_settings_issue_different_ids_in_the_same_millisecond() -> None:
+    # issue 39 item 4: both at the default gateway_id 0, one clock: the old ids were equal
+    def clock() -> int:
+        return 1723456789012_000_000
+
+    first, second = ExecutionIds(0, clock_ns=clock), ExecutionIds(0, clock_ns=clock)
+    ids = [first.next() for _ in range(1000)], [second.next() for _ in range(1000)]
+    assert not set(ids[0]) & set(ids[1])
+    assert first.node != second.node and all(EXECUTION_ID.fullmatch(i) for i in ids[0] + ids[1])
 
 
 # --- the rows a request leaves ---------------------------------------------------------------------
@@ -206,7 +221,7 @@ async def test_failed_counts_refused_attempts_and_rows_left_at_shutdown_count_as
     trail = trail_on(SqliteAuditStore(tmp_path))  # a directory: every open is refused
     arrive(trail, 3)
     assert not await trail.flush() and not await trail.flush()
-    assert trail.writes == {"written": 0, "failed": 6, "dropped": 0}, "each refused attempt counts its rows"
+    assert trail.writes == {"written": 0, "failed": 6, "dropped": 0, "conflict": 0}, "each refused attempt counts"
     async with trio.open_nursery() as nursery:
         await nursery.start(trail.run)
         nursery.cancel_scope.cancel()  # a shutdown with the store still refusing
@@ -239,9 +254,31 @@ async def test_the_schema_is_created_once_and_kept_with_its_rows_at_the_next_sta
     arrive(again, 2)
     await again.flush()
     assert len(queries_rows(again)) == 5
-    assert again.store is not None and again.store.query("SELECT version FROM audit_schema", ()) == [(1,)]
+    assert again.store is not None and again.store.query("SELECT version FROM audit_schema", ()) == [(2,)]
     indexes = {row[0] for row in again.store.query("SELECT name FROM sqlite_master WHERE type = 'index'", ())}
     assert {"audit_log_idempotency_key", "audit_log_user_id", "audit_log_created_at"} <= indexes
+
+
+async def test_a_v1_file_is_migrated_in_place_and_its_rows_stay_as_they_were(tmp_path: Path) -> None:
+    path = tmp_path / "v1.sqlite3"
+    with sqlite3.connect(path) as v1:  # what a gateway of before left
+        for statement in store_module.MIGRATIONS["sqlite"][0]:
+            v1.execute(statement)
+        v1.execute("CREATE TABLE audit_schema (version INTEGER NOT NULL)")
+        v1.execute("INSERT INTO audit_schema VALUES (1)")
+        v1.execute(
+            "INSERT INTO audit_log (execution_id, request_id, endpoint, client_ip, status)"
+            " VALUES ('exec_1723456789012_000_00000', 'old', ?, '127.0.0.1', 'executing')",
+            (MEASURE,),
+        )
+    trail = trail_on(SqliteAuditStore(path))
+    arrive(trail, 1)
+    assert await trail.flush()
+    rows = {row["execution_id"]: row for row in queries_rows(trail)}
+    old = rows.pop("exec_1723456789012_000_00000")
+    assert (old["status"], old["node"], old["reason"]) == ("executing", None, None), "kept, not dropped"
+    assert [row["node"] for row in rows.values()] == [trail.node]
+    assert trail.store is not None and trail.store.query("SELECT version FROM audit_schema", ()) == [(2,)]
 
 
 async def test_shutdown_flushes_what_is_pending(tmp_path: Path) -> None:
