@@ -45,6 +45,7 @@ from shared.contract import (
     API_PREFIX,
     BUSY_KEY,
     GPU_ENDPOINT_PATHS,
+    HEADER_ERROR_TYPE,
     HEADER_EXECUTION_ID,
     HEADER_HOST_WANTED,
     HEADER_REQUEST_ID,
@@ -56,10 +57,13 @@ from shared.contract import (
     MSG_DEADLINE_EXCEEDED,
     MSG_DEADLINE_TOO_SHORT,
     MSG_METHOD_NOT_ALLOWED,
+    MSG_MODEL_LOAD_FAILED,
     MSG_UNKNOWN_ENDPOINT,
     WANTED_KEY,
     Code,
     ContractError,
+    ErrorType,
+    answer_error_type,
     busy_envelope,
     envelope,
     failure,
@@ -225,20 +229,22 @@ async def _answer(endpoint: str, host: _Host, request_id: str, started: float) -
     try:
         body = success(request_id, await _run(endpoint, host, request_id, _deadline(started)))
     except ContractError as error:
-        body = failure(error, request_id)
+        body = failure(_named(error), request_id)
     except ModelBusy:
         # Another gateway's job runs here; this gateway sends the request elsewhere.
         body, status = busy_envelope(request_id), 503
     except ModelUnavailable as error:
         # Not an answer about the photo: 503 lets the gateway retry on another host.
         log.warning("request refused, model not ready | request_id=%s reason=%s", request_id, error)
-        body, status = envelope(Code.SYSTEM_ERROR, request_id, message=MSG_BACKEND_UNAVAILABLE), 503
+        message = MSG_MODEL_LOAD_FAILED if error.error_type is ErrorType.MODEL_LOAD_FAILED else MSG_BACKEND_UNAVAILABLE
+        body, status = failure(ContractError(Code.SYSTEM_ERROR, message, error.error_type), request_id), 503
     except Exception:
         log.exception("internal error | request_id=%s endpoint=%s", request_id, endpoint)
-        body = envelope(Code.SYSTEM_ERROR, request_id)
+        body = failure(ContractError(Code.SYSTEM_ERROR, error_type=ErrorType.INTERNAL), request_id)
     body, payload = await _encoded(body, endpoint)
+    kind = answer_error_type(body)
     log.info(
-        "request | request_id=%s execution_id=%s endpoint=%s status=%d code=%d ms=%.0f bytes_out=%d",
+        "request | request_id=%s execution_id=%s endpoint=%s status=%d code=%d ms=%.0f bytes_out=%d error_type=%s",
         request_id,
         _execution_id(),
         endpoint,
@@ -246,9 +252,19 @@ async def _answer(endpoint: str, host: _Host, request_id: str, started: float) -
         body["code"],
         (trio.current_time() - started) * 1000,
         len(payload),
+        kind or "-",
     )
     response = Response(payload, status=status, content_type="application/json")
+    if kind is not None:
+        response.headers[HEADER_ERROR_TYPE] = kind.value
     return _with_request_id(response, request_id)
+
+
+def _named(error: ContractError) -> ContractError:
+    """`error` with a kind: a 1007 that names none is `internal` (gateway.md § Failure kinds)."""
+    if error.code is Code.SYSTEM_ERROR and error.error_type is None:
+        return ContractError(error.code, error.message, ErrorType.INTERNAL)
+    return error
 
 
 async def _encoded(body: dict, endpoint: str) -> tuple[dict, bytes]:
@@ -262,7 +278,7 @@ async def _encoded(body: dict, endpoint: str) -> tuple[dict, bytes]:
         log.exception(
             "internal error: answer not JSON-encodable | request_id=%s endpoint=%s", body["request_id"], endpoint
         )
-        replacement = envelope(Code.SYSTEM_ERROR, body["request_id"])
+        replacement = failure(ContractError(Code.SYSTEM_ERROR, error_type=ErrorType.INTERNAL), body["request_id"])
         return replacement, _encode_json(replacement)
 
 
@@ -284,7 +300,7 @@ def _deadline(arrived: float) -> float:
     if len(given) > MAX_REQUEST_TIMEOUT_DIGITS:  # longer than any deadline: int / 1000 overflows
         return math.inf
     if int(given) < MIN_REQUEST_TIMEOUT_MS:
-        raise ContractError(Code.SYSTEM_ERROR, MSG_DEADLINE_TOO_SHORT.format(ms=int(given)))
+        raise ContractError(Code.SYSTEM_ERROR, MSG_DEADLINE_TOO_SHORT.format(ms=int(given)), ErrorType.TIMEOUT)
     return arrived + int(given) / 1000 - DEADLINE_MARGIN_SECONDS
 
 
@@ -292,7 +308,7 @@ def _seconds_left(deadline: float) -> float:
     """Time left before `deadline`; a 1007 when none is (nothing more is started)."""
     left = deadline - trio.current_time()
     if left <= 0:
-        raise ContractError(Code.SYSTEM_ERROR, MSG_DEADLINE_EXCEEDED.format(seconds=0))
+        raise ContractError(Code.SYSTEM_ERROR, MSG_DEADLINE_EXCEEDED.format(seconds=0), ErrorType.TIMEOUT)
     return left
 
 

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from gpu_host.failure_kinds import as_contract_error, raise_simulated, refusal_kind
 from gpu_host.protocol import ChildConfig, Failure, Infer, LoadFailed, Ping, Pong, Ready, Result
-from shared.contract import DEFAULT_MESSAGES, Code, ContractError
+from shared.contract import ContractError, ErrorType
 from shared.logs import configure_logging
 
 log = logging.getLogger("gpu_host.child")
@@ -51,7 +52,12 @@ def serve(conn: Connection, config: ChildConfig) -> None:
         conn.send(LoadFailed(message=str(error) or type(error).__name__))
         return
     conn.send(Ready(device=str(models.device), segmenter=str(models.segmenter.name)))
-    answer_requests(conn, lambda m: run_endpoint(m.endpoint, m.image, m.options, models, config.limits))
+
+    def handle(message: Infer) -> dict[str, Any]:
+        raise_simulated(config.simulated_failures_file)  # the tests' switch; off in production
+        return run_endpoint(message.endpoint, message.image, message.options, models, config.limits)
+
+    answer_requests(conn, handle)
 
 
 def answer_requests(conn: Connection, handle: Callable[[Infer], dict[str, Any]]) -> None:
@@ -70,15 +76,27 @@ def answer_requests(conn: Connection, handle: Callable[[Infer], dict[str, Any]])
 
 
 def _answer(message: Infer, handle: Callable[[Infer], dict[str, Any]]) -> Result | Failure:
-    """Run one inference; every exception becomes a Failure (code + message), never a pickle."""
+    """Run one inference; every exception becomes a Failure (code + message + its kind,
+    `gpu_host.failure_kinds`), never a pickle."""
     try:
         return Result(request_id=message.request_id, data=handle(message))
     except ContractError as error:
-        return Failure(request_id=message.request_id, code=int(error.code), message=error.message)
-    except Exception:
-        log.exception("inference failed | request_id=%s endpoint=%s", message.request_id, message.endpoint)
-        return Failure(
-            request_id=message.request_id,
-            code=int(Code.SYSTEM_ERROR),
-            message=DEFAULT_MESSAGES[Code.SYSTEM_ERROR],
+        return _failure(message, error, refusal_kind(error))
+    except Exception as error:
+        answer = as_contract_error(error)
+        log.exception(
+            "inference failed | request_id=%s endpoint=%s error_type=%s",
+            message.request_id,
+            message.endpoint,
+            answer.error_type,
         )
+        return _failure(message, answer, answer.error_type)
+
+
+def _failure(message: Infer, error: ContractError, kind: ErrorType | None) -> Failure:
+    return Failure(
+        request_id=message.request_id,
+        code=int(error.code),
+        message=error.message,
+        error_type=None if kind is None else kind.value,
+    )

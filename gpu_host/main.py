@@ -96,6 +96,7 @@ def child_config(settings: Settings) -> ChildConfig:
         bisenet_weights=settings.gpu_host.bisenet_weights,
         device=settings.gpu_host.device,
         limits=settings.analysis,
+        simulated_failures_file=settings.gpu_host.simulated_failures_file,
     )
 
 

@@ -50,13 +50,25 @@ from gpu_host.protocol import (
     Result,
 )
 from gpu_host.supervisor import Action, Backoff, Phase, Supervisor
-from shared.contract import MSG_DEADLINE_EXCEEDED, MSG_INFERENCE_TIMED_OUT, MSG_MODEL_PROCESS_DIED, Code, ContractError
+from shared.contract import (
+    MSG_DEADLINE_EXCEEDED,
+    MSG_INFERENCE_TIMED_OUT,
+    MSG_MODEL_PROCESS_DIED,
+    Code,
+    ContractError,
+    ErrorType,
+)
 
 log = logging.getLogger("gpu_host.model")
 
 
 class ModelUnavailable(Exception):
-    """No ready child: the request was not run (the gateway may send it elsewhere)."""
+    """No ready child: the request was not run (the gateway may send it elsewhere).
+    `error_type`: loading (or reloading), or the last load failed (a person must look)."""
+
+    def __init__(self, message: str, error_type: ErrorType = ErrorType.MODEL_NOT_LOADED) -> None:
+        super().__init__(message)
+        self.error_type = error_type
 
 
 class ModelBusy(Exception):
@@ -166,7 +178,7 @@ class ModelProcess:
         `inference_timeout_seconds`): stop waiting then with a 1007 and drop the answer, as
         when the caller is cancelled; only the host's own timeout replaces the child."""
         if not self.ready() or self._conn is None or self._jobs is None:
-            raise ModelUnavailable(self.statistics().message or self._machine.phase.value)
+            raise ModelUnavailable(self.statistics().message or self._machine.phase.value, self._unready_kind())
         try:
             self._slot.acquire_nowait()
         except trio.WouldBlock:
@@ -186,8 +198,19 @@ class ModelProcess:
                 wait_seconds,
                 request_id,
             )
-            raise ContractError(Code.SYSTEM_ERROR, MSG_DEADLINE_EXCEEDED.format(seconds=round(wait_seconds, 1)))
+            raise ContractError(
+                Code.SYSTEM_ERROR,
+                MSG_DEADLINE_EXCEEDED.format(seconds=round(wait_seconds, 1)),
+                error_type=ErrorType.TIMEOUT,
+            )
         return job.outcome()
+
+    def _unready_kind(self) -> ErrorType:
+        """Why no child can take a job: a load that failed (FAILED, or WAITING after a start
+        that failed) needs a person; anything else is a (re)load under way."""
+        if self._machine.phase in (Phase.FAILED, Phase.WAITING):
+            return ErrorType.MODEL_LOAD_FAILED
+        return ErrorType.MODEL_NOT_LOADED
 
     async def _run_job(self, job: _Job, conn: Connection) -> None:
         """The whole exchange with the child for one inference, whether its caller still waits or not."""
@@ -200,16 +223,19 @@ class ModelProcess:
             if isinstance(reply, Result) and reply.request_id == request_id:
                 job.data = reply.data
             elif isinstance(reply, Failure) and reply.request_id == request_id:
-                job.error = ContractError(Code(reply.code), reply.message)
+                job.error = ContractError(Code(reply.code), reply.message, error_type=_kind(reply.error_type))
             else:
                 self._inference_failed(f"protocol violation: got {type(reply).__name__} for request_id={request_id}")
-                job.error = ContractError(Code.SYSTEM_ERROR, MSG_MODEL_PROCESS_DIED)
+                job.error = ContractError(Code.SYSTEM_ERROR, MSG_MODEL_PROCESS_DIED, error_type=ErrorType.INTERNAL)
         except trio.TooSlowError:
             self._inference_failed(f"inference timed out after {self._timeout:g}s (request_id={request_id})")
-            job.error = ContractError(Code.SYSTEM_ERROR, MSG_INFERENCE_TIMED_OUT.format(seconds=self._timeout))
+            job.error = ContractError(
+                Code.SYSTEM_ERROR, MSG_INFERENCE_TIMED_OUT.format(seconds=self._timeout), error_type=ErrorType.TIMEOUT
+            )
         except (EOFError, OSError, trio.ClosedResourceError):
+            # a crash mid-inference (a segfault in native code): nothing names the cause
             self._inference_failed(f"model process died during an inference (request_id={request_id})")
-            job.error = ContractError(Code.SYSTEM_ERROR, MSG_MODEL_PROCESS_DIED)
+            job.error = ContractError(Code.SYSTEM_ERROR, MSG_MODEL_PROCESS_DIED, error_type=ErrorType.INTERNAL)
         finally:  # also when cancelled: the host stops, and run() kills the child on its way out
             self._running = None
             self._slot.release()
@@ -346,6 +372,14 @@ class ModelProcess:
         if code is None:
             return "still running"
         return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+def _kind(name: str | None) -> ErrorType | None:
+    """The child's kind by name; None when it named none (or one this host does not know)."""
+    try:
+        return None if name is None else ErrorType(name)
+    except ValueError:
+        return None
 
 
 # The copies run in a thread so the event loop stays free while megabytes cross the pipe.

@@ -33,6 +33,9 @@ class ChildConfig:
     bisenet_weights: str
     device: Literal["auto", "cpu", "cuda"]
     limits: AnalysisSettings
+    # Test switch (`gpu_host.simulated_failures_file`): a file naming failures the real child
+    # raises instead of running the analysis, one per inference (`gpu_host.failure_kinds`).
+    simulated_failures_file: str = ""
     # Free-form knobs for a test child; the real child ignores them.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -70,11 +73,13 @@ class Result:
 
 @dataclass(frozen=True)
 class Failure:
-    """A contract failure (1002-1008) or an internal one (1007), as code + message."""
+    """A contract failure (1002-1008) or an internal one (1007), as code + message, and
+    what kind of failure it was (an `ErrorType` value; None when not named)."""
 
     request_id: str
     code: int
     message: str
+    error_type: str | None = None
 
 
 # -- parent -> child ----------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from typing import Any
 
 
@@ -39,6 +39,30 @@ DEFAULT_MESSAGES: dict[Code, str] = {
     Code.NOT_FRONTAL: "人脸角度过大，请上传正脸照片",
 }
 
+
+class ErrorType(StrEnum):
+    """What went wrong on a GPU host (gateway.md § Failure kinds): named in a 1007's
+    `data.error_type` and in `HEADER_ERROR_TYPE`; the gateway acts on it (`edge.pool.failures`)."""
+
+    CUDA_OOM = "cuda_oom"  # the GPU's memory ran out: it frees up by itself, given time
+    CUDA_ERROR = "cuda_error"  # context, driver, device-side assert, illegal address: the GPU is suspect
+    MODEL_NOT_LOADED = "model_not_loaded"  # the model child is (re)loading
+    MODEL_LOAD_FAILED = "model_load_failed"  # the model child could not load: a person must look
+    TIMEOUT = "timeout"  # the deadline the host was given (or its own) ran out
+    INPUT_REJECTED = "input_rejected"  # the photo itself (its own refusal code, never 1007)
+    INTERNAL = "internal"  # anything else (a bug)
+
+
+class RetryAdvice(StrEnum):
+    """`HEADER_RETRY_POLICY`: how a client should space its retries of an answer."""
+
+    EXPONENTIAL_BACKOFF = "exponential_backoff"  # Retry-After, then double the wait each time
+    FIXED = "fixed"  # Retry-After, the same each time
+    NONE = "none"  # do not retry this request as it is
+
+
+ERROR_TYPE_KEY = "error_type"  # a host's 1007 `data`: {"error_type": "<ErrorType>"}
+
 # Infrastructure failures reuse 1007 with these exact messages (contract.md).
 MSG_BACKEND_UNAVAILABLE = "后端服务暂不可用，请稍后重试"
 MSG_BACKEND_BUSY = "后端服务繁忙，请稍后重试"
@@ -49,6 +73,10 @@ MSG_MODEL_PROCESS_DIED = "模型进程异常退出，正在重启，请稍后重
 # too little time left to start, or the time ran out (the model child is not restarted for it).
 MSG_DEADLINE_TOO_SHORT = "剩余处理时限不足（{ms} 毫秒），未开始处理，请稍后重试"
 MSG_DEADLINE_EXCEEDED = "处理超出请求时限（{seconds:g} 秒），请稍后重试"
+# A GPU host's model child hit a CUDA failure (1007, `cuda_oom` / `cuda_error`), or is not loaded.
+MSG_CUDA_OOM = "GPU 显存不足，请稍后重试"
+MSG_CUDA_ERROR = "GPU 运行异常，请稍后重试"
+MSG_MODEL_LOAD_FAILED = "模型加载失败，需运维处理，请稍后重试"
 # A GPU host's /health while a filesystem it writes to is below gpu_host.min_free_disk_mb.
 MSG_DISK_LOW = "磁盘空间不足：剩余 {free_mb} MB，至少需要 {needed_mb} MB"
 # A body over the service's limit (1003), from the gateway or a GPU host.
@@ -108,6 +136,14 @@ HEADER_IDEMPOTENCY_REPLAYED = "Idempotency-Replayed"
 HEADER_EXECUTION_ID = "X-Execution-ID"
 # The time the gateway gives a forwarded attempt, in ms: the host caps its own work by it.
 HEADER_REQUEST_TIMEOUT_MS = "X-Request-Timeout-Ms"
+# Retry guidance (gateway.md § Failure kinds): a host's answer names its failure's kind
+# (`ErrorType`), passed on to the client; a 1007 says how to retry (`RetryAdvice`); every
+# /api/ answer says how loaded the pool is (busy online hosts / online hosts, "0.00"-"1.00");
+# a 1007 may name another entrance (`edge.failures.alternative_endpoint`).
+HEADER_ERROR_TYPE = "X-Error-Type"
+HEADER_RETRY_POLICY = "X-Retry-Policy"
+HEADER_CURRENT_LOAD = "X-Current-Load"
+HEADER_ALTERNATIVE_ENDPOINT = "X-Alternative-Endpoint"
 
 API_PREFIX = "/api/"
 BASE64_SUFFIX = "_base64"
@@ -121,11 +157,13 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 class ContractError(Exception):
-    """A failure the client is told about as an envelope: a code and an actionable message."""
+    """A failure the client is told about as an envelope: a code and an actionable message,
+    and the kind of failure when it is known (`error_type`, gateway.md § Failure kinds)."""
 
-    def __init__(self, code: Code, message: str | None = None) -> None:
+    def __init__(self, code: Code, message: str | None = None, error_type: ErrorType | None = None) -> None:
         self.code = Code(code)
         self.message = message or DEFAULT_MESSAGES[self.code]
+        self.error_type = error_type
         super().__init__(f"{int(self.code)}: {self.message}")
 
 
@@ -158,7 +196,33 @@ def success(request_id: str, data: Any) -> dict:
 
 
 def failure(error: ContractError, request_id: str) -> dict:
-    return envelope(error.code, request_id, None, error.message)
+    """`error`'s envelope; a 1007 of a known kind says it in `data` (`{"error_type": …}`)."""
+    body = envelope(error.code, request_id, None, error.message)
+    if error.code is Code.SYSTEM_ERROR and error.error_type is not None:
+        body["data"] = {ERROR_TYPE_KEY: error.error_type.value}
+    return body
+
+
+def answer_error_type(body: dict) -> ErrorType | None:
+    """The kind an answer names (its `X-Error-Type`, host and gateway alike): a 1007's own;
+    any other refusal is about the photo (`input_rejected`); a success or a host's busy
+    answer names none."""
+    code = body.get("code")
+    if code == Code.OK or body.get(BUSY_KEY) is True:
+        return None
+    if code != Code.SYSTEM_ERROR:
+        return ErrorType.INPUT_REJECTED
+    return error_type_of(body)
+
+
+def error_type_of(body: dict) -> ErrorType | None:
+    """The kind a 1007 envelope names in its `data`; None for any other answer (or a kind
+    this gateway does not know: it is treated as before kinds existed)."""
+    data = body.get("data")
+    if body.get("code") != Code.SYSTEM_ERROR or not isinstance(data, dict):
+        return None
+    name = data.get(ERROR_TYPE_KEY)
+    return ErrorType(name) if isinstance(name, str) and name in ErrorType._value2member_map_ else None
 
 
 def busy_envelope(request_id: str) -> dict:

@@ -47,7 +47,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from shared.contract import Code, ContractError
+from shared.contract import Code, ContractError, ErrorType
 
 Gender = Literal["male", "female", "unknown"]
 Plan = Literal["conservative", "standard", "aggressive"]  # == analysis.types.Plan (no numpy import here)
@@ -760,8 +760,16 @@ RequestId = Annotated[
 ]
 
 
+class FailureData(BaseModel):
+    """A 1007's `data` when a GPU host named what went wrong (gateway.md § Failure kinds)."""
+
+    model_config = ConfigDict(extra="forbid")
+    error_type: ErrorType = Field(description="the kind of failure; X-Error-Type says it too")
+
+
 class Refusal(_Answer):
-    """Any other code: `data` is null and `message` says why, in Chinese (contract.md § Envelope)."""
+    """Any other code: `message` says why, in Chinese (contract.md § Envelope); `data` is null,
+    or on a GPU host's 1007 `{"error_type": …}` (gateway.md § Failure kinds)."""
 
     code: Annotated[
         Literal[tuple(int(code) for code in Code if code is not Code.OK)],  # type: ignore[valid-type]
@@ -772,7 +780,7 @@ class Refusal(_Answer):
     ]
     message: str
     request_id: RequestId
-    data: None
+    data: FailureData | None
 
 
 @functools.cache

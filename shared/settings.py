@@ -91,6 +91,17 @@ class DispatchSettings(_Section):
     slow_priority_offset_seconds: float = Field(5, ge=0)
 
 
+class FailureSettings(_Section):
+    """gateway.md § Failure kinds: how long a host that named its failure is kept from jobs,
+    and where else a refused client may go (cuda_error uses health_check.cooldown_seconds)."""
+
+    oom_backoff_base_seconds: PositiveSeconds = 1  # cuda_oom: no job for this x 2^n s (n: OOMs in a row)
+    timeout_backoff_base_seconds: PositiveSeconds = 0.5  # timeout: this x 2^n s
+    backoff_max_seconds: PositiveSeconds = 60  # neither backoff grows past this
+    model_load_out_seconds: float = Field(10, ge=0)  # model_load_failed / model_not_loaded: out this long
+    alternative_endpoint: str = ""  # X-Alternative-Endpoint on every 1007 (e.g. a low-res site); empty: none
+
+
 class StaticCleanupSettings(_Section):
     interval_seconds: PositiveSeconds = 600
     max_age_hours: float = Field(72, gt=0)
@@ -244,6 +255,7 @@ class EdgeSettings(_Section):
     pool: PoolSettings = PoolSettings()
     health_check: HealthCheckSettings = HealthCheckSettings()
     dispatch: DispatchSettings = DispatchSettings()
+    failures: FailureSettings = FailureSettings()
     static_cleanup: StaticCleanupSettings = StaticCleanupSettings()
     static_downloads: StaticDownloadSettings = StaticDownloadSettings()
     idempotency: IdempotencySettings = IdempotencySettings()
@@ -271,6 +283,9 @@ class GpuHostSettings(_Section):
     min_free_disk_mb: int = Field(1024, ge=0)  # less free on a filesystem the host writes to: /health 503; 0: off
     certfile: str = ""  # with keyfile: serve HTTPS (PEM files)
     keyfile: str = ""
+    # Tests only: a file whose lines name failures the model child raises instead of running
+    # the analysis, one line per inference (gpu_host.failure_kinds); empty: off.
+    simulated_failures_file: str = ""
 
     @model_validator(mode="after")
     def _tls_files_come_together(self) -> GpuHostSettings:

@@ -9,6 +9,7 @@ lets the script through; it is stripped here):
     b"hang"                never answers (inference timeout)
     b"raise"               an unexpected exception inside the analysis
     b"fail:<code>"         a contract failure with that code
+    b"kind:<error_type>"   what a GPU raises for that kind (`gpu_host.failure_kinds`), e.g. kind:cuda_oom
     b"unencodable"         a Result whose data cannot be JSON-encoded (a bug in the analysis)
     b"block:<in>:<out>"    write the pid to FIFO <in>, then wait for a line on FIFO <out>
     anything else          a Result describing what arrived; grow and mark add their grown
@@ -32,8 +33,9 @@ from typing import Any
 from PIL import Image
 
 from gpu_host.child import answer_requests, prepare_child_process
+from gpu_host.failure_kinds import simulated_exception
 from gpu_host.protocol import ChildConfig, Infer, LoadFailed, Ready
-from shared.contract import GENERATOR_PREVIEW, Code, ContractError
+from shared.contract import GENERATOR_PREVIEW, Code, ContractError, ErrorType
 from shared.options import INPAINT_MASK_KEY, INPAINT_MASK_OPTION
 
 FAKE_DEVICE = "cpu"
@@ -71,6 +73,8 @@ def _handle(message: Infer) -> dict[str, Any]:
         raise RuntimeError("boom: a bug in the analysis")
     if command == b"unencodable":
         return {"landmarks": {1, 2, 3}}  # crosses the pipe (pickle), but is not JSON
+    if command.startswith(b"kind:"):
+        raise simulated_exception(ErrorType(command[5:].decode()))
     if command.startswith(b"fail:"):
         raise ContractError(Code(int(command[5:])), "scripted failure")
     if command.startswith(b"block:"):

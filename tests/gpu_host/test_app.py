@@ -200,7 +200,8 @@ async def test_sigkilled_child_mid_request_gives_1007_then_health_recovers(fifos
         recovered = await client.get("/health", headers=auth())
         following = await post_image(client, b"ok", **{"gender": "female"})
     doomed_body = await answers[0].get_json()
-    assert (answers[0].status_code, doomed_body["code"], doomed_body["data"]) == (200, 1007, None)
+    # a crash names no cause: `internal` (gateway.md § Failure kinds)
+    assert (answers[0].status_code, doomed_body["code"], doomed_body["data"]) == (200, 1007, {"error_type": "internal"})
     assert crashed.status_code == 503
     assert "died" in (await crashed.get_json())["message"]
     assert recovered.status_code == 200
@@ -244,7 +245,7 @@ async def test_a_result_that_cannot_be_json_encoded_is_a_1007_answer_that_ejects
         following = await post_image(client, b"ok")
     body = await response.get_json()
     # HTTP 200: an answer about this request, not a broken host (the gateway ejects on 5xx)
-    assert (response.status_code, body["code"], body["data"]) == (200, 1007, None)
+    assert (response.status_code, body["code"], body["data"]) == (200, 1007, {"error_type": "internal"})
     assert body["request_id"] == response.headers["X-Request-ID"]
     assert "internal error" in caplog.text and body["request_id"] in caplog.text
     assert (await following.get_json())["code"] == 0
