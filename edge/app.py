@@ -20,6 +20,7 @@ from edge.web.openapi import openapi_blueprint
 from edge.web.pages import pages_blueprint
 from edge.web.refusals import register_refusals
 from edge.web.request_logging import RequestLogging
+from edge.web.retry_guidance import RetryGuidance
 from shared.settings import Settings
 
 
@@ -30,6 +31,8 @@ def create_app(gateway: Gateway) -> QuartTrio:
     # … and, inside it, the cap on concurrent static downloads, held until each answer ends
     limited = gateway.static_downloads.limit(app.asgi_app)
     app.asgi_app = RequestLogging(limited, gateway.request_log.record, gateway.audit)  # type: ignore[method-assign]
+    # X-Current-Load on every /api/ answer, X-Alternative-Endpoint on those that ask for a retry
+    app.asgi_app = RetryGuidance(app.asgi_app, gateway)  # type: ignore[method-assign]
     app.config.update(
         PROVIDE_AUTOMATIC_OPTIONS=False,  # OPTIONS is a method like any other: 405 (an envelope under /api/)
         RESPONSE_TIMEOUT=None,  # a slow reader of a large answer is the client's business

@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-from shared.contract import HEADER_RETRY_AFTER
+from shared.contract import HEADER_ERROR_TYPE, HEADER_RETRY_AFTER, HEADER_RETRY_POLICY, Code, RetryAdvice
 
 _RETRY_AFTER = HEADER_RETRY_AFTER.lower().encode()
+_RETRY_POLICY = HEADER_RETRY_POLICY.lower().encode()
+_ERROR_TYPE = HEADER_ERROR_TYPE.lower().encode()
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class LogFacts:
     rate_limited: bool = False
     early_refusal: bool = False
     failed_workers: tuple[int, ...] = ()  # workers whose forward failed before the answer
+    error_type: str | None = None  # the last kind a host named (gateway.md § Failure kinds)
 
 
 @dataclass
@@ -71,12 +74,27 @@ class ApiResponse:
 
     @classmethod
     def of_envelope(
-        cls, body: bytes, code: int | None, *, retry_after_seconds: int | None = None, storable: bool = True
+        cls,
+        body: bytes,
+        code: int | None,
+        *,
+        retry_after_seconds: int | None = None,
+        storable: bool = True,
+        retry_policy: RetryAdvice | None = None,
+        error_type: str | None = None,
     ) -> ApiResponse:
         """An envelope (its JSON bytes) as the contract sends it: HTTP 200, `Retry-After`
-        when given; its code in the log facts."""
+        when given, with `X-Retry-Policy` (`retry_policy`; a 1007's default is `fixed`: its
+        Retry-After is the time to wait), `X-Error-Type` when a kind is known; its code and
+        kind in the log facts."""
         headers = [] if retry_after_seconds is None else [(_RETRY_AFTER, str(retry_after_seconds).encode())]
-        return cls(200, body, LogFacts(code), headers, storable)
+        if retry_policy is None and code == Code.SYSTEM_ERROR:
+            retry_policy = RetryAdvice.FIXED
+        if retry_policy is not None:
+            headers.append((_RETRY_POLICY, retry_policy.value.encode()))
+        if error_type is not None:
+            headers.append((_ERROR_TYPE, error_type.encode()))
+        return cls(200, body, LogFacts(code, error_type=error_type), headers, storable)
 
 
 def encode(document: Any) -> bytes:

@@ -32,7 +32,7 @@ from edge.observe.metrics import GatewayMetrics, pool_gauges
 from edge.observe.request_log import RequestLog
 from edge.observe.stats import RequestStats
 from edge.pool.dispatch import Dispatcher
-from edge.pool.failures import RetryPolicy
+from edge.pool.failures import FailureNumbers, RetryPolicy
 from edge.pool.host_leases import build_host_leases
 from edge.pool.pool import Pool, Thresholds
 from edge.pool.scheduling import SchedulingPolicy
@@ -154,6 +154,7 @@ class ForwardOptions(TypedDict):
     slow_request_timeout_seconds: float
     probe_interval_seconds: float
     limits: AnalysisSettings
+    failures: FailureNumbers
 
 
 def dispatch_options(settings: Settings) -> DispatchOptions:
@@ -186,6 +187,19 @@ def forward_options(settings: Settings) -> ForwardOptions:
         slow_request_timeout_seconds=dispatch.slow_request_timeout_seconds,
         probe_interval_seconds=settings.edge.health_check.interval_seconds,
         limits=settings.analysis,
+        failures=failure_numbers(settings),
+    )
+
+
+def failure_numbers(settings: Settings) -> FailureNumbers:
+    """How long a host that named its failure is kept from jobs (`edge.failures`, the cooldown)."""
+    failures = settings.edge.failures
+    return FailureNumbers(
+        cooldown_seconds=settings.edge.health_check.cooldown_seconds,
+        oom_backoff_base_seconds=failures.oom_backoff_base_seconds,
+        timeout_backoff_base_seconds=failures.timeout_backoff_base_seconds,
+        backoff_max_seconds=failures.backoff_max_seconds,
+        model_load_out_seconds=failures.model_load_out_seconds,
     )
 
 

@@ -87,6 +87,7 @@ EDGE_SETTINGS: dict[str, Literal["live", "restart"]] = {
     "static_cleanup": LIVE,
     "static_downloads": LIVE,  # for downloads that start after the reload
     "features": LIVE,
+    "failures": LIVE,  # the forward service's backoffs from the next failure on; the alternative per answer
 }
 
 

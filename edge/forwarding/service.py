@@ -23,13 +23,18 @@ from edge.exchange import ApiResponse, encode
 from edge.observe.metrics import GatewayMetrics
 from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal, Unavailable
 from edge.pool.failures import (
+    KIND_RULES,
     FailureKind,
+    FailureNumbers,
+    HostAction,
+    HostFailed,
     RequestNotSent,
     RetryPolicy,
     WorkerAnswer,
     WorkerBusy,
     WorkerFailure,
     WorkerRefusal,
+    retry_after_seconds,
 )
 from edge.pool.host_leases import NO_HOST_LEASES, HostLeasing
 from edge.pool.upstream import ForwardRequest, Upstream
@@ -40,6 +45,8 @@ from shared.contract import (
     MSG_REFUSED_BY_HOST,
     Code,
     ContractError,
+    ErrorType,
+    answer_error_type,
     envelope,
 )
 from shared.contract import failure as failure_envelope
@@ -49,6 +56,7 @@ from shared.uploads import check_request
 log = logging.getLogger("edge.api")
 
 BUSY_RETRY_AFTER_SECONDS = 2
+DEFAULT_FAILURE_NUMBERS = FailureNumbers()  # the settings' defaults
 CHECK_INLINE_BYTES = 64 * 1024  # larger bodies are checked in a worker thread
 
 
@@ -68,9 +76,11 @@ class ApiService:
         metrics: GatewayMetrics,
         limits: AnalysisSettings,
         audit: AuditTrail,
+        failures: FailureNumbers = DEFAULT_FAILURE_NUMBERS,
         host_leases: HostLeasing = NO_HOST_LEASES,
     ) -> None:
-        """`host_leases`: the shared Redis's leases on hosts, when several gateways share them."""
+        """`host_leases`: the shared Redis's leases on hosts, when several gateways share them;
+        `failures`: how long a host that named its failure is kept from jobs."""
         self._dispatcher = dispatcher
         self._audit = audit
         self._host_leases = host_leases
@@ -82,6 +92,7 @@ class ApiService:
         self._request_timeout_seconds = request_timeout_seconds
         self._slow_request_timeout_seconds = slow_request_timeout_seconds
         self._probe_interval_seconds = probe_interval_seconds
+        self._failures = failures
 
     def reconfigure(
         self,
@@ -92,9 +103,10 @@ class ApiService:
         slow_request_timeout_seconds: float,
         probe_interval_seconds: float,
         limits: AnalysisSettings,
+        failures: FailureNumbers,
     ) -> None:
         """Reloaded settings, for requests that start from now on."""
-        self._images, self._policy, self._limits = images, policy, limits
+        self._images, self._policy, self._limits, self._failures = images, policy, limits, failures
         self._request_timeout_seconds = request_timeout_seconds
         self._slow_request_timeout_seconds = slow_request_timeout_seconds
         self._probe_interval_seconds = probe_interval_seconds
@@ -115,6 +127,32 @@ class ApiService:
         body = encode(envelope(code, request_id, None, message))
         storable = code is not Code.SYSTEM_ERROR
         return ApiResponse.of_envelope(body, int(code), retry_after_seconds=retry_after_seconds, storable=storable)
+
+    def _host_failure(self, failed: HostFailed) -> ApiResponse:
+        """The host's own answer naming its kind, when it is not sent elsewhere: Retry-After
+        from when the pool may next take a job (the kind set that for this host), and the
+        kind's X-Retry-Policy; never replayed (a 1007 says to retry)."""
+        return self._passed_on(failed.answer.raw, failed.answer.envelope)
+
+    def _passed_on(self, raw: bytes, body: dict) -> ApiResponse:
+        """A host's envelope as the client gets it (`raw`, byte for byte), with the retry
+        guidance its kind calls for (gateway.md § Failure kinds)."""
+        code, kind = body["code"], answer_error_type(body)
+        if code != Code.SYSTEM_ERROR:  # a success, or the photo refused: no guidance but the kind
+            if kind is None:
+                return ApiResponse.of_envelope(raw, code)
+            return ApiResponse.of_envelope(raw, code, retry_policy=KIND_RULES[kind].advice, error_type=kind.value)
+        seconds = self._dispatcher.pool.seconds_until_free(
+            trio.current_time(), self._probe_interval_seconds, BUSY_RETRY_AFTER_SECONDS
+        )
+        return ApiResponse.of_envelope(
+            raw,
+            code,
+            retry_after_seconds=retry_after_seconds(seconds),
+            retry_policy=KIND_RULES[kind or ErrorType.INTERNAL].advice,
+            error_type=None if kind is None else kind.value,
+            storable=False,
+        )
 
     async def handle(self, request: ForwardRequest) -> ApiResponse:
         # only the GPU endpoints' POST routes get here (`edge.web.api_routes`)
@@ -146,6 +184,7 @@ class ApiService:
             attempts=progress.attempts,
             queue_seconds=progress.queue_seconds,
             failed_workers=tuple(progress.failed_workers),
+            error_type=answer.log_facts.error_type or progress.error_type,
         )
         return answer
 
@@ -181,6 +220,22 @@ class ApiService:
                 if not self._policy.allows_retry(failure, request.path, progress.attempts):
                     return self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_UNAVAILABLE)
                 self._metrics.observe_retry(failure.kind.value)
+                continue
+            except HostFailed as failed:  # the host named its failure: the kind decides (failures.py)
+                assert progress.worker is not None
+                progress.failed_workers.append(progress.worker)
+                progress.error_type = failed.kind.value
+                log.warning(
+                    "主机报告故障 | request_id=%s | worker=%s | 第%d次 | error_type=%s",
+                    request.request_id,
+                    progress.worker,
+                    progress.attempts,
+                    failed.kind.value,
+                )
+                elsewhere = self._dispatcher.pool.eligible(frozenset(tried))
+                if not (elsewhere and self._policy.allows_retry(failed, request.path, progress.attempts)):
+                    return self._host_failure(failed)  # its own answer, with its kind's guidance
+                self._metrics.observe_retry(failed.kind.value)
                 continue
             except WorkerRefusal as refusal:
                 log.warning(
@@ -229,7 +284,12 @@ class ApiService:
                         )
                     # the host's own 1007 (its inference timeout, a restart) is no service time
                     lease.timed = answer.envelope.get("code") != Code.SYSTEM_ERROR
+                if lease.timed:
+                    self._dispatcher.answered(lease.index)  # its failures in a row end here
                 images = await self._images.decode(answer.envelope) if has_images(answer.raw) else None
+            except HostFailed as failed:  # acted on before the lease is given back: nobody gets it first
+                self._act_on(lease.index, failed.kind)
+                raise
             except WorkerFailure as failure:
                 self._eject(lease.index, failure)
                 raise
@@ -252,17 +312,36 @@ class ApiService:
         self._dispatcher.eject(index, str(failure))
         self._metrics.observe_ejection(index, failure.kind.value)
 
+    def _act_on(self, index: int, kind: ErrorType) -> None:
+        """What `kind` does to the host that named it (`KIND_RULES`), the hold's length by
+        its failures of that kind in a row (`FailureNumbers.hold_seconds`)."""
+        self._metrics.observe_host_failure(index, kind.value)
+        action = KIND_RULES[kind].action
+        seconds = self._failures.hold_seconds(kind, self._dispatcher.count_failure(index, kind))
+        if action is HostAction.BACK_OFF:
+            self._dispatcher.rest(index, seconds)
+            log.warning("主机退避 | worker=%d | error_type=%s | %.1f 秒内不分配请求", index, kind.value, seconds)
+            return
+        event = self._dispatcher.eject(index, f"error_type={kind.value}", cooldown_seconds=seconds)
+        self._metrics.observe_ejection(index, kind.value)
+        if action is HostAction.OUT_FIXED and event is not None:  # once per time out, not per request
+            log.error(
+                "主机模型未就绪（%s），隔离 %.0f 秒，待探活确认模型已加载后恢复；加载失败需人工处理 | worker=%d",
+                kind.value,
+                seconds,
+                index,
+            )
+
     async def _finish(self, request: ForwardRequest, answer: WorkerAnswer, images: DecodedImages | None) -> ApiResponse:
         """The client-facing envelope; the worker is already free while the files are written."""
-        code = answer.envelope["code"]
         if images is None:
-            return ApiResponse.of_envelope(answer.raw, code)  # passed through byte for byte
+            return self._passed_on(answer.raw, answer.envelope)  # byte for byte, with its guidance
         try:
             rewritten = await self._images.write(answer.envelope, images)
         except ImageWriteError as error:  # the gateway's own disk: no retry, no ejection
             log.error("标注图写入失败（网关本地存储） | request_id=%s | 错误=%s", request.request_id, error)
             return self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, DEFAULT_MESSAGES[Code.SYSTEM_ERROR])
-        return ApiResponse.of_envelope(encode(rewritten), code)
+        return ApiResponse.of_envelope(encode(rewritten), answer.envelope["code"])
 
     def is_slow(self, path: str) -> bool:
         """A generation endpoint (`slow_paths`): its own timeout, class and reservation."""
@@ -278,6 +357,7 @@ class _Progress:
     attempts: int = 0
     worker: int | None = None
     failed_workers: list[int] = field(default_factory=list)
+    error_type: str | None = None  # the last kind a host named
     waiting_since: float | None = None  # a queue wait (slot, worker) under way
     first_worker_wait: float | None = None  # when its first wait for a worker began
 

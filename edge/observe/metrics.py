@@ -125,6 +125,10 @@ class GatewayMetrics:
             "hairgate_worker_ejections", "Workers taken out after a failed request", ["worker", "reason"],
             registry=self.registry,
         )  # fmt: skip
+        self._host_failures = Counter(
+            "hairgate_host_failures", "Failures a host named (X-Error-Type), by kind", ["worker", "error_type"],
+            registry=self.registry,
+        )  # fmt: skip
         self._retries = Counter(
             "hairgate_retries", "Requests retried on another worker", ["reason"], registry=self.registry
         )
@@ -155,6 +159,10 @@ class GatewayMetrics:
 
     def observe_retry(self, reason: str) -> None:
         self._retries.labels(reason=reason).inc()
+
+    def observe_host_failure(self, worker: int, error_type: str) -> None:
+        """A host's answer named `error_type` (gateway.md § Failure kinds)."""
+        self._host_failures.labels(worker=str(worker), error_type=error_type).inc()
 
     def observe_ejection(self, worker: int, reason: str) -> None:
         self._ejections.labels(worker=str(worker), reason=reason).inc()

@@ -45,6 +45,7 @@ class RequestRecord:
     rate_limited: bool = False
     early_refusal: bool = False  # busy at once: by the estimate it could not start within its queue wait
     failed_workers: tuple[int, ...] = ()  # indexes whose forward failed (retried elsewhere, or the last try)
+    error_type: str | None = None  # the last failure kind a host named (gateway.md § Failure kinds)
 
 
 class RequestLog:

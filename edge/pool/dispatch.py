@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from edge.pool.failures import RequestNotSent, WorkerBusy, WorkerFailure, WorkerRefusal
+from edge.pool.failures import HostFailed, RequestNotSent, WorkerBusy, WorkerFailure, WorkerRefusal
 from edge.pool.host_leases import NO_HOST_LEASES, HostLeased, HostLeasing, Turn
 from edge.pool.pool import Pool, PoolEvent, ProbeResult, Thresholds, Transition
 from edge.pool.scheduling import (
@@ -86,8 +86,9 @@ class Unavailable(DispatchError):
 
 
 # A forward that ended in one of these had its exchange finished: nothing is left running
-# because of it (a timeout ejects the worker instead); RequestNotSent: none began.
-_EXCHANGE_ENDED = (WorkerFailure, WorkerBusy, WorkerRefusal, RequestNotSent)
+# because of it (a timeout ejects the worker instead; a host's own answer naming its failure
+# came whole); RequestNotSent: none began.
+_EXCHANGE_ENDED = (WorkerFailure, WorkerBusy, WorkerRefusal, RequestNotSent, HostFailed)
 
 
 class WorkerLease:
@@ -335,8 +336,10 @@ class Dispatcher:
         try:
             with trio.move_on_after(self._queue_wait_seconds):
                 while not waiter.event.is_set():
-                    # a hold that ends by time alone (draining) frees a worker without an event
-                    with trio.move_on_after(HOLD_CHECK_SECONDS):
+                    # a hold that ends by time alone (draining, a rest) frees a worker without
+                    # an event: look again when the soonest one ends (a rest of 1 s is 1 s)
+                    look_again = min(trio.current_time() + HOLD_CHECK_SECONDS, self.pool.next_hold_end())
+                    with trio.move_on_at(look_again):
                         await waiter.event.wait()
                     self._hand_over()
         except BaseException as leaving:
@@ -475,11 +478,25 @@ class Dispatcher:
         self._expire_holds(trio.current_time())
         self._hand_over()
 
-    def eject(self, index: int, reason: str) -> None:
-        event = self.pool.eject(index, trio.current_time(), reason)
+    def eject(self, index: int, reason: str, *, cooldown_seconds: float | None = None) -> PoolEvent | None:
+        """Offline at once, for `cooldown_seconds` (else the thresholds'); the event when it was online."""
+        event = self.pool.eject(index, trio.current_time(), reason, cooldown_seconds=cooldown_seconds)
         _log_event(event)
         self._fail_hopeless_waiters()
         self._hand_over()  # ejecting the last primary makes the idle backups eligible
+        return event
+
+    def rest(self, index: int, seconds: float) -> None:
+        """Worker `index` stays online but gets no job for `seconds` (a failure kind's backoff)."""
+        self.pool.rest(index, trio.current_time(), seconds)
+
+    def count_failure(self, index: int, kind: str) -> int:
+        """One more failure of `kind` in a row from worker `index`; the count (the backoff's n)."""
+        return self.pool.count_failure(index, kind)
+
+    def answered(self, index: int) -> None:
+        """Worker `index` answered well: its failures in a row start again."""
+        self.pool.answered(index)
 
     @property
     def queue_wait_seconds(self) -> float:

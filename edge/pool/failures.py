@@ -18,18 +18,38 @@ tree, "never got an answer" apart from "got a bad answer":
     RequestNotSent      h11 refused to build the request head: the gateway's fault (its
                         settings) or the client's (a header or query it sent); nothing was
                         sent, nobody is ejected
+    HostFailed          the host's own 1007 (or 503) naming a kind the gateway acts on
+                        (`data.error_type`): what happens to the host, whether the request
+                        goes elsewhere and what the client is told follow `KIND_RULES`
+
+The kinds' table (gateway.md § Failure kinds), one place for what each kind does:
+
+    kind                 the host                          elsewhere  client's X-Retry-Policy
+    cuda_error           ejected now, for the cooldown     yes        fixed
+    cuda_oom             stays online, no job for b·2ⁿ s   yes        exponential_backoff
+    model_load_failed    out for a fixed time (10 s)       yes        fixed
+    model_not_loaded     out for a fixed time (10 s)       yes        fixed
+    timeout              stays online, no job for b·2ⁿ s   yes*       exponential_backoff
+    input_rejected       untouched                         no         none
+    internal, unknown    untouched (as before kinds)       no         fixed
+
+n is the host's failures of that kind in a row (since its last good answer); b is the
+kind's base (`FailureNumbers`); * a slow path is not retried after a timeout (the job may
+still run on its GPU: `RetryPolicy`).
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 import trio
 
-from shared.contract import BUSY_KEY, DEFAULT_MESSAGES, Code, is_envelope
+from shared.contract import BUSY_KEY, DEFAULT_MESSAGES, Code, ErrorType, RetryAdvice, error_type_of, is_envelope
 
 # Answers larger than this are parsed in a worker thread: a 12 MB answer holds the event
 # loop for ~13 ms, every other request's latency included.
@@ -92,6 +112,75 @@ class WorkerAnswer:
     envelope: dict[str, Any]
 
 
+class HostFailed(Exception):
+    """The host answered a 1007 naming a kind the gateway acts on (`KIND_RULES`); `answer`
+    is that envelope, what the client gets when no retry is left."""
+
+    def __init__(self, kind: ErrorType, answer: WorkerAnswer) -> None:
+        super().__init__(f"error_type={kind.value}")
+        self.kind = kind
+        self.answer = answer
+
+
+class HostAction(Enum):
+    """What a kind does to the host that named it."""
+
+    EJECT = "eject"  # offline now, for the health check's cooldown; back after a good probe
+    OUT_FIXED = "out_fixed"  # offline now, for `model_load_out_seconds`; back after a ready probe
+    BACK_OFF = "back_off"  # stays online, gets no job for base·2ⁿ s
+    NONE = "none"  # untouched
+
+
+@dataclass(frozen=True)
+class KindRule:
+    action: HostAction
+    retry_elsewhere: bool
+    advice: RetryAdvice  # the client's X-Retry-Policy when the answer reaches it
+
+
+KIND_RULES: Mapping[ErrorType, KindRule] = {
+    ErrorType.CUDA_ERROR: KindRule(HostAction.EJECT, True, RetryAdvice.FIXED),
+    ErrorType.CUDA_OOM: KindRule(HostAction.BACK_OFF, True, RetryAdvice.EXPONENTIAL_BACKOFF),
+    ErrorType.MODEL_LOAD_FAILED: KindRule(HostAction.OUT_FIXED, True, RetryAdvice.FIXED),
+    ErrorType.MODEL_NOT_LOADED: KindRule(HostAction.OUT_FIXED, True, RetryAdvice.FIXED),
+    ErrorType.TIMEOUT: KindRule(HostAction.BACK_OFF, True, RetryAdvice.EXPONENTIAL_BACKOFF),
+    ErrorType.INPUT_REJECTED: KindRule(HostAction.NONE, False, RetryAdvice.NONE),
+    ErrorType.INTERNAL: KindRule(HostAction.NONE, False, RetryAdvice.FIXED),
+}
+# The kinds whose answer is not passed on at once: the host is acted on, the request may go elsewhere.
+ACTED_ON = frozenset(kind for kind, rule in KIND_RULES.items() if rule.action is not HostAction.NONE)
+
+
+@dataclass(frozen=True)
+class FailureNumbers:
+    """`edge.failures` (and the health check's cooldown): how long each kind keeps a host."""
+
+    cooldown_seconds: float = 60.0  # cuda_error: `edge.health_check.cooldown_seconds`
+    oom_backoff_base_seconds: float = 1.0  # cuda_oom: 2, 4, 8 … s
+    timeout_backoff_base_seconds: float = 0.5  # timeout: 1, 2, 4 … s
+    backoff_max_seconds: float = 60.0
+    model_load_out_seconds: float = 10.0
+
+    def hold_seconds(self, kind: ErrorType, in_a_row: int) -> float:
+        """How long a host that named `kind` for the `in_a_row`-th time running is kept
+        from jobs (0: not at all)."""
+        action = KIND_RULES[kind].action
+        if action is HostAction.EJECT:
+            return self.cooldown_seconds
+        if action is HostAction.OUT_FIXED:
+            return self.model_load_out_seconds
+        if action is HostAction.BACK_OFF:
+            base = self.oom_backoff_base_seconds if kind is ErrorType.CUDA_OOM else self.timeout_backoff_base_seconds
+            # 2ⁿ grows past any float for a host that fails for days: capped before it is computed
+            return min(base * 2 ** min(in_a_row, 64), self.backoff_max_seconds)
+        return 0.0
+
+
+def retry_after_seconds(seconds_until_free: float) -> int:
+    """Retry-After for an answer that asks the client to retry: whole seconds, at least 1."""
+    return max(1, math.ceil(seconds_until_free))
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """`edge.dispatch` retry settings: may a failed forward be replayed elsewhere?"""
@@ -100,12 +189,19 @@ class RetryPolicy:
     max_retries: int
     slow_paths: frozenset[str]
 
-    def allows_retry(self, failure: WorkerFailure, path: str, attempts: int) -> bool:
+    def allows_retry(self, failure: WorkerFailure | HostFailed, path: str, attempts: int) -> bool:
         if not self.retry_on_failure or attempts > self.max_retries:
             return False
-        # A timed-out generation job is probably still running on its GPU; replaying it
-        # would run it twice.
-        return not (failure.kind is FailureKind.TIMEOUT and path in self.slow_paths)
+        if isinstance(failure, HostFailed):
+            if not KIND_RULES[failure.kind].retry_elsewhere:
+                return False
+            timed_out = failure.kind is ErrorType.TIMEOUT
+        else:
+            timed_out = failure.kind is FailureKind.TIMEOUT
+        # A timed-out generation job is probably still running on its GPU (a host that met
+        # its deadline drops the answer but lets the inference finish); replaying it would
+        # run it twice.
+        return not (timed_out and path in self.slow_paths)
 
 
 async def judge(request_id: str, status: int, raw: bytes) -> WorkerAnswer:
@@ -117,6 +213,7 @@ async def judge(request_id: str, status: int, raw: bytes) -> WorkerAnswer:
             body = _parse_envelope(raw)
         if body["request_id"] != request_id:
             raise WorkerFailure(FailureKind.UNUSABLE_BODY, "the answer is another request's (its request_id)")
+        _raise_if_acted_on(WorkerAnswer(raw, body))
         return WorkerAnswer(raw, body)
     refused = _small_json_object(raw)
     if refused is not None and "request_id" in refused and refused["request_id"] != request_id:
@@ -125,7 +222,17 @@ async def judge(request_id: str, status: int, raw: bytes) -> WorkerAnswer:
         raise WorkerRefusal(status)
     if status == 503 and refused is not None and refused.get(BUSY_KEY) is True:
         raise WorkerBusy
+    if status == 503 and refused is not None and is_envelope(refused):  # not ready: a model (re)loading
+        _raise_if_acted_on(WorkerAnswer(raw, refused))
     raise WorkerFailure(FailureKind.BAD_STATUS, f"HTTP {status}")
+
+
+def _raise_if_acted_on(answer: WorkerAnswer) -> None:
+    """HostFailed when the answer names a kind the gateway acts on (`ACTED_ON`)."""
+    kind = error_type_of(answer.envelope)
+    if kind in ACTED_ON:
+        assert kind is not None
+        raise HostFailed(kind, answer)
 
 
 def _small_json_object(raw: bytes) -> dict[str, Any] | None:

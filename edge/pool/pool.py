@@ -36,6 +36,11 @@ Invariants:
 - for a slow request, a worker whose last probe said ComfyUI is "down" is not eligible
   while another eligible worker says "ok" (`eligible(slow=True)`, the one eligibility rule
   shared by dispatch and the capabilities of gateway.md);
+- a worker *resting* (a host that named a failure the gateway backs off from: out of GPU
+  memory, its deadline: gateway.md § Failure kinds) stays online but is not selectable
+  until `resting_until` (`rest`, ended by `expire_holds`); `failures_in_a_row` counts each
+  kind since its last good answer (`count_failure`, reset by `answered`), the n of the
+  backoff's 2ⁿ;
 - the offline warning is emitted only on an online -> offline transition;
 - a worker's index never changes and is never reused: a reload (`reconfigure`) retires
   removed workers (a request still on one finishes and releases it by its index) and
@@ -100,6 +105,8 @@ class WorkerState:
     leased_path: str = ""
     checks: Mapping[str, str] = field(default_factory=dict)  # the host's deep checks, last seen
     inference_timeout_seconds: float | None = None  # as its /health reports it
+    resting_until: float | None = None  # it named a failure we back off from: no job before this
+    failures_in_a_row: dict[str, int] = field(default_factory=dict)  # by kind, since its last good answer
 
     @property
     def busy(self) -> bool:
@@ -114,7 +121,7 @@ class WorkerState:
 
     @property
     def idle(self) -> bool:
-        return self.online and not self.busy
+        return self.online and not self.busy and self.resting_until is None
 
     @property
     def seen_free(self) -> bool:
@@ -126,6 +133,7 @@ class WorkerState:
             and not self.leased
             and self.draining_until is None
             and self.leased_elsewhere_until is None
+            and self.resting_until is None
         )
 
     @property
@@ -375,6 +383,8 @@ class Pool:
                 worker.draining_until, worker.running_slow = None, False
             if worker.leased_elsewhere_until is not None and worker.leased_elsewhere_until <= now:
                 worker.leased_elsewhere_until = None
+            if worker.resting_until is not None and worker.resting_until <= now:
+                worker.resting_until = None
             if self.leases_shared:
                 continue
             if worker.idle and now < worker.shared_until and now > worker.known_free_at + FREE_CONFIRM_SECONDS:
@@ -393,8 +403,9 @@ class Pool:
                 worker.reported_busy, worker.free_seen_at, ended = False, None, True  # the job a probe saw ended
         return ended
 
-    def eject(self, index: int, now: float, reason: str) -> PoolEvent | None:
-        """Passive ejection after a failed forward: offline at once, then a cooldown.
+    def eject(self, index: int, now: float, reason: str, *, cooldown_seconds: float | None = None) -> PoolEvent | None:
+        """Passive ejection after a failed forward: offline at once, then a cooldown
+        (`cooldown_seconds`, else the thresholds'; a failed model load has its own).
 
         Returns an event only when the worker was online (the offline warning is logged
         on that transition alone); the cooldown applies either way.
@@ -403,8 +414,63 @@ class Pool:
         was_online = worker.online
         worker.online = False
         worker.successes = 0
-        worker.cooldown_until = now + self.thresholds.cooldown_seconds
+        seconds = self.thresholds.cooldown_seconds if cooldown_seconds is None else cooldown_seconds
+        worker.cooldown_until = now + seconds
         return PoolEvent(Transition.EJECTED, index, worker.url, reason) if was_online else None
+
+    # --- failures a host named (gateway.md § Failure kinds) -----------------------------
+
+    def count_failure(self, index: int, kind: str) -> int:
+        """One more failure of `kind` from worker `index` since its last good answer; the count."""
+        counts = self.workers[index].failures_in_a_row
+        counts[kind] = counts.get(kind, 0) + 1
+        return counts[kind]
+
+    def answered(self, index: int) -> None:
+        """Worker `index` gave a good answer: its failures in a row start again from none."""
+        self.workers[index].failures_in_a_row.clear()
+
+    def rest(self, index: int, now: float, seconds: float) -> None:
+        """Worker `index` stays online but gets no job for `seconds` (a backoff; a longer
+        rest already under way is kept)."""
+        worker = self.workers[index]
+        worker.resting_until = max(worker.resting_until or -math.inf, now + seconds)
+
+    def next_hold_end(self) -> float:
+        """The soonest a hold that ends by time alone ends (a rest, a drain, another
+        gateway's lease): when a waiter should look again. inf when none is under way."""
+        ends = [
+            end
+            for worker in self.workers
+            for end in (worker.resting_until, worker.draining_until, worker.leased_elsewhere_until)
+            if end is not None
+        ]
+        return min(ends, default=math.inf)
+
+    def load(self, now: float) -> float:
+        """Busy online workers over online workers (gateway.md § Failure kinds), 0-1: a
+        worker resting at `now` counts as busy (it takes no job; a rest over but not yet
+        expired does not); with none online, 1 (nothing can take one)."""
+        online = [w for w in self.active if w.online]
+        if not online:
+            return 1.0
+        taken = [w.busy or (w.resting_until is not None and w.resting_until > now) for w in online]
+        return sum(taken) / len(online)
+
+    def seconds_until_free(self, now: float, probe_interval_seconds: float, busy_seconds: float) -> float:
+        """The soonest any worker may take a job: 0 for an idle one; a resting one when its
+        rest ends; a busy one after `busy_seconds` (its job's end is not known); an offline
+        one at the first probe after its cooldown."""
+        waits = []
+        for worker in self.active:
+            if not worker.online:
+                waits.append(max(probe_interval_seconds, worker.cooldown_until - now))
+                continue
+            wait = busy_seconds if worker.busy else 0.0
+            if worker.resting_until is not None:
+                wait = max(wait, worker.resting_until - now)
+            waits.append(wait)
+        return min(waits, default=probe_interval_seconds)
 
     # --- monitor ------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, create_model
 from quart import Blueprint, Quart
@@ -38,12 +38,18 @@ from werkzeug.routing.rules import Rule
 from edge.web.api_routes import FEATURES_PATH, SPECIAL_POINTS_PATH
 from shared.contract import (
     GPU_ENDPOINT_PATHS,
+    HEADER_ALTERNATIVE_ENDPOINT,
+    HEADER_CURRENT_LOAD,
+    HEADER_ERROR_TYPE,
     HEADER_EXECUTION_ID,
     HEADER_IDEMPOTENCY_KEY,
     HEADER_IDEMPOTENCY_REPLAYED,
     HEADER_REQUEST_ID,
     HEADER_RETRY_AFTER,
+    HEADER_RETRY_POLICY,
     MSG_IDEMPOTENCY_KEY_INVALID,
+    ErrorType,
+    RetryAdvice,
 )
 from shared.models import (
     DATA,
@@ -178,7 +184,32 @@ class AnswerHeaders(BaseModel):
         None,
         ge=0,
         json_schema_extra=_no_default,  # type: ignore[assignment]
-        description="seconds to wait before retrying; on every 1007 the gateway makes",
+        description=(
+            "seconds to wait before retrying, on every 1007: from the failure's kind and when the pool "
+            "may next take a job (docs/api.md § Retry guidance)"
+        ),
+    )
+    x_retry_policy: Literal[tuple(advice.value for advice in RetryAdvice)] = Field(  # type: ignore[valid-type]
+        None,
+        json_schema_extra=_no_default,
+        description=(
+            "on every 1007 (and a photo refused for its content): how to space retries — exponential_backoff "
+            "(double the wait each time), fixed (wait Retry-After each time), none (do not retry it as it is)"
+        ),
+    )
+    x_error_type: Literal[tuple(kind.value for kind in ErrorType)] = Field(  # type: ignore[valid-type]
+        None,
+        json_schema_extra=_no_default,
+        description="what went wrong on the GPU host, when one named it (also in a 1007's data.error_type)",
+    )
+    x_current_load: str = Field(
+        pattern=r"^(0\.\d\d|1\.00)$",
+        description="busy GPU hosts over online ones, 0.00-1.00 (1.00: none online): degrade before you are refused",
+    )
+    x_alternative_endpoint: str = Field(
+        None,
+        json_schema_extra=_no_default,  # type: ignore[assignment]
+        description="another entrance to try meanwhile, on an answer with Retry-After (when configured)",
     )
     idempotency_replayed: str = Field(
         None,
@@ -197,6 +228,10 @@ _HEADER_NAMES = {
     "retry_after": HEADER_RETRY_AFTER,
     "idempotency_replayed": HEADER_IDEMPOTENCY_REPLAYED,
     "x_execution_id": HEADER_EXECUTION_ID,
+    "x_retry_policy": HEADER_RETRY_POLICY,
+    "x_error_type": HEADER_ERROR_TYPE,
+    "x_current_load": HEADER_CURRENT_LOAD,
+    "x_alternative_endpoint": HEADER_ALTERNATIVE_ENDPOINT,
 }
 
 

@@ -152,6 +152,7 @@ def _record(scope: Mapping[str, Any], path: str, notes: RequestNotes, sent: _Sen
         rate_limited=facts.rate_limited,
         early_refusal=facts.early_refusal,
         failed_workers=facts.failed_workers,
+        error_type=facts.error_type,
     )
 
 

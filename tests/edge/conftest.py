@@ -43,6 +43,7 @@ REQUEST_LOG_FIELDS = frozenset(
         "rate_limited",
         "early_refusal",
         "failed_workers",
+        "error_type",
     }
 )
 

@@ -19,6 +19,7 @@ from edge.gateway import build_gateway
 from edge.web import openapi
 from shared import models
 from shared.contract import GPU_ENDPOINT_PATHS, Code
+from shared.models import envelope_errors
 from tests.edge.conftest import make_settings
 
 BUSINESS_PATHS = {*GPU_ENDPOINT_PATHS, "/api/v1/face/special-points", "/api/v1/face/features"}
@@ -28,6 +29,9 @@ async def _document(client: httpx.AsyncClient) -> dict[str, Any]:
     response = await client.get("/openapi.json")
     assert response.status_code == 200 and response.headers["content-type"] == "application/json"
     return response.json()
+
+
+RETRY_GUIDANCE = ("X-Retry-Policy", "X-Error-Type", "X-Current-Load", "X-Alternative-Endpoint")
 
 
 async def test_the_document_is_valid_openapi_3_1_of_every_business_endpoint_only(client: httpx.AsyncClient) -> None:
@@ -51,6 +55,17 @@ async def test_the_document_is_valid_openapi_3_1_of_every_business_endpoint_only
         answer = operation["responses"]["200"]
         assert {"X-Request-ID", "Retry-After", "Idempotency-Replayed", "X-Execution-ID"} <= set(answer["headers"])
         assert answer["content"]["application/json"]["examples"], f"{path}: a real example answer"
+        guidance = {name: answer["headers"][name] for name in RETRY_GUIDANCE}
+        assert guidance["X-Current-Load"]["required"] and not guidance["X-Retry-Policy"]["required"]
+        assert guidance["X-Retry-Policy"]["schema"]["enum"] == ["exponential_backoff", "fixed", "none"]
+        assert "cuda_oom" in guidance["X-Error-Type"]["schema"]["enum"]
+
+
+def test_a_1007_may_name_its_kind_and_nothing_else() -> None:
+    named = {"code": 1007, "message": "GPU 显存不足，请稍后重试", "request_id": "r", "data": {"error_type": "cuda_oom"}}
+    assert envelope_errors("measure", named) is None
+    assert envelope_errors("measure", {**named, "data": {"error_type": "flux"}}) is not None
+    assert envelope_errors("measure", {**named, "data": {"error_type": "cuda_oom", "trace": 1}}) is not None
 
 
 async def test_the_fields_in_the_document_are_the_models(client: httpx.AsyncClient) -> None:

@@ -462,3 +462,93 @@ def test_a_host_another_gateway_wants_is_left_to_it_for_a_turn_after_our_job(ask
         pool.record_probe(0, ProbeResult(sent_at, ok=True, busy=False), now=sent_at)
     assert (free_at == []) is turn, "held through the turn, free only when probes after it confirm"
     assert pool.workers[0].idle
+
+
+# --- failures a host named: rest, fixed time out (gateway.md § Failure kinds) ---------------
+
+
+def test_a_resting_worker_stays_online_and_is_not_selected_until_its_rest_ends() -> None:
+    pool = online_pool(A, B)
+    pool.rest(0, now=10.0, seconds=2.0)
+    during = pool.select()
+    pool.expire_holds(11.9)
+    still = pool.select()
+    pool.expire_holds(12.0)
+    after = pool.select()
+    assert pool.workers[0].online and during is not None and during.index == 1
+    assert still is not None and still.index == 1
+    assert after is not None and after.index == 0  # idle the longest again
+    assert pool.workers[0].resting_until is None
+
+
+def test_a_longer_rest_is_not_shortened_by_a_shorter_one() -> None:
+    pool = online_pool(A)
+    pool.rest(0, now=0.0, seconds=8.0)
+    pool.rest(0, now=1.0, seconds=1.0)
+    assert pool.workers[0].resting_until == 8.0
+
+
+def test_failures_in_a_row_count_by_kind_until_a_good_answer() -> None:
+    pool = online_pool(A)
+    counts = [pool.count_failure(0, "cuda_oom"), pool.count_failure(0, "cuda_oom"), pool.count_failure(0, "timeout")]
+    pool.answered(0)
+    assert counts == [1, 2, 1]
+    assert pool.count_failure(0, "cuda_oom") == 1
+
+
+def test_an_ejection_may_carry_its_own_time_out() -> None:
+    pool = online_pool(A, thresholds=Thresholds(2, 1, cooldown_seconds=60))
+    event = pool.eject(0, now=100.0, reason="error_type=model_load_failed", cooldown_seconds=10)
+    early = pool.record_probe(0, ProbeResult(109.9, ok=True), now=109.9)
+    back = pool.record_probe(0, ProbeResult(110.0, ok=True), now=110.0)
+    assert event is not None and event.transition is Transition.EJECTED
+    assert early is None and back is not None and back.transition is Transition.CAME_ONLINE
+
+
+def test_the_next_hold_end_is_the_soonest_rest_or_drain() -> None:
+    pool = online_pool(A, B, C)
+    assert pool.next_hold_end() == math.inf
+    pool.rest(0, now=0.0, seconds=4.0)
+    pool.lease(1, now=0.0)
+    pool.release(1, now=1.0, drain_seconds=2.0)
+    assert pool.next_hold_end() == 3.0
+
+
+@pytest.mark.parametrize(
+    ("resting", "leased", "offline", "load"),
+    [
+        ((), (), (), 0.0),
+        ((0,), (), (), 1 / 3),
+        ((0,), (1,), (), 2 / 3),
+        ((0,), (1,), (2,), 1.0),  # both online hosts take no job
+        ((), (), (0, 1, 2), 1.0),  # none online: nothing can take one
+        ((), (1,), (0,), 0.5),
+    ],
+)
+def test_the_load_is_busy_or_resting_online_workers_over_online_ones(resting, leased, offline, load) -> None:
+    pool = online_pool(A, B, C)
+    for index in resting:
+        pool.rest(index, now=0.0, seconds=5.0)
+    for index in leased:
+        pool.lease(index, now=0.0)
+    for index in offline:
+        pool.eject(index, now=0.0, reason="test")
+    assert pool.load(now=1.0) == pytest.approx(load)
+
+
+def test_a_rest_over_counts_no_more_in_the_load_before_anyone_expires_it() -> None:
+    pool = online_pool(A, B)
+    pool.rest(0, now=0.0, seconds=2.0)
+    assert (pool.load(now=1.9), pool.load(now=2.0)) == (0.5, 0.0)
+
+
+def test_seconds_until_free_is_the_soonest_any_worker_may_take_a_job() -> None:
+    pool = online_pool(A, B, thresholds=Thresholds(2, 1, cooldown_seconds=60))
+    pool.rest(0, now=0.0, seconds=4.0)
+    pool.lease(1, now=0.0)
+    assert pool.seconds_until_free(1.0, probe_interval_seconds=8, busy_seconds=2) == 2.0  # B's job
+    pool.release(1, now=1.0)
+    pool.rest(1, now=1.0, seconds=8.0)
+    assert pool.seconds_until_free(1.0, probe_interval_seconds=8, busy_seconds=2) == 3.0  # A's rest
+    pool.eject(0, now=1.0, reason="error_type=cuda_error")
+    assert pool.seconds_until_free(1.0, probe_interval_seconds=8, busy_seconds=2) == 8.0  # B's rest
