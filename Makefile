@@ -35,7 +35,7 @@ COMPILE = CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_TOOLS)/bin/pip-compile --qui
 # The gpu extra's torch requirement (torch==…), the one place its version is written
 TORCH_REQUIREMENT = $(shell python3 -c 'import tomllib; print(*(r for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["gpu"] if r.startswith("torch")))')
 
-.PHONY: install run test typecheck test-all lint lock
+.PHONY: install run test typecheck test-all lint lock fit
 
 # Hash-checked: a file whose hash the lock does not name is refused. The locked pip first (it
 # installs the rest); the project itself last, editable, without dependencies (the lock brought
@@ -80,3 +80,6 @@ test: lint typecheck  ## ruff, types, then the default suite (heavy end-to-end t
 
 test-all: lint typecheck  ## ruff, types, then everything, heavy end-to-end tests included
 	$(PY) -m pytest -q -rs -m ''
+
+fit: install  ## refit the hairline decision layer on ../shared/photos (5-fold report, then analysis/data/hairline_decision.json)
+	$(PY) scripts/eval_hairline.py --write

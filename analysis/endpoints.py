@@ -35,7 +35,8 @@ from .face.landmarks import FaceMeshDetector
 from .face.pose import check_pose, estimate_pose, pose_is_stable, turned_over
 from .face.upright import Upright
 from .frame import FaceFrame
-from .hairline.frontal import headwear_in_mask, trace_hairline
+from .hairline.decision import Candidate, Decision, decide
+from .hairline.frontal import hairline_candidate, headwear_in_mask
 from .hairline.measurements import measure_face
 from .image_input import decode_image
 from .models import Models
@@ -96,25 +97,63 @@ def _near_a_limit(pose: Pose, limits: AnalysisSettings) -> bool:
     return abs(pose.yaw_degrees) > limits.max_yaw_degrees or abs(pose.pitch_degrees) > limits.max_pitch_degrees
 
 
-def analyse(rgb: np.ndarray, models: Models, limits: AnalysisSettings) -> Analysis:
+@dataclass(frozen=True)
+class Traced:
+    """Everything before the decision layer weighs the evidence (`hairline.decision`): the
+    face, its scale, the upright working frame and the candidate hairline in it."""
+
+    found: FrontalFace
+    calibration: Calibration
+    turn: Upright
+    segmentation: HairSegmentation  # in the working (upright) frame
+    candidate: Candidate
+
+    def decided(self, limits: AnalysisSettings, decision: Decision | None = None) -> Analysis:
+        """The analysis with the hairline decided by `decision` (default: the shipped file)."""
+        hairline = self.turn.hairline_back(decide(self.candidate, decision))
+        hairline = _widened_for_pose(hairline, self.found, self.calibration, limits)
+        segmentation = self.turn.segmentation_back(self.segmentation)
+        return Analysis(self.found.face, self.found.pose, self.calibration, segmentation, hairline)
+
+
+def trace(rgb: np.ndarray, models: Models, limits: AnalysisSettings) -> Traced:
+    """Refusals (1005/1006/1008), then segmentation and tracing up to the candidate answer."""
     found = frontal_face(rgb, models.detector, limits)
     calibration = calibrate(found.face, limits.iris_diameter_mm)
     turn = Upright.of(found.face, found.pose.roll_degrees)
     work_rgb, work_face = turn.image(rgb), turn.face(found.face)
     segmentation = models.segmenter.segment(work_rgb, work_face)
-    hairline = trace_hairline(work_rgb, work_face, segmentation, calibration)
-    hairline = _widened_for_pose(turn.hairline_back(hairline), found, calibration, limits)
-    return Analysis(found.face, found.pose, calibration, turn.segmentation_back(segmentation), hairline)
+    candidate = hairline_candidate(work_rgb, work_face, segmentation, calibration)
+    return Traced(found, calibration, turn, segmentation, candidate)
+
+
+def analyse(rgb: np.ndarray, models: Models, limits: AnalysisSettings) -> Analysis:
+    return trace(rgb, models, limits).decided(limits)
 
 
 def _widened_for_pose(
     hairline: Hairline, found: FrontalFace, calibration: Calibration, limits: AnalysisSettings
 ) -> Hairline:
-    """A photo measured past a yaw/pitch limit: the band grows by what the extra turn can
-    foreshorten the forehead (height × (cos limit − cos angle), for each angle past its own
-    limit, the larger), and a note says why."""
-    if found.past_limit_degrees <= 0 or hairline.trichion is None or hairline.uncertainty_mm is None:
+    """A photo measured past a yaw/pitch limit: the band grows by `pose_widening_mm`, and a
+    note says why."""
+    extra_mm = pose_widening_mm(hairline, found, calibration, limits)
+    if extra_mm <= 0 or hairline.uncertainty_mm is None:
         return hairline
+    pose = found.pose
+    note = (
+        f"头部偏转略超出建议范围（左右 {abs(pose.yaw_degrees):.0f}°，上下 {abs(pose.pitch_degrees):.0f}°），"
+        f"误差范围已放宽 {extra_mm:.1f} mm；正对镜头重拍可更准确"
+    )
+    return replace(hairline, uncertainty_mm=hairline.uncertainty_mm + extra_mm, notes=(*hairline.notes, note))
+
+
+def pose_widening_mm(
+    hairline: Hairline, found: FrontalFace, calibration: Calibration, limits: AnalysisSettings
+) -> float:
+    """What the extra turn past a yaw/pitch limit can foreshorten the forehead by: height ×
+    (cos limit − cos angle), for each angle past its own limit, the larger (0 within them)."""
+    if found.past_limit_degrees <= 0 or hairline.trichion is None:
+        return 0.0
     pose = found.pose
     frame = FaceFrame.from_face(found.face)
     height_mm = abs(float(frame.to_frame(np.asarray(hairline.trichion))[0, 1])) * calibration.mm_per_px
@@ -123,14 +162,9 @@ def _widened_for_pose(
         for angle, limit in ((pose.yaw_degrees, limits.max_yaw_degrees), (pose.pitch_degrees, limits.max_pitch_degrees))
         if abs(angle) > limit
     ]
-    extra_mm = height_mm * max(
-        math.cos(math.radians(limit)) - math.cos(math.radians(angle)) for angle, limit in past_limits
+    return height_mm * max(
+        (math.cos(math.radians(limit)) - math.cos(math.radians(angle)) for angle, limit in past_limits), default=0.0
     )
-    note = (
-        f"头部偏转略超出建议范围（左右 {abs(pose.yaw_degrees):.0f}°，上下 {abs(pose.pitch_degrees):.0f}°），"
-        f"误差范围已放宽 {extra_mm:.1f} mm；正对镜头重拍可更准确"
-    )
-    return replace(hairline, uncertainty_mm=hairline.uncertainty_mm + extra_mm, notes=(*hairline.notes, note))
 
 
 def _hairline_data(hairline: Hairline) -> dict[str, Any]:

@@ -74,12 +74,16 @@ class FaceMeshDetector:
         upright face to an upside-down one (biden2 turned 180°: roll read −2.6°, the forehead
         on the chin), so their landmarks cannot tell; the detector's confidence can: on a
         crop around the face, the face the right way up scores higher than the same crop
-        turned 180° (docs/analysis_science.md § Upside down)."""
+        turned 180°. One reading of the score is noisy near a tie (a bald head scores alike
+        either way up; willis_white mirrored read 0.75 / 0.76), so the crop and its mirror
+        image are two views, and both must find the turned crop more face-like: an upright
+        face is never refused on one view's noise (docs/analysis_science.md § Upside down)."""
         left, top, right, bottom = _crop_around(mesh_box(face.points, 0), rgb.shape)
         crop = np.ascontiguousarray(rgb[top:bottom, left:right])
         scale = _shrink_scale(crop, _UPRIGHT_CHECK_SIDE_PX)
         crop = _resized(crop, scale)
-        return self._best_score(np.ascontiguousarray(crop[::-1, ::-1])) > self._best_score(crop)
+        views = (crop, np.ascontiguousarray(crop[:, ::-1]))
+        return all(self._best_score(np.ascontiguousarray(view[::-1, ::-1])) > self._best_score(view) for view in views)
 
     def _best_score(self, rgb: np.ndarray) -> float:
         return max(

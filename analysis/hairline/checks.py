@@ -1,8 +1,9 @@
-"""From a traced edge to a `Hairline`: trichion, temples, shape, and how far to trust them.
+"""From a traced edge to a candidate answer: trichion, temples, shape, and the evidence of trust.
 
-The plausibility gates (analysis.md § Real photos) exist because the simple recipe gave
-confident wrong numbers on real clients. Each failed gate adds a note and turns `ok` into
-`uncertain` with a band of at least `UNCERTAIN_FLOOR_MM`. A fringe whose edge no hairline
+The views of the edge (mask, the image's crossing, the clear forehead) place the point and
+measure how far they agree; the plausibility gates (analysis.md § Real photos) add notes.
+Whether the answer is `ok` or `uncertain`, and its band, is not decided here: the numbers
+go to the fitted decision layer (`decision`) as evidence. A fringe whose edge no hairline
 could be at, within 5 mm of the brows or under `MIN_FOREHEAD_MM` above the glabella, hides
 the hairline: `occluded` (contract.md endpoint 1: "a cap, hat or fringe hides the
 hairline"), no number; a fringe edge higher up may be a low hairline: `uncertain`.
@@ -11,13 +12,16 @@ hairline"), no number; a fringe edge higher up may be a low hairline: `uncertain
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import theilslopes
 
 from ..face.head_crop import HeadCrop
 from ..face.head_samples import face_height_px
-from ..types import Calibration, Face, Hairline, HairlineShape, HairlineStatus, LandmarkId
+from ..types import Calibration, Face, Hairline, HairlineShape, LandmarkId
+from .decision import Candidate, Evidence
 from .edge_profile import FOREHEAD_SHARE, LIGHT_HAIR_FOREHEAD_SHARE, ClearForehead, EdgeProfile, midline_edge_profile
 from .hair_evidence import NOTE_LOW_CONTRAST, HairEvidence
 from .trace import MIDLINE_HALF_WINDOW, Trace
@@ -28,15 +32,10 @@ MIN_FOREHEAD_MM = 40.0
 ABOVE_MESH_TOP = 0.02  # face heights the trichion must clear landmark 10 by
 MAX_BAND_HAIR = 0.30  # share of the forehead band (brows .. mesh top) labelled hair
 FRINGE_TO_BROWS_MM = 5.0  # a fringe edge this close to the brows hides the whole forehead
-UNCERTAIN_FLOOR_MM = 5.0
 # a photo pixel larger than this is half the 3 mm a confident answer must hold: the face is
 # too small in the photo for one (deepface_img37 at half size, 8 px iris: a 9.1 ΔE/px
 # "sharp" edge snapped 3.2 mm off)
 MAX_OK_MM_PER_PX = 1.5
-# the floor where nothing but the mask places the line: hair close to skin colour, or no
-# image edge near the mask (statham_big mirrored at 0.7x: a scalp cap 9.6 mm above the
-# stubble line, no crossing, the forehead's colour reaching it)
-UNCONFIRMED_FLOOR_MM = 10.0
 QUANTISATION_PX = 0.5  # working px
 # median absolute deviation of the midline edge about its own straight line that means
 # "ragged". The MAD, not half the inter-quartile range: the trichion is a median, and a
@@ -124,9 +123,11 @@ def judge(
     calibration: Calibration,
     evidence: HairEvidence,
     mask_from_colour: bool,
-) -> Hairline:
-    """`trace` must show an edge on the midline (the caller checks coverage);
-    `mask_from_colour`: the mask is the fallback's (colour models and GrabCut)."""
+    bald: Mapping[str, float],
+) -> Candidate:
+    """The traced answer and its evidence, for `decision.decide`. `trace` must show an edge
+    on the midline (the caller checks coverage); `mask_from_colour`: the mask is the
+    fallback's (colour models and GrabCut); `bald`: the bald model's evidence."""
     frame = trace.frame
     mm_per_work_px = calibration.mm_per_px / crop.scale
     found = trace.near(0.0, MIDLINE_HALF_WINDOW)
@@ -134,38 +135,48 @@ def judge(
     trichion_v = float(np.median(found))
     mesh_top_v = float(frame.to_frame(face.points[LandmarkId.MESH_TOP])[0, 1])
     fringe = trichion_v < mesh_top_v + ABOVE_MESH_TOP * face_height_px(face)
+
+    def settled(note: str) -> Candidate:
+        return Candidate(Hairline(status="occluded", notes=(*evidence.notes, note)), Evidence(bald), settled=True)
+
     if fringe and (found - _brow_v(trace, face)).mean() * mm_per_work_px < FRINGE_TO_BROWS_MM:
-        return Hairline(status="occluded", notes=(*evidence.notes, NOTE_FRINGE_TO_BROWS))
+        return settled(NOTE_FRINGE_TO_BROWS)
     if fringe and trichion_v * mm_per_work_px < MIN_FOREHEAD_MM:
         # the edge lies where no adult's hairline is (the < 40 mm gate): the forehead number
         # would be the fringe's, a claim about a forehead the photo does not show (the
         # astronaut: 19.8 mm "uncertain" before)
-        return Hairline(status="occluded", notes=(*evidence.notes, NOTE_FRINGE_COVERS))
+        return settled(NOTE_FRINGE_COVERS)
 
-    notes = list(evidence.notes) + _gate_notes(trace, face, hair, trichion_v, mesh_top_v, mm_per_work_px, fringe)
+    gates = _gate_notes(trace, face, hair, trichion_v, mesh_top_v, mm_per_work_px, fringe)
+    notes = list(evidence.notes) + gates
     if calibration.mm_per_px > MAX_OK_MM_PER_PX:
         notes.append(NOTE_SMALL_FACE)
     spread_px = midline_spread_px(trace)
     if spread_px * mm_per_work_px > SPREAD_MM:
         notes.append(NOTE_SPREAD)
     if fringe:
-        shift_px, disagreement_px, note = 0.0, 0.0, None
+        reading = EdgeReading(0.0, 0.0, None)
     else:
-        shift_px, disagreement_px, note = _image_edge_check(
-            trace, lab, face, mm_per_work_px, evidence.low_contrast, mask_from_colour
-        )
-    trichion_v -= shift_px  # rows grow downwards, v upwards
-    if evidence.low_contrast and (fringe or note is not None):  # not confirmed by two views
+        reading = _image_edge_check(trace, lab, face, mm_per_work_px, evidence.low_contrast, mask_from_colour)
+    trichion_v -= reading.shift_px  # rows grow downwards, v upwards
+    if evidence.low_contrast and (fringe or reading.note is not None):  # not confirmed by two views
         notes.append(NOTE_LOW_CONTRAST)
-    notes += [note] if note else []
+    notes += [reading.note] if reading.note else []
 
     forehead_mm = trichion_v * mm_per_work_px
-    position_mm = math.hypot(spread_px, QUANTISATION_PX, disagreement_px) * mm_per_work_px
-    uncertainty = math.hypot(position_mm, calibration.relative_uncertainty * forehead_mm)
-    status: HairlineStatus = "uncertain" if notes else "ok"
-    if status == "uncertain":
-        unconfirmed = NOTE_LOW_CONTRAST in notes or note == NOTE_NO_IMAGE_EDGE
-        uncertainty = max(uncertainty, UNCONFIRMED_FLOOR_MM if unconfirmed else UNCERTAIN_FLOOR_MM)
+    position_mm = math.hypot(spread_px, QUANTISATION_PX, reading.disagreement_px) * mm_per_work_px
+    base_band_mm = math.hypot(position_mm, calibration.relative_uncertainty * forehead_mm)
+    trust = {
+        **reading.features(mm_per_work_px),
+        "views_agree": float(not fringe and reading.note is None),
+        "log_mm_per_px": math.log(calibration.mm_per_px),
+        "spread_mm": spread_px * mm_per_work_px,
+        "low_contrast": float(evidence.low_contrast),
+        "disagreement_mm": reading.disagreement_px * mm_per_work_px,
+        "gate_notes": float(len(gates) - fringe + (calibration.mm_per_px > MAX_OK_MM_PER_PX)),
+        "fringe": float(fringe),
+        "top_cut": bald.get("top_cut", 0.0),
+    }
 
     left_v, right_v = (_temple_v(trace, face, index) for index in LandmarkId.OUTER_EYE_CORNERS)
 
@@ -173,16 +184,45 @@ def judge(
         x, y = crop.to_image(frame.to_image(np.asarray(uv)))[0]
         return float(x), float(y)
 
-    return Hairline(
-        status=status,
+    traced = Hairline(
+        status="uncertain",  # until `decision.decide` weighs the evidence
         points=crop.to_image(trace.points[~np.isnan(trace.v)]),
         trichion=to_image([0.0, trichion_v]),
         shape=_shape(trace, trichion_v, left_v, right_v, mm_per_work_px),
-        uncertainty_mm=round(uncertainty, 1),
+        uncertainty_mm=round(base_band_mm, 1),
         left_temple=None if left_v is None else to_image([_canthal_u(trace, face, 0), left_v]),
         right_temple=None if right_v is None else to_image([_canthal_u(trace, face, 1), right_v]),
         notes=tuple(notes),
     )
+    return Candidate(traced, Evidence(bald, trust), base_band_mm)
+
+
+@dataclass(frozen=True)
+class EdgeReading:
+    """What the image's own edge says of the mask edge at the midline: the point's shift
+    and the views' disagreement (rows), the note when they do not agree, and the numbers
+    behind it (None where no crossing was found)."""
+
+    shift_px: float
+    disagreement_px: float
+    note: str | None
+    whole: EdgeProfile | None = None
+    offset_px: float = math.nan
+    split_px: float = math.nan
+    skin_into_px: float = math.nan
+
+    def features(self, mm_per_px: float) -> dict[str, float]:
+        whole = self.whole
+        return {
+            "offset_mm": abs(self.offset_px) * mm_per_px,
+            "no_crossing": float(whole is None),
+            "sharpness": math.nan if whole is None else whole.sharpness,
+            "contrast": math.nan if whole is None else whole.contrast,
+            "ramp_mm": math.nan if whole is None else whole.width_px * mm_per_px,
+            "split_mm": self.split_px * mm_per_px,
+            "skin_into_mm": abs(self.skin_into_px) * mm_per_px,
+            "third_colour": float(whole is not None and whole.third_colour_px is not None),
+        }
 
 
 def _gate_notes(
@@ -203,7 +243,7 @@ def _gate_notes(
 
 def _image_edge_check(
     trace: Trace, lab: np.ndarray, face: Face, mm_per_px: float, low_contrast: bool, mask_from_colour: bool
-) -> tuple[float, float, str | None]:
+) -> EdgeReading:
     """(shift of the trichion in rows, disagreement in rows, note): the mask edge weighed
     against the image's own edge (`edge_profile`) and the top of the clear forehead."""
     window = trace.in_window(0.0, MIDLINE_HALF_WINDOW)
@@ -224,9 +264,11 @@ def _image_edge_check(
         return None if top is None or top > face.points[LandmarkId.MESH_TOP][1] else top
 
     clear_top = forehead_top(FOREHEAD_SHARE)
+    whole = profile(window)
+    offset_px = math.nan if whole is None else whole.crossing_row - edge_row
     if clear_top is not None and (clear_top - edge_row) * mm_per_px > UNMASKED_GAP_MM:
         gap_px = clear_top - edge_row
-        return gap_px, gap_px, NOTE_UNMASKED
+        return EdgeReading(gap_px, gap_px, NOTE_UNMASKED, whole, offset_px, skin_into_px=edge_row - clear_top)
     if low_contrast:
         clear_top = forehead_top(LIGHT_HAIR_FOREHEAD_SHARE)
     sides = (window & (trace.u < 0), window & (trace.u > 0))
@@ -237,9 +279,18 @@ def _image_edge_check(
         else (float(np.median(trace.points[sides[0], 1])), float(np.median(trace.points[sides[1], 1])))
     )
     sees_hair = not forehead.takes_hair_for_skin(lab, edge_row, face)
-    return weigh_edges(
-        edge_row, profile(window), halves, clear_top, mm_per_px, low_contrast, mask_from_colour, mask_halves, sees_hair
+    shift_px, disagreement_px, note = weigh_edges(
+        edge_row, whole, halves, clear_top, mm_per_px, low_contrast, mask_from_colour, mask_halves, sees_hair
     )
+    left, right = halves
+    mask_left, mask_right = mask_halves or (edge_row, edge_row)
+    split_px = (
+        math.nan
+        if left is None or right is None
+        else abs((left.crossing_row - mask_left) - (right.crossing_row - mask_right)) / 2
+    )
+    skin_into_px = math.nan if clear_top is None else edge_row - clear_top
+    return EdgeReading(shift_px, disagreement_px, note, whole, offset_px, split_px, skin_into_px)
 
 
 def weigh_edges(

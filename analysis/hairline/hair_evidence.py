@@ -3,10 +3,11 @@
 A segmenter always finds "hair" somewhere; on a bald head it is the scalp, and a number
 traced from that is the worst answer the product can give. So the top of the head, just
 inside its outline, is compared with the cheeks first (analysis.md § Real photos):
-- bare scalp on positive evidence only (`scalp`: skin-coloured, smooth as the face's own
-  skin, and no network sure of hair there): no hairline. Skin-coloured but textured or
-  seen by the network: light hair, low contrast. The photo's top edge cutting the head:
-  no claim of baldness (a note when what the frame cuts through is skin-coloured);
+- the numbers of the top of the head (`scalp`: its colour against the face's own skin, its
+  texture against the cheeks', the network's confidence there) are the bald model's
+  evidence; whether they say bald is decided by the fitted decision layer
+  (`decision`), never here. The photo's top edge cutting the head: a note when what the
+  frame cuts through is skin-coloured;
 - no top of the head in view at all: `uncertain` (nothing to judge), never bald;
 - a hat (segmenters that can tell, i.e. BiSeNet) over the top of the head: occluded;
 - hair colour close to skin (white, grey, sparse): the mask edge is soft -> low contrast.
@@ -32,13 +33,12 @@ HAT_FRACTION = 0.30
 
 # the colour test reads light hair in a dim photo as skin (biden2's white hair at 0.7x the
 # exposure: ΔE 28.7 -> 22.3 from the cheeks): the note says how to get a real answer
-NOTE_BALD = "头顶以皮肤为主，未见前额发际线（光头或剃发）；如有浅色或花白头发，请在光线充足处重拍"
 NOTE_HAT = "帽子遮挡了发际线，请摘帽后重拍"
 NOTE_LOW_CONTRAST = "发色与肤色接近（浅色、花白或稀疏头发），发际线位置不确定"
 NOTE_TOP_CUT = NOTE_TOP_OF_HEAD_CUT
 NOTE_NO_OUTLINE = "头顶不在画面内或未能识别头部轮廓，看不到发际线：请拍摄完整的头部"
 
-Verdict = Literal["hair", "uncertain", "no_hairline", "occluded"]
+Verdict = Literal["hair", "uncertain", "occluded"]
 
 
 @dataclass(frozen=True)
@@ -79,8 +79,6 @@ def assess_hair(
         return verdict("uncertain", NOTE_NO_OUTLINE)
     if _hat_covers_top(segmentation, crop, person, work_face):
         return verdict("occluded", NOTE_HAT)
-    if top.bare_scalp:
-        return verdict("no_hairline", NOTE_BALD)
     if top.cut_off and colours.skin_coloured:  # hair may begin above the frame
         return verdict("hair", NOTE_TOP_CUT)
     return verdict("hair")  # low contrast is noted by the hairline checks, unless two views agree

@@ -148,3 +148,14 @@ def photos_dir() -> Path:
 def photo_labels(photos_dir: Path) -> list[dict[str, Any]]:
     """labels.json: one entry per photo (file, kind, trichion_row, tolerance_px, ...)."""
     return json.loads((photos_dir / "labels.json").read_text())
+
+
+# labels.json's first entries: the set the per-photo tests of landmarks, pose and preview
+# were written on (issue 27). The photos added after it (issue 38: refusals, bald, covered
+# and receding heads) are judged as a whole by the held-out report (test_heldout.py).
+FIRST_SET_SIZE = 34
+
+
+@pytest.fixture(scope="session")
+def first_set_labels(photo_labels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return photo_labels[:FIRST_SET_SIZE]

@@ -74,8 +74,8 @@ def test_astronaut_iris_is_small_and_says_so(detector, astronaut):
     assert calibration.relative_uncertainty > 0.10
 
 
-def test_labelled_photos_give_adult_interpupillary_distances(detector, photos_dir, photo_labels):
+def test_labelled_photos_give_adult_interpupillary_distances(detector, photos_dir, first_set_labels):
     # Adult IPD is ~54-74 mm; a wrong iris pair or a vertical diameter would leave that range.
-    for label in photo_labels:
+    for label in first_set_labels:
         distance = interpupillary_mm(detector.detect(load_photo(photos_dir, label["file"])))
         assert 50.0 <= distance <= 74.0, (label["file"], distance)

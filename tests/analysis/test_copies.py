@@ -34,11 +34,25 @@ DEFAULT_RUN = {
 }
 
 
+# measured, not wished away (docs/analysis_science.md § Known limits): black hair dyed
+# white reads as a bare scalp to the fitted bald model (skin-coloured, smooth at the working
+# scale, the network unsure); fitting on white copies too made every bald head's threshold
+# stricter (bald heads `no_hairline` held out: 84 % -> 48 %)
+KNOWN_COPY_MISSES = {
+    ("deepface_img1.jpg", "white"): "black hair dyed white is called a bare scalp by the fitted bald model",
+}
+
+
 def _cases() -> list[Any]:
     cases = []
+    # named photos only: the whole set and its copies are judged held out (test_heldout.py)
     for entry in _labels():
+        if entry["file"] not in (*DEFAULT_RUN, "deepface_img7.jpg"):
+            continue
         for copy in COPIES:
             marks = [] if entry["file"] in DEFAULT_RUN else [pytest.mark.slow]
+            if (entry["file"], copy) in KNOWN_COPY_MISSES:
+                marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_COPY_MISSES[entry["file"], copy]))
             cases.append(pytest.param(entry, copy, id=f"{entry['file']}-{copy}", marks=marks))
         if entry["file"] == "deepface_img7.jpg":
             # the naive dye (scripts/sweep_copies.py): the paint's sharp edge lies 2.5 mm above

@@ -225,18 +225,18 @@ def test_a_mesh_whose_depth_contradicts_its_layout_is_unstable():
 READ_APART = {"openface_adams.jpg"}
 
 
-def test_the_labelled_photos_read_alike_both_ways(detector, photos_dir, photo_labels):
+def test_the_labelled_photos_read_alike_both_ways(detector, photos_dir, first_set_labels):
     apart = set()
-    for label in photo_labels:
+    for label in first_set_labels:
         face = detector.detect(load_photo(photos_dir, label["file"]))
         apart |= set() if pose_is_stable(face, estimate_pose(face)) else {label["file"]}
     assert apart == READ_APART
 
 
-def test_labelled_photos_are_frontal_enough(detector, photos_dir, photo_labels, limits):
+def test_labelled_photos_are_frontal_enough(detector, photos_dir, first_set_labels, limits):
     # All eight are meant to be measured, so none may be refused as 1008.
     pitches = {}
-    for label in photo_labels:
+    for label in first_set_labels:
         pose = estimate_pose(detector.detect(load_photo(photos_dir, label["file"])))
         check_pose(pose, limits)
         pitches[label["file"]] = pose.pitch_degrees
@@ -272,10 +272,10 @@ def test_an_upside_down_face_is_refused(detector, astronaut, photos_dir, limits)
 
 
 def test_an_upright_face_is_not_taken_for_an_upside_down_one(
-    detector, astronaut, grace_hopper, photos_dir, photo_labels
+    detector, astronaut, grace_hopper, photos_dir, first_set_labels
 ):
     photos = {"astronaut": astronaut, "grace_hopper": grace_hopper}
-    photos |= {entry["file"]: load_photo(photos_dir, entry["file"]) for entry in photo_labels}
+    photos |= {entry["file"]: load_photo(photos_dir, entry["file"]) for entry in first_set_labels}
     turned = [name for name, rgb in photos.items() if detector.upside_down(rgb, detector.detect(rgb))]
     assert turned == []
 

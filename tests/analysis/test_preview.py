@@ -54,10 +54,10 @@ class Analysed:
 
 @pytest.fixture(scope="module")
 def analysed(
-    photos_dir: Path, photo_labels: list[dict[str, Any]], detector: FaceMeshDetector, segmenter: FallbackSegmenter
+    photos_dir: Path, first_set_labels: list[dict[str, Any]], detector: FaceMeshDetector, segmenter: FallbackSegmenter
 ) -> dict[str, Analysed]:
     found = {}
-    for label in photo_labels:
+    for label in first_set_labels:
         rgb = load_photo(photos_dir, label["file"])
         rgb.setflags(write=False)  # the preview must draw on a copy
         face = detector.detect(rgb)
@@ -69,13 +69,13 @@ def analysed(
     return found
 
 
-def _files(photo_labels: list[dict[str, Any]], kind: str) -> list[str]:
-    return [label["file"] for label in photo_labels if label["kind"] == kind]
+def _files(first_set_labels: list[dict[str, Any]], kind: str) -> list[str]:
+    return [label["file"] for label in first_set_labels if label["kind"] == kind]
 
 
-def _short_hair(photo_labels: list[dict[str, Any]]) -> set[str]:
+def _short_hair(first_set_labels: list[dict[str, Any]]) -> set[str]:
     """Receded buzz cuts: too little hair above the line for a deep plan, which may get None."""
-    return {label["file"] for label in photo_labels if label.get("hair") == "receded"}
+    return {label["file"] for label in first_set_labels if label.get("hair") == "receded"}
 
 
 # the moved old edge brings its fine hairs over skin along (issue 27: the fill's own fade
@@ -118,27 +118,27 @@ def _core(photo: Analysed, band: np.ndarray) -> np.ndarray:
 
 
 def _grown_plans(
-    analysed: dict[str, Analysed], photo_labels: list[dict[str, Any]]
+    analysed: dict[str, Analysed], first_set_labels: list[dict[str, Any]]
 ) -> Iterator[tuple[str, Analysed, designs.Design, np.ndarray]]:
     """Every plan that lowers the line, of every photo with a hairline, and its preview
     (asserted to exist)."""
-    for name in _files(photo_labels, "hairline"):
+    for name in _files(first_set_labels, "hairline"):
         photo = analysed[name]
         for plan in photo.plans:
             if plan.drop_mm == 0.0:
                 continue  # test_a_plan_that_drops_nothing_returns_the_photo_unchanged
             grown = _preview(photo, plan)
-            if grown is None and name in _short_hair(photo_labels):
+            if grown is None and name in _short_hair(first_set_labels):
                 continue
             assert grown is not None and grown.shape == photo.rgb.shape and grown.dtype == np.uint8, name
             yield name, photo, plan, grown
 
 
 def test_pixels_change_only_around_the_band_and_never_below_the_brows(
-    analysed: dict[str, Analysed], photo_labels: list[dict[str, Any]]
+    analysed: dict[str, Analysed], first_set_labels: list[dict[str, Any]]
 ) -> None:
     checked = 0
-    for name, photo, plan, grown in _grown_plans(analysed, photo_labels):
+    for name, photo, plan, grown in _grown_plans(analysed, first_set_labels):
         changed = (grown != photo.rgb).any(axis=2)
         band = _band(photo, plan)
         outside_mm = cv2.distanceTransform(1 - band, cv2.DIST_L2, 5) * photo.calibration.mm_per_px
@@ -153,10 +153,10 @@ def test_pixels_change_only_around_the_band_and_never_below_the_brows(
 
 
 def test_the_grown_band_has_the_colour_of_the_hair_not_of_the_forehead(
-    analysed: dict[str, Analysed], photo_labels: list[dict[str, Any]]
+    analysed: dict[str, Analysed], first_set_labels: list[dict[str, Any]]
 ) -> None:
     checked = 0
-    for name, photo, plan, grown in _grown_plans(analysed, photo_labels):
+    for name, photo, plan, grown in _grown_plans(analysed, first_set_labels):
         core = _core(photo, _band(photo, plan))
         if core.sum() < MIN_CORE_PX:
             continue
@@ -173,8 +173,8 @@ def test_the_grown_band_has_the_colour_of_the_hair_not_of_the_forehead(
     assert checked >= 4
 
 
-def test_bald_heads_get_no_preview(analysed: dict[str, Analysed], photo_labels: list[dict[str, Any]]) -> None:
-    bald = _files(photo_labels, "no_hairline")
+def test_bald_heads_get_no_preview(analysed: dict[str, Analysed], first_set_labels: list[dict[str, Any]]) -> None:
+    bald = _files(first_set_labels, "no_hairline")
     assert bald
     for name in bald:
         photo = analysed[name]
@@ -240,12 +240,12 @@ def _hair_within_10_mm(photo: Analysed) -> np.ndarray:
 
 
 def test_a_plan_that_drops_nothing_returns_the_photo_unchanged(
-    analysed: dict[str, Analysed], photo_labels: list[dict[str, Any]]
+    analysed: dict[str, Analysed], first_set_labels: list[dict[str, Any]]
 ) -> None:
     # issue 17: a 0.0 mm plan changed 1,304 pixels of obama (its curve dips below the
     # current line at the temples); "drop 0.0 mm" must show the photo as it is, bit for bit
     checked = 0
-    for name in _files(photo_labels, "hairline"):
+    for name in _files(first_set_labels, "hairline"):
         photo = analysed[name]
         high = designs.plan_design("conservative", photo.face, photo.hairline, photo.calibration, "male")
         for plan in [*photo.plans, high]:
@@ -257,14 +257,14 @@ def test_a_plan_that_drops_nothing_returns_the_photo_unchanged(
 
 
 def test_the_grown_band_keeps_the_hairs_texture(
-    analysed: dict[str, Analysed], photo_labels: list[dict[str, Any]]
+    analysed: dict[str, Analysed], first_set_labels: list[dict[str, Any]]
 ) -> None:
     # issue 17: stretched columns made blocky vertical streaks. Hair has about as much
     # detail down as across; a streaked band has far less down than across. Measured as the
     # band's down/across detail over that of the hair it is lent from: the stretching
     # preview read median 0.72 (worst 0.44) on these photos, the repeating one 0.82 (0.63).
     ratios = []
-    for _name, photo, plan, grown in _grown_plans(analysed, photo_labels):
+    for _name, photo, plan, grown in _grown_plans(analysed, first_set_labels):
         core = _core(photo, _band(photo, plan))[:-1, :-1]
         if core.sum() < MIN_CORE_PX:
             continue
@@ -281,14 +281,14 @@ def test_the_grown_band_keeps_the_hairs_texture(
 
 
 def test_the_band_texture_measure_tells_the_grown_hair_from_the_bare_forehead(
-    analysed: dict[str, Analysed], photo_labels: list[dict[str, Any]]
+    analysed: dict[str, Analysed], first_set_labels: list[dict[str, Any]]
 ) -> None:
     """`preview_texture.band_texture` (issue 27, docs/generation.md): on a drop of 5 mm or
     more, the preview's band carries more high-frequency energy than the forehead skin it
     replaced, measured against the same hair above, over the photos (a single forehead with
     baby hairs, lacamoire's, can be as textured as a thin band of grown hair)."""
     grown_ratios, bare_ratios = [], []
-    for name, photo, plan, grown in _grown_plans(analysed, photo_labels):
+    for name, photo, plan, grown in _grown_plans(analysed, first_set_labels):
         if plan.drop_mm is None or plan.drop_mm < 5.0:
             continue
         preview = band_texture(photo.rgb, grown, photo.face, photo.hairline, plan, photo.calibration)
