@@ -40,6 +40,8 @@ SUFFIX = ".journal"
 _TEMPORARY = ".tmp"
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 _SNAPSHOT_FIELDS = len(Execution("", "", "", None, "", None, 0.0, 0.0).snapshot())
+# A journal a gateway of before left (no error_type, the last field) is still adopted after an upgrade.
+_OLDER_SNAPSHOT_FIELDS = (_SNAPSHOT_FIELDS - 1,)
 
 
 def journal_directory(audit_path: str | Path, postgres_dsn: str = "") -> Path:
@@ -137,7 +139,7 @@ def _read(data: bytes, path: Path) -> list[Execution]:
     for line in data.splitlines():
         try:
             values = json.loads(line)
-            if not isinstance(values, list) or len(values) != _SNAPSHOT_FIELDS:
+            if not isinstance(values, list) or len(values) not in (_SNAPSHOT_FIELDS, *_OLDER_SNAPSHOT_FIELDS):
                 raise ValueError("not a snapshot")
             execution = Execution(*values)
         except (ValueError, TypeError):

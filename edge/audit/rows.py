@@ -32,6 +32,7 @@ COLUMNS = (
     "updated_at",
     "node",  # the node part of the creating gateway's ids: only that gateway may change the row
     "reason",  # why a row failed without an answer of its own (RESTARTED); NULL otherwise
+    "error_type",  # the failure kind a GPU host named (gateway.md § Failure kinds); NULL otherwise
 )
 
 
@@ -58,6 +59,7 @@ class Execution:
     cost_usd: float | None = None
     node: str = ""  # the creating process's (`ExecutionIds.node`): a replayed row keeps its own
     reason: str | None = None
+    error_type: str | None = None  # the last failure kind a host named for this request
     refused: bool = False  # another gateway holds this execution id: never written again (not a column)
 
     def snapshot(self) -> tuple[Any, ...]:
@@ -66,7 +68,7 @@ class Execution:
         return (
             self.execution_id, self.request_id, self.endpoint, self.idempotency_key, self.client_ip, self.user_id,
             self.created_at, self.updated_at, self.status, self.code, self.worker, self.retry_count, self.replayed,
-            self.queue_ms, self.gpu_ms, self.duration_ms, self.cost_usd, self.node, self.reason,
+            self.queue_ms, self.gpu_ms, self.duration_ms, self.cost_usd, self.node, self.reason, self.error_type,
         )  # fmt: skip
 
     def close_as_restarted(self, now: float) -> None:
@@ -80,7 +82,7 @@ class Execution:
             self.execution_id, self.request_id, self.endpoint[:64], self.idempotency_key, self.client_ip or "0.0.0.0",
             self.user_id, self.status, self.code, self.worker, self.retry_count, self.replayed, self.queue_ms,
             self.gpu_ms, self.duration_ms, self.cost_usd, _utc(self.created_at), _utc(self.updated_at), self.node,
-            self.reason,
+            self.reason, self.error_type,
         )  # fmt: skip
 
 

@@ -94,8 +94,11 @@ _POSTGRES_V2 = [
     "ALTER TABLE audit_log ADD COLUMN IF NOT EXISTS node VARCHAR(16)",
     "ALTER TABLE audit_log ADD COLUMN IF NOT EXISTS reason VARCHAR(64)",
 ]
-MIGRATIONS = {"sqlite": [_SQLITE_V1, _SQLITE_V2], "postgresql": [_POSTGRES_V1, _POSTGRES_V2]}
-SCHEMA_VERSION = 2
+# v3: the failure kind a GPU host named (gateway.md § Failure kinds); NULL on older rows.
+_SQLITE_V3 = ["ALTER TABLE audit_log ADD COLUMN error_type VARCHAR(32)"]
+_POSTGRES_V3 = ["ALTER TABLE audit_log ADD COLUMN IF NOT EXISTS error_type VARCHAR(32)"]
+MIGRATIONS = {"sqlite": [_SQLITE_V1, _SQLITE_V2, _SQLITE_V3], "postgresql": [_POSTGRES_V1, _POSTGRES_V2, _POSTGRES_V3]}
+SCHEMA_VERSION = 3
 
 _CREATED_ONLY = ("execution_id", "request_id", "endpoint", "created_at", "node")
 _UPDATED = [column for column in COLUMNS if column not in _CREATED_ONLY]

@@ -194,6 +194,7 @@ class AuditTrail:
         execution.replayed = entry.idempotent_replay
         execution.queue_ms = round(entry.queue_ms)
         execution.duration_ms = round(entry.duration_ms)
+        execution.error_type = entry.error_type
         if execution.gpu_ms is None or entry.idempotent_replay:  # no host answered it
             execution.worker, execution.gpu_ms = None, 0
         execution.cost_usd = round(execution.gpu_ms * self._gpu_ms_usd, 6)

@@ -254,7 +254,8 @@ async def test_the_schema_is_created_once_and_kept_with_its_rows_at_the_next_sta
     arrive(again, 2)
     await again.flush()
     assert len(queries_rows(again)) == 5
-    assert again.store is not None and again.store.query("SELECT version FROM audit_schema", ()) == [(2,)]
+    current = [(store_module.SCHEMA_VERSION,)]
+    assert again.store is not None and again.store.query("SELECT version FROM audit_schema", ()) == current
     indexes = {row[0] for row in again.store.query("SELECT name FROM sqlite_master WHERE type = 'index'", ())}
     assert {"audit_log_idempotency_key", "audit_log_user_id", "audit_log_created_at"} <= indexes
 
@@ -276,9 +277,10 @@ async def test_a_v1_file_is_migrated_in_place_and_its_rows_stay_as_they_were(tmp
     assert await trail.flush()
     rows = {row["execution_id"]: row for row in queries_rows(trail)}
     old = rows.pop("exec_1723456789012_000_00000")
-    assert (old["status"], old["node"], old["reason"]) == ("executing", None, None), "kept, not dropped"
+    assert (old["status"], old["node"], old["reason"], old["error_type"]) == ("executing", None, None, None), "kept"
     assert [row["node"] for row in rows.values()] == [trail.node]
-    assert trail.store is not None and trail.store.query("SELECT version FROM audit_schema", ()) == [(2,)]
+    current = [(store_module.SCHEMA_VERSION,)]
+    assert trail.store is not None and trail.store.query("SELECT version FROM audit_schema", ()) == current
 
 
 async def test_shutdown_flushes_what_is_pending(tmp_path: Path) -> None:

@@ -147,3 +147,20 @@ def test_each_store_has_its_own_journal_folder_named_without_a_secret() -> None:
     same = journal_directory("var/audit.sqlite3", "host=10.0.0.7 port=5432 dbname=hairgate user=hairgate password=x")
     other = journal_directory("var/audit.sqlite3", "postgresql://hairgate:hunter2@10.0.0.7:5432/staging")
     assert first == same != other and first.parent == Path("var") and "hunter2" not in str(first)
+
+
+def test_a_journal_left_by_a_gateway_of_before_the_error_type_column_is_adopted(tmp_path: Path) -> None:
+    from edge.audit.journal import Journal, encode
+    from edge.audit.rows import Execution
+
+    journals = tmp_path / "audit.journals"
+    journals.mkdir()
+    finished = Execution("exec_1", "r1", "/api/v1/hair/measure", None, "127.0.0.1", None, 1.0, 2.0, "completed", 0)
+    older = json.loads(encode(finished))[:-1]  # its snapshot without error_type, the last field
+    (journals / f"dead{SUFFIX}").write_text(json.dumps(older) + "\n")
+    journal = Journal.create(journals, "live")
+    try:
+        (adopted,) = journal.adopt_dead(lambda execution: None)
+    finally:
+        journal.close(keep=False)
+    assert (adopted.execution_id, adopted.status, adopted.code, adopted.error_type) == ("exec_1", "completed", 0, None)

@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+import trio.testing
+from prometheus_client import generate_latest
 
 from edge.app import create_app
 from edge.gateway import Gateway, build_gateway
@@ -247,6 +249,23 @@ async def test_a_model_that_failed_to_load_is_out_ten_seconds_with_one_error_lin
     assert answer.json()["code"] == 0 and len(hosts.jobs) == 2
     assert not worker.online and 9.5 < out_for <= 10.0
     assert len([r for r in caplog.records if r.levelname == "ERROR" and "model_load_failed" in r.getMessage()]) == 1
+    scraped = generate_latest(gateway.metrics.registry).decode()
+    assert 'hairgate_host_failures_total{error_type="model_load_failed",worker="0"} 1.0' in scraped
+
+
+async def test_the_request_log_and_the_audit_row_carry_the_kind(
+    autojump_clock: trio.testing.MockClock, client: httpx.AsyncClient, hosts: KindHosts, gateway: Gateway
+) -> None:
+    hosts.scripts[WORKERS[0]] = [ErrorType.TIMEOUT]
+    answer = await measure(client)
+    await gateway.request_log.flush()
+    (line,) = [json.loads(text) for text in gateway.request_log.path.read_text().splitlines()]
+    assert await gateway.audit.flush()
+    assert gateway.audit.store is not None
+    rows = gateway.audit.store.query("SELECT error_type, retry_count, code FROM audit_log", ())
+    assert answer.json()["code"] == 0
+    assert (line["error_type"], line["attempts"], line["failed_workers"]) == ("timeout", 2, [0])
+    assert rows == [("timeout", 1, 0)]
 
 
 async def test_a_rejected_photo_is_the_clients_refusal_never_retried_nobody_ejected(
