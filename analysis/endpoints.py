@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.contract import GENERATOR_PREVIEW, MSG_NO_HAIRLINE_TO_LOWER, Code, ContractError
+from shared.contract import GENERATOR_PREVIEW, MSG_ANSWER_TOO_LARGE, MSG_NO_HAIRLINE_TO_LOWER, Code, ContractError
 from shared.options import INPAINT_MASK_KEY, INPAINT_MASK_OPTION
 from shared.settings import AnalysisSettings
 
@@ -363,6 +363,31 @@ HANDLERS: dict[str, Handler] = {
 }
 
 
+def pictures_drawn(endpoint: str, options: dict[str, Any]) -> int:
+    """How many pictures of the photo's size `endpoint` draws for `options` (a grown
+    picture, or the inpainting mask ComfyUI draws it from, counts as one)."""
+    if endpoint == "grow":
+        return 2 * len(options["plans"])  # the plan drawn, and the photo grown to it
+    if endpoint == "hairline":
+        return len(options["styles"])
+    return {"measure": 1, "mark": 2, "mask": 1}.get(endpoint, 0)
+
+
+def check_answer_size(
+    endpoint: str, options: dict[str, Any], width: int, height: int, limits: AnalysisSettings
+) -> None:
+    """1004 before anything is drawn when the answer's pictures would pass
+    `limits.max_answer_megapixels`: one legal 52 MP /grow drew six ~73 MB PNGs, an answer
+    over 512 MiB that took the host (and, retried, a second one) out of the pool."""
+    count = pictures_drawn(endpoint, options)
+    megapixels = count * width * height / 1e6
+    if megapixels > limits.max_answer_megapixels:
+        message = MSG_ANSWER_TOO_LARGE.format(
+            count=count, width=width, height=height, megapixels=megapixels, limit=limits.max_answer_megapixels
+        )
+        raise ContractError(Code.BAD_RESOLUTION, message)
+
+
 def run_endpoint(
     endpoint: str, image: bytes, options: dict[str, Any], models: Models, limits: AnalysisSettings
 ) -> dict[str, Any]:
@@ -371,4 +396,6 @@ def run_endpoint(
         handler = HANDLERS[endpoint]
     except KeyError:
         raise ValueError(f"unknown endpoint {endpoint!r}; known: {', '.join(HANDLERS)}") from None
-    return handler(decode_image(image, limits), models, options, limits)
+    rgb = decode_image(image, limits)
+    check_answer_size(endpoint, options, rgb.shape[1], rgb.shape[0], limits)
+    return handler(rgb, models, options, limits)

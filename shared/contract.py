@@ -83,6 +83,12 @@ MSG_DISK_LOW = "磁盘空间不足：剩余 {free_mb} MB，至少需要 {needed_
 MSG_BODY_TOO_LARGE = "请求体过大：上限 {limit_bytes} 字节"
 # An image over analysis.max_image_bytes (1003), whichever check (upload or decode) sees it.
 MSG_IMAGE_TOO_LARGE = "图片过大：{size_mb:.1f} MB，最多允许 {limit_mb:.1f} MB，请压缩后上传"
+# The pictures one answer would draw exceed analysis.max_answer_megapixels (1004): refused
+# before any is drawn, saying how many at which size and what to change.
+MSG_ANSWER_TOO_LARGE = (
+    "本次请求需生成 {count} 张 {width}×{height} 的图片（共 {megapixels:.1f} 百万像素），"
+    "超过上限 {limit:g} 百万像素：请缩小照片，或减少 plans / styles 后重试"
+)
 # Not a JPEG, PNG or WebP by its magic bytes or its header (1002): gateway, host and child alike.
 MSG_UNSUPPORTED_IMAGE_FORMAT = "图片格式不支持：请上传 JPEG、PNG 或 WebP 格式的图片"
 # A GPU host already running a job answers any other business request at once with HTTP

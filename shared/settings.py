@@ -301,6 +301,11 @@ class AnalysisSettings(_Section):
     max_image_megapixels: float = Field(52, gt=0)  # checked from the header, before decoding
     min_short_side_px: int = Field(480, ge=1)
     max_long_side_px: int = Field(8192, ge=1)  # a phone's 4000-8000 px photo is analysed, not refused
+    # the pixels of all the pictures one answer draws (a /grow draws two per plan at the
+    # photo's size): over it the request is refused before any is drawn (1004). 120 MP of
+    # PNG at worst 3 bytes a pixel is 360 MB, 480 MB in base64: under the gateway's 512 MiB
+    # answer limit; a 20 MP photo's /grow with three plans fits
+    max_answer_megapixels: float = Field(120, gt=0)
     max_yaw_degrees: float = Field(15, gt=0, le=90)
     max_pitch_degrees: float = Field(20, gt=0, le=90)
     max_roll_degrees: float = Field(30, gt=0, le=90)  # roll is undone (the face turned upright), not refused

@@ -20,6 +20,7 @@ from analysis.endpoints import (
     FrontalFace,
     _widened_for_pose,
     analyse,
+    check_answer_size,
     run_endpoint,
     special_points,
 )
@@ -173,6 +174,44 @@ def test_a_gif_is_1002(models: Models, astronaut: np.ndarray) -> None:
 
 def test_a_small_photo_is_1004_before_any_face_check(models: Models, astronaut: np.ndarray) -> None:
     assert refused("measure", encode(astronaut[:320, :320], "PNG"), models).code == Code.BAD_RESOLUTION
+
+
+class _Untouched:
+    """Models that fail any test which reaches them: the refusal must come first."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the models were used ({name}) before the answer's size was checked")
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "fields", "pictures"),
+    [
+        ("grow", {}, 6),
+        ("grow", {"plans": '["standard"]'}, 2),
+        ("hairline", {}, 4),
+        ("mark", {"drop_mm": "5"}, 2),
+        ("measure", {}, 1),
+        ("mask", {}, 1),
+    ],
+)
+def test_an_answer_too_large_to_draw_is_1004_before_anything_runs(
+    endpoint: str, fields: dict[str, Any], pictures: int, astronaut: np.ndarray
+) -> None:
+    """Issue 39: one legal 7200x7200 /grow drew six ~73 MB PNGs, an answer past the gateway's
+    512 MiB that ejected two hosts in turn. The pictures an answer draws are bounded
+    (`analysis.max_answer_megapixels`) and counted before the photo reaches a model."""
+    drawn_mp = pictures * 512 * 512 / 1e6  # the astronaut: 512 x 512
+    options = parse_options(endpoint, fields)
+    below = AnalysisSettings(max_answer_megapixels=round(drawn_mp - 0.01, 2))
+    with pytest.raises(ContractError) as caught:
+        run_endpoint(endpoint, encode(astronaut, "PNG"), options, _Untouched(), below)  # type: ignore[arg-type]
+    assert caught.value.code == Code.BAD_RESOLUTION
+    assert f"{pictures} 张 512×512" in caught.value.message
+    assert (
+        f"共 {drawn_mp:.1f} 百万像素" in caught.value.message
+        and f"上限 {below.max_answer_megapixels:g}" in caught.value.message
+    )
+    check_answer_size(endpoint, options, 512, 512, AnalysisSettings(max_answer_megapixels=drawn_mp))  # drawn
 
 
 def test_two_faces_are_1006(models: Models, two_faces: np.ndarray) -> None:

@@ -7,18 +7,24 @@ The others are `slow` (`make test-all`).
 from __future__ import annotations
 
 import io
+import json
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import cv2
 import httpx
+import numpy as np
 import pytest
 from PIL import Image
+from skimage import data
 
 from cluster.launcher import REPO_ROOT, Process, Service, free_ports, hairgate_argv
 from cluster.launcher import start as start_process
+from shared.contract import HEADER_TOKEN
 from shared.models import envelope_errors
+from tests.analysis.images import encode
 from tests.gpu_host.processes import (
     STARTUP_DEADLINE_SECONDS,
     astronaut_png,
@@ -76,6 +82,7 @@ def test_hairgate_dev_serves_a_photo_through_gateway_and_two_hosts_then_stops_ev
 
 class Cluster:
     def __init__(self, directory: Path) -> None:
+        self.directory = directory
         self.files = cluster_files(directory, hosts=2)
         self.hosts: list[Process] = [start(service, directory) for service in self.files.hosts]
         self.gateway: Process = start(self.files.gateway, directory)
@@ -131,6 +138,39 @@ def test_json_body_through_the_gateway_returns_every_image_as_a_url(cluster: Clu
         assert envelope_errors("hairline", body) is None, envelope_errors("hairline", body)
         (design,) = body["data"]["hairline_images"]
         assert client.get(design["image_url"]).status_code == 200
+
+
+def _logged(cluster: Cluster, path: str) -> list[dict]:
+    """The gateway's request log lines for `path` (written in batches: polled)."""
+    log = cluster.directory / "request_log.jsonl"
+    lines = log.read_text().splitlines() if log.is_file() else []
+    return [entry for entry in map(json.loads, lines) if entry["path"] == path]
+
+
+def _noisy_7200_jpeg() -> bytes:
+    """The attack of issue 39: a face in the middle of a 7200 x 7200 noisy background, a
+    legal upload (52 MP, a few MB) whose /grow drew six ~73 MB PNGs."""
+    noise = np.random.default_rng(0).integers(60, 200, (120, 120, 3), dtype=np.uint8)
+    canvas = cv2.resize(noise, (7200, 7200), interpolation=cv2.INTER_CUBIC)  # ~1.6 MB as JPEG
+    canvas[3344:3856, 3344:3856] = data.astronaut()
+    return encode(canvas, "JPEG", quality=40)
+
+
+@pytest.mark.slow
+def test_a_grow_too_large_to_draw_is_the_clients_refusal_and_takes_no_host_out(cluster: Cluster) -> None:
+    """The host counts what the answer would draw before it draws it (1004, saying the
+    limit); the gateway passes the refusal on, ejects nobody and retries nowhere."""
+    photo = _noisy_7200_jpeg()
+    with httpx.Client(base_url=cluster.gateway.url, timeout=120, headers={HEADER_TOKEN: cluster.files.token}) as client:
+        body = client.post("/api/v1/hair/grow", files={"image": ("big.jpg", photo, "image/jpeg")}).json()
+        health = client.get("/gateway-health").json()
+        after = client.post(MEASURE, files={"image": ("a.png", astronaut_png(), "image/png")}).json()
+    assert (body["code"], body["data"]) == (1004, None), body
+    assert "6 张 7200×7200" in body["message"] and "上限 120" in body["message"], body["message"]
+    assert health["workers_healthy"] == 2, health
+    assert after["code"] == 0, after
+    served = cluster.gateway.poll_until(lambda: _logged(cluster, "/api/v1/hair/grow"), "the /grow logged", 10)
+    assert [(entry["attempts"], entry["failed_workers"]) for entry in served] == [(1, [])], served  # no retry
 
 
 @pytest.mark.slow
