@@ -56,6 +56,7 @@ FOLDS = 5
 SEED = 0
 OK_WITHIN_MM = 3.0  # an `ok` trichion is within max(3 mm, the label's tolerance) (analysis.md)
 BAND_COVERAGE = 0.90  # the conformal band's target coverage
+OK_PRECISION = 0.99  # `ok` where held-out answers like it are within tolerance this often
 # the logistic models' regularisation (scikit-learn's C): strong, for ~50 photos
 REGULARISATION = 0.03
 # The trust model reads four of the evidence's features: the views' agreement, the pixel
@@ -195,12 +196,13 @@ def fit_logistic(
     labels: Sequence[bool],
     features: Sequence[str],
     groups: Sequence[str],
-    positive_rule: str,
+    precision: float,
 ) -> LogisticModel:
-    """A logistic model and its threshold. The threshold is read off out-of-fold
-    probabilities within the training photos (grouped by photo): the lowest at which no
-    negative training answer says yes (`positive_rule` "strict"), so a claim is made only
-    where no training photo held out contradicted it."""
+    """A logistic model and its threshold, read off out-of-fold probabilities within the
+    training photos (grouped by photo). `precision` 1: above every negative, held out or in
+    the final model (a claim no training photo contradicted: `no_hairline`); below 1: the
+    lowest threshold at which that share of the held-out answers above it are right (`ok`,
+    analysis.md: "within 3 mm at least 99 % of the time")."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import StratifiedGroupKFold
 
@@ -228,15 +230,11 @@ def fit_logistic(
             oof[test] = model(np.isin(np.arange(len(y)), train)).predict_proba((filled[test] - mean) / scale)[:, 1]
     else:
         oof = whole.predict_proba((filled - mean) / scale)[:, 1]
-    negatives = oof[~y]
-    threshold = float(negatives.max()) + 1e-6 if len(negatives) else 0.5
-    positives_above = oof[y & (oof > threshold)]
-    if len(positives_above):  # midway to the next positive: less tuned to the last negative
-        threshold = (threshold + float(positives_above.min())) / 2
-    # nor any negative the final model itself scores (its probabilities are not the folds')
-    in_sample = whole.predict_proba((filled - mean) / scale)[:, 1][~y]
-    if len(in_sample):
-        threshold = max(threshold, float(in_sample.max()) + 1e-6)
+    if precision < 1.0:
+        threshold = _precise_threshold(oof, y, precision)
+    else:
+        in_sample = whole.predict_proba((filled - mean) / scale)[:, 1]
+        threshold = _strict_threshold(oof, y, in_sample)
     threshold = min(max(threshold, 0.5), 0.999)
     return LogisticModel(
         features=tuple(features),
@@ -247,6 +245,29 @@ def fit_logistic(
         intercept=float(whole.intercept_[0]),
         threshold=threshold,
     )
+
+
+def _strict_threshold(oof: np.ndarray, y: np.ndarray, in_sample: np.ndarray) -> float:
+    """Above every negative held out (midway to the next positive: less tuned to the last
+    negative) and every negative the final model scores (its probabilities are not the
+    folds')."""
+    negatives = oof[~y]
+    threshold = float(negatives.max()) + 1e-6 if len(negatives) else 0.5
+    positives_above = oof[y & (oof > threshold)]
+    if len(positives_above):
+        threshold = (threshold + float(positives_above.min())) / 2
+    if (~y).any():
+        threshold = max(threshold, float(in_sample[~y].max()) + 1e-6)
+    return threshold
+
+
+def _precise_threshold(oof: np.ndarray, y: np.ndarray, precision: float) -> float:
+    """The lowest out-of-fold probability at which the answers at or above it are right at
+    least `precision` of the time."""
+    order = np.argsort(-oof)
+    right_share = np.cumsum(y[order]) / np.arange(1, len(order) + 1)
+    reaching = np.nonzero(right_share >= precision)[0]
+    return float(oof[order][reaching.max()]) if len(reaching) else 1.0
 
 
 def _conformal(scores: Sequence[float]) -> float:
@@ -266,7 +287,7 @@ def fit_decision(answers: Sequence[Answer], summary: str = "") -> Decision:
         [a.kind == "no_hairline" for a in bald_rows],
         BALD_FEATURES,
         [a.photo for a in bald_rows],
-        "strict",
+        1.0,
     )
     numbered = [
         a
@@ -278,7 +299,7 @@ def fit_decision(answers: Sequence[Answer], summary: str = "") -> Decision:
         [(a.error_mm or 0.0) <= a.tolerance_mm for a in numbered],
         TRUST_MODEL_FEATURES,
         [a.photo for a in numbered],
-        "strict",
+        OK_PRECISION,
     )
     scores: dict[str, list[float]] = {"ok": [], "uncertain": []}
     for a in numbered:

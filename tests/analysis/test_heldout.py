@@ -27,7 +27,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "eval_hairline.py"
 # analysis.md's targets; where the report does not reach one yet, the figure it holds today
 # (docs/analysis_science.md § Known limits says which, and why)
 BALD_SHARE = 0.85  # target 0.90: held out, 7 of 8 bald photos (deca_statham's shaved head is not)
-OK_SHARE = 0.50  # target 0.75: held out, 51 % of the hairline photos
+OK_SHARE = 0.55  # target 0.75: held out, 57 % of the hairline photos
 BAND_COVERAGE = 0.90
 # on the copies, held out: one confident wrong number (a 1.5x upscale of a 250 px photo) and
 # one false claim (blonde-dyed short hair read as a bare scalp) in ~320 answers
