@@ -104,6 +104,7 @@ class WorkerLease:
         self._path = path
         self._service_times = service_times
         self.abandoned_timeout: float | None = None  # set when a forward was left unfinished
+        self.still_running_seconds: float | None = None  # the host answered, its job runs on (a timeout)
         self.busy_elsewhere = False  # it answered "busy": given back marked so
         self.leased_elsewhere_seconds: float | None = None  # another gateway holds its lease
         self.timed = True  # the answer's time is a service time (not the host's own 1007)
@@ -122,6 +123,10 @@ class WorkerLease:
             raise
         except WorkerBusy:
             self.busy_elsewhere = True
+            raise
+        except HostFailed as failed:
+            if failed.may_still_run:  # drained like a departure: no job until a probe says free
+                self.still_running_seconds = timeout_seconds
             raise
         except _EXCHANGE_ENDED:
             raise
@@ -298,6 +303,8 @@ class Dispatcher:
             if lease.abandoned_timeout is not None:
                 self.counters.departures_forward += 1
                 self.pool.release(lease.index, now, drain_seconds=lease.abandoned_timeout)
+            elif lease.still_running_seconds is not None:
+                self.pool.release(lease.index, now, drain_seconds=lease.still_running_seconds)
             else:  # busy or leased elsewhere: marked in this same step, before the hand-over below
                 self.pool.release(
                     lease.index,
@@ -461,6 +468,8 @@ class Dispatcher:
         was_held = self.pool.workers[index].awaiting_probe
         event = self.pool.record_probe(index, result, trio.current_time())
         _log_event(event)
+        # the host's own word on another gateway's lease there: idle under it, the lease is stale
+        self._host_leases.host_probed(self.pool.workers[index].url, result.sent_at, free=result.ok and not result.busy)
         if not was_held and not self.pool.leases_shared:
             # a round's probe found it busy with a job not ours: followed as after a busy answer
             # (with shared leases the holder's release is announced: no probe needed)

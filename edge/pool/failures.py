@@ -121,6 +121,12 @@ class HostFailed(Exception):
         self.kind = kind
         self.answer = answer
 
+    @property
+    def may_still_run(self) -> bool:
+        """A host past its deadline dropped the answer, but its model child finishes the
+        inference (gpu_host.md § Deadlines): the host is busy a while after it answered."""
+        return self.kind is ErrorType.TIMEOUT
+
 
 class HostAction(Enum):
     """What a kind does to the host that named it."""

@@ -30,6 +30,7 @@ from edge.pool.failures import (
     WorkerFailure,
     judge,
 )
+from edge.pool.pool import ProbeResult
 from edge.pool.upstream import ForwardRequest
 from shared.contract import (
     Code,
@@ -295,3 +296,20 @@ async def test_with_no_retry_left_the_client_gets_the_kind_and_when_to_retry(
     assert refused.headers["X-Current-Load"] == "1.00"  # both online hosts rest
     assert refused.headers["X-Alternative-Endpoint"] == "https://lowres.example.com"
     assert [url for url, _ in hosts.jobs] == WORKERS[:2]
+
+
+async def test_a_host_past_its_deadline_rests_and_is_held_until_a_probe_says_its_job_ended(
+    autojump_clock: trio.testing.MockClock, client: httpx.AsyncClient, hosts: KindHosts, gateway: Gateway
+) -> None:
+    hosts.scripts[WORKERS[0]] = [ErrorType.TIMEOUT]
+    answer = await measure(client)
+    worker = gateway.pool.workers[0]
+    held = (worker.online, worker.draining_until is not None, worker.resting_until is not None)
+    gateway.dispatcher.record_probe(0, ProbeResult(trio.current_time(), ok=True, busy=False))  # its child is done
+    drained_but_resting = (worker.draining_until is None, worker.idle)
+    await trio.sleep(1.0)  # 0.5 x 2¹
+    gateway.dispatcher.expire_holds()
+    assert answer.json()["code"] == 0 and len(hosts.jobs) == 2  # retried elsewhere
+    assert held == (True, True, True)  # online, drained as after a departure, and resting
+    assert drained_but_resting == (True, False)
+    assert worker.idle

@@ -31,15 +31,17 @@ MASK = "/api/v1/hair/mask"
 # One line per request a host answered (gpu_host/app.py): when it was logged, its time and kind.
 HOST_JOB = re.compile(
     r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*request \| request_id=\S+ execution_id=\S+ endpoint=\S+ "
-    r"status=\d+ code=(?P<code>\d+) ms=(?P<ms>\d+) bytes_out=\d+ error_type=(?P<kind>\S+)",
+    r"status=(?P<status>\d+) code=(?P<code>\d+) ms=(?P<ms>\d+) bytes_out=\d+ error_type=(?P<kind>\S+)",
     re.MULTILINE,
 )
 
 
 def host_jobs(host: Process) -> list[Job]:
-    """What a real host ran, from its log: one `request | …` line per job."""
+    """What a real host ran, from its log: one `request | …` line per job (a busy answer ran nothing)."""
     found = []
     for line in HOST_JOB.finditer(host.log_text()):
+        if line["status"] == "503" and line["kind"] == "-":
+            continue
         ended = datetime.strptime(line["at"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
         found.append(Job(ended - int(line["ms"]) / 1000, ended, int(line["code"]), line["kind"]))
     return found
@@ -98,23 +100,34 @@ class KindCluster:
             print(f"--- {process.name} ---\n{process.log_text()[-3000:]}")
 
 
-@pytest.fixture
-def kinds(tmp_path: Path) -> Iterator[KindCluster]:
-    files = cluster_files(tmp_path, hosts=2)
-    edit_settings(files.settings_path, {"edge": {"request_log_max_bytes": 1 << 20}})
+def start_kind_cluster(directory: Path, edge: dict | None = None) -> KindCluster:
+    """Two real hosts, each with its own switch file, and a gateway (`edge`: its overrides)."""
+    files = cluster_files(directory, hosts=2)
     hosts, switches = [], []
     for index, service in enumerate(files.hosts):
-        switch = tmp_path / f"failures-{index}.txt"
-        own = switched_settings(files.settings_path, switch, tmp_path / f"host-{index}.settings.toml")
+        switch = directory / f"failures-{index}.txt"
+        own = switched_settings(files.settings_path, switch, directory / f"host-{index}.settings.toml")
         argv = [str(own) if arg == str(files.settings_path) else arg for arg in service.argv]
-        hosts.append(start(replace(service, argv=argv), tmp_path))
+        hosts.append(start(replace(service, argv=argv), directory))
         switches.append(switch)
-    gateway = start(files.gateway, tmp_path)
-    running = KindCluster(hosts, switches, gateway, tmp_path)
+    # the gateway's file alone from here on (the hosts read their copies): its timeouts may be short
+    # only if the hosts' section it also holds agrees (checked where one file holds both)
+    edit_settings(files.settings_path, {"edge": edge or {}, "gpu_host": {"inference_timeout_seconds": 1}})
+    running = KindCluster(hosts, switches, start(files.gateway, directory), directory)
     try:
         for host in hosts:
             wait_for(host, files.token, lambda r: r.status_code == 200, "host ready")
-        wait_for(gateway, files.token, lambda r: r.json().get("workers_healthy") == 2, "both hosts online")
+        wait_for(running.gateway, files.token, lambda r: r.json().get("workers_healthy") == 2, "both hosts online")
+    except BaseException:
+        running.stop()
+        raise
+    return running
+
+
+@pytest.fixture
+def kinds(tmp_path: Path) -> Iterator[KindCluster]:
+    running = start_kind_cluster(tmp_path)
+    try:
         yield running
     finally:
         running.stop()
@@ -225,3 +238,30 @@ def test_oom_rests_the_host_and_retries_elsewhere_a_cuda_error_ejects_it(kinds: 
     assert after_ejection["workers_healthy"] == 1
     assert kinds.jobs(first_tried)[-1].kind == "cuda_error" and kinds.jobs(other)[-1].code == 0
     assert [after - before for after, before in zip(jobs_after, jobs_before, strict=True)] == [1, 1]
+
+
+@pytest.mark.slow
+def test_a_host_past_its_deadline_backs_off_and_the_request_goes_elsewhere(tmp_path: Path) -> None:
+    # the gateway gives each attempt 4 s: a host works 3.5 s on it (its margin), then says timeout
+    kinds = start_kind_cluster(tmp_path, {"dispatch": {"request_timeout_seconds": 4}})
+    try:
+        with httpx.Client(base_url=kinds.gateway.url, timeout=60) as client:
+            kinds.next_failures(0, "sleep:3.7")  # host 0's child takes 3.7 s: just past the deadline
+            retried = post_mask(client)
+            load_after = retried.headers["X-Current-Load"]
+            while len(kinds.jobs(0)) < 2:  # host 0's next job, once its rest is over and its child free
+                post_mask(client)
+            line = kinds.logged(retried)
+    finally:
+        kinds.stop()
+    late, following = kinds.jobs(0)[:2]
+    rest = following.started - late.ended
+    print(f"host 0: timeout after {late.ended - late.started:.2f} s, next job {rest:.2f} s later (rest 1 s)")
+    assert (late.code, late.kind) == (1007, "timeout")
+    assert 3.0 < late.ended - late.started < 4.0  # the deadline given, less the host's margin
+    assert retried.json()["code"] == 0 and kinds.jobs(1)[0].code == 0
+    assert (line["attempts"], line["failed_workers"], line["error_type"]) == (2, [0], "timeout")
+    assert load_after == "0.50"  # host 0 rests; host 1 just answered
+    # rested 1 s (0.5 x 2¹); its child, free 0.2 s after the timeout, was drained meanwhile
+    assert 1.0 <= rest < 2.0, rest
+    assert following.code == 0
