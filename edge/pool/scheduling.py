@@ -250,6 +250,8 @@ def _lanes(
                 return None
             left = seconds - (now - worker.leased_at)
             free_in = left if left > 0 else past_end
+        if worker.resting_until is not None:  # a failure kind's backoff: no job before it ends
+            free_in = max(free_in, worker.resting_until - now)
         (slow_running if worker.running_slow else others).append(free_in)
     if not newcomer.slow:
         return slow_running + others

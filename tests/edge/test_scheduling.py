@@ -246,6 +246,14 @@ def test_estimated_start(pool: Pool, queue, newcomer: Waiting, service: ServiceT
     assert got == (None if expected is None else pytest.approx(expected))
 
 
+def test_a_resting_worker_starts_its_lane_when_its_rest_ends() -> None:
+    pool = pool_of(1)
+    pool.rest(0, now=0.0, seconds=4.0)  # out of GPU memory twice: no job for 4 s
+    newcomer = Waiting(1.0, False, path=MEASURE)
+    got = estimated_start(pool, [], newcomer, DEFAULT, times(measure=1.0), 1.0, queue_wait_seconds=30.0)
+    assert got == pytest.approx(3.0)
+
+
 def test_service_times_are_a_low_percentile_of_the_last_hundred() -> None:
     service = ServiceTimes()
     for seconds in [9.0] * 50 + [1.0] * 100:
