@@ -21,7 +21,7 @@ import trio
 from hypercorn.config import Config
 from quart_trio import QuartTrio
 
-from edge.admission.idempotency import IdempotencyUnavailable, open_idempotency
+from edge.admission.idempotency import IdempotencyUnavailable, open_idempotency, store_kind
 from edge.admission.shared_state import redis_client
 from edge.app import create_app
 from edge.gateway import Gateway, build_gateway, probe_options
@@ -94,6 +94,10 @@ def check_edge_settings(settings: Settings) -> None:
         )
     if not settings.edge.pool.workers:
         raise SettingsError("edge.pool.workers is empty: the gateway needs at least one worker URL")
+    try:  # a store named but not configured: refused at start, as any other bad setting
+        store_kind(settings.edge.idempotency, bool(settings.edge.shared_state.redis_url), settings.audit.postgres_dsn)
+    except IdempotencyUnavailable as error:
+        raise SettingsError(str(error)) from None
     for key, bind in (("edge.bind", settings.edge.bind), ("edge.metrics_bind", settings.edge.metrics_bind or "x:1")):
         host, _, port = bind.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -120,7 +124,11 @@ async def serve(
     stopping = trio.Event()
     edge = settings.edge
     async with redis_client(edge.shared_state.redis_url) as redis:
-        idempotency = await open_idempotency(edge.idempotency, redis) if edge.idempotency.enabled else None
+        idempotency = (
+            await open_idempotency(edge.idempotency, redis, postgres_dsn=settings.audit.postgres_dsn)
+            if edge.idempotency.enabled
+            else None
+        )
         gateway = build_gateway(settings, idempotency=idempotency, redis=redis, secrets=secrets)
         prober = Prober(gateway.dispatcher, gateway.upstream.probe, **probe_options(settings))
         listener = GatewayConfig(edge)

@@ -6,7 +6,9 @@
 (a) rate limit: `MemoryRateLimiter.check_now` + `ClientKeys.keys` per request (µs), over a
     realistic spread of clients; and one check through a real Redis (ms, when a binary is found);
 (b) idempotency: a keyed request with a no-op `run` over SQLite (claim + complete: two
-    thread hops), i.e. what a key adds to a request; a replay; the same over Redis;
+    thread hops), i.e. what a key adds to a request; a replay; the same over Redis, over
+    PostgreSQL (a throw-away cluster, when its binaries are found) and over PostgreSQL with
+    Redis as its cache, and there a replay after a FLUSHALL (read through PostgreSQL);
 (c) /admin/stats: `record()` (µs) and `snapshot()` after N records spread over an hour (ms);
     `GatewayMetrics.observe_request` (µs).
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -30,6 +33,8 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.fakes
 
 from edge.admission.idempotency import Idempotency, RunResult, StoredResponse, fingerprint
+from edge.admission.idempotency_cache import CachedStore
+from edge.admission.idempotency_postgres import PostgresStore
 from edge.admission.idempotency_stores import RedisStore, SqliteStore
 from edge.admission.rate_limit import ClientKeys, MemoryRateLimiter, RedisRateLimiter
 from edge.admission.shared_state import redis_client
@@ -39,6 +44,7 @@ from edge.observe.stats import RequestStats
 from shared.contract import Code, envelope
 from shared.settings import RateLimitSettings
 from tests.fakes.redis_server import RedisServer, find_redis_binary
+from tests.postgres import PostgresCluster, postgres_available
 
 # an envelope of a typical size: only a client-facing answer is ever stored or replayed
 RESPONSE = StoredResponse(
@@ -48,6 +54,7 @@ RESPONSE = StoredResponse(
     0,
 )
 PATHS = ["/api/v1/hair/measure", "/api/v1/hair/grow", "/api/v1/hair/mark", "/api/v1/hair/hairline"]
+FP = fingerprint("POST", PATHS[0], b"x" * 1000)
 
 
 async def _noop() -> RunResult:
@@ -78,10 +85,9 @@ async def _per_call_ms(count: int, call: Callable[[int], Awaitable[object]]) -> 
 
 
 async def bench_idempotency(count: int, idempotency: Idempotency, label: str) -> None:
-    fp = fingerprint("POST", PATHS[0], b"x" * 1000)
     baseline = await _per_call_ms(count, lambda _: _noop())
-    keyed = await _per_call_ms(count, lambda n: idempotency.execute(f"{label}-{n}", fp, _noop))
-    replay = await _per_call_ms(count, lambda n: idempotency.execute(f"{label}-{n}", fp, _noop))
+    keyed = await _per_call_ms(count, lambda n: idempotency.execute(f"{label}-{n}", FP, _noop))
+    replay = await _per_call_ms(count, lambda n: idempotency.execute(f"{label}-{n}", FP, _noop))
     print(f"(b) idempotency, {label}: keyed request +{keyed - baseline:.3f} ms (median), replay {replay:.3f} ms")
 
 
@@ -99,6 +105,40 @@ async def bench_redis(count: int) -> None:
             print(f"(a) rate limit, Redis: {check:.3f} ms per check (median, Lua script)")
             await bench_idempotency(count, Idempotency(RedisStore(redis, 3600), 3600, 10**6), "redis")
     finally:
+        server.kill()
+
+
+async def bench_postgres(count: int) -> None:
+    if not postgres_available():
+        print("(b) PostgreSQL: no PostgreSQL 15 binaries found, skipped")
+        return
+    directory = Path(tempfile.mkdtemp(prefix="hairgate-bench-pg-"))
+    cluster = PostgresCluster(directory)
+    cluster.start()
+    try:
+        alone = await PostgresStore.open(cluster.create_database("bench_alone"))
+        await bench_idempotency(count, Idempotency(alone, 3600, 10**6), "postgresql")
+        await alone.aclose()
+        binary = find_redis_binary()
+        if binary is not None:
+            await _bench_cached(count, cluster.create_database("bench_cached"), RedisServer(binary))
+    finally:
+        cluster.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def _bench_cached(count: int, dsn: str, server: RedisServer) -> None:
+    authority = await PostgresStore.open(dsn)
+    try:
+        async with redis_client(server.url) as redis:
+            assert redis is not None
+            idempotency = Idempotency(CachedStore(authority, RedisStore(redis, 3600), 10**6), 3600, 10**6)
+            await bench_idempotency(count, idempotency, "postgresql+redis")
+            await redis.flushall()
+            flushed = await _per_call_ms(count, lambda n: idempotency.execute(f"postgresql+redis-{n}", FP, _noop))
+            print(f"(b) idempotency, postgresql+redis: replay after a FLUSHALL {flushed:.3f} ms (read through)")
+    finally:
+        await authority.aclose()
         server.kill()
 
 
@@ -143,6 +183,7 @@ async def main(arguments: argparse.Namespace) -> None:
         await bench_idempotency(arguments.keyed, Idempotency(store, 3600, 10**6), "sqlite")
         await store.aclose()
     await bench_redis(arguments.keyed)
+    await bench_postgres(arguments.keyed)
     bench_stats(arguments.records)
 
 

@@ -119,6 +119,9 @@ class StaticDownloadSettings(_Section):
 
 class IdempotencySettings(_Section):
     enabled: bool = True
+    # "auto": PostgreSQL when [audit] postgres_dsn is set (the shared Redis, if named, caching
+    # its answers), else the shared Redis when named, else SQLite at `path`.
+    store: Literal["auto", "sqlite", "redis", "postgresql"] = "auto"
     path: str = "var/idempotency.sqlite3"
     ttl_hours: float = Field(24, gt=0)
     max_entries: int = Field(100_000, ge=1)

@@ -33,6 +33,8 @@ from typing import TypeVar
 import coredis
 import trio
 
+from edge.admission.idempotency_cache import CachedStore
+from edge.admission.idempotency_postgres import PostgresStore
 from edge.admission.idempotency_stores import (
     IdempotencyStore,
     IdempotencyUnavailable,
@@ -55,6 +57,7 @@ __all__ = [
     "StoredResponse",
     "fingerprint",
     "open_idempotency",
+    "store_kind",
     "validate_key",
 ]
 
@@ -316,16 +319,43 @@ def _as_follower(outcome: Outcome) -> Outcome:
 
 
 async def open_idempotency(
-    settings: IdempotencySettings, redis: coredis.Redis[bytes] | None, clock: Callable[[], float] = time.time
+    settings: IdempotencySettings,
+    redis: coredis.Redis[bytes] | None,
+    clock: Callable[[], float] = time.time,
+    *,
+    postgres_dsn: str = "",
 ) -> Idempotency:
-    """The configured store: the shared Redis when there is one, else SQLite at `settings.path`.
+    """The store `settings.store` names (`store_kind`); PostgreSQL connects in the background.
 
-    Raises IdempotencyUnavailable when the SQLite file cannot be opened.
+    Raises IdempotencyUnavailable when the SQLite file cannot be opened, or when the store
+    named needs what is not configured.
     """
     ttl_seconds = settings.ttl_hours * 3600
     store: IdempotencyStore
-    if redis is not None:
+    kind = store_kind(settings, redis is not None, postgres_dsn)
+    if kind == "postgresql":
+        store = await PostgresStore.open(postgres_dsn)
+        if redis is not None:  # the authority is PostgreSQL; Redis only answers replays faster
+            store = CachedStore(store, RedisStore(redis, ttl_seconds, clock), settings.max_entries)
+    elif kind == "redis":
+        assert redis is not None  # store_kind names Redis only when there is one
         store = RedisStore(redis, ttl_seconds, clock)
     else:
         store = await SqliteStore.open(settings.path, clock)
     return Idempotency(store, ttl_seconds, settings.max_entries)
+
+
+def store_kind(settings: IdempotencySettings, redis_configured: bool, postgres_dsn: str) -> str:
+    """ "sqlite", "redis" or "postgresql" (with Redis, when configured, as its cache).
+
+    "auto" (the default): PostgreSQL when `[audit] postgres_dsn` is set, else the shared Redis
+    when `edge.shared_state.redis_url` is, else SQLite. Raises IdempotencyUnavailable when the
+    named store is not configured.
+    """
+    if settings.store == "auto":
+        return "postgresql" if postgres_dsn else "redis" if redis_configured else "sqlite"
+    if settings.store == "postgresql" and not postgres_dsn:
+        raise IdempotencyUnavailable('edge.idempotency.store = "postgresql" needs the secret [audit] postgres_dsn')
+    if settings.store == "redis" and not redis_configured:
+        raise IdempotencyUnavailable('edge.idempotency.store = "redis" needs edge.shared_state.redis_url')
+    return settings.store

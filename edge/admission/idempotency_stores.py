@@ -1,5 +1,7 @@
 """Where idempotency records live: embedded SQLite (default) or a shared Redis.
 
+(PostgreSQL, with Redis as a cache in front, is in `idempotency_postgres` and `idempotency_cache`.)
+
 A record is one key's state: PENDING (an owner is running it and holds a lease it renews),
 DONE (the stored response, kept for the TTL) or RELEASED (the owner answered something
 that must not be stored, e.g. a gateway-made 1007; kept a few seconds so that those who
@@ -73,6 +75,8 @@ class Record:
     state: State
     fingerprint: str
     response: StoredResponse | None = None  # DONE always; RELEASED when the owner answered
+    # What the record has left, where the store says (PostgreSQL): a cached copy lives no longer.
+    expires_in_seconds: float | None = None
 
     @property
     def answer(self) -> StoredResponse | None:
@@ -110,11 +114,12 @@ class IdempotencyStore(Protocol):
     async def aclose(self) -> None: ...
 
 
-def _headers_json(response: StoredResponse) -> str:
+def headers_json(response: StoredResponse) -> str:
+    """A response's headers as a table stores them (a JSON list of pairs)."""
     return json.dumps(response.headers, ensure_ascii=False)
 
 
-def _response(status: int, headers: str, body: bytes, code: int | None) -> StoredResponse:
+def response_from_row(status: int, headers: str, body: bytes, code: int | None) -> StoredResponse:
     return StoredResponse(status, tuple((name, value) for name, value in json.loads(headers)), bytes(body), code)
 
 
@@ -144,7 +149,7 @@ def _sqlite_record(row: tuple[Any, ...] | None) -> Record | None:
     if row is None:
         return None
     state, fingerprint, status, headers, body, code = row
-    response = _response(status, headers, body, code) if status is not None else None
+    response = response_from_row(status, headers, body, code) if status is not None else None
     return Record(State(state), fingerprint, response)
 
 
@@ -254,7 +259,7 @@ class SqliteStore:
                     now,
                     now + keep,
                     response.status,
-                    _headers_json(response),
+                    headers_json(response),
                     response.body,
                     response.code,
                 ),

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from edge.audit.rows import COLUMNS, FINAL_STATES, STATES
+from shared.postgres import connection_options
+from shared.postgres import failure_reason as _postgres_reason
 
 T = TypeVar("T")
 
@@ -45,7 +47,6 @@ POSTGRES_COMMAND_STATEMENT_TIMEOUT_MS = 60_000
 POSTGRES_LOCK_TIMEOUT_MS = 2000
 READER_POOL_SIZE = 4  # concurrent /admin/audit reads; more wait for a connection
 POOL_CLOSE_SECONDS = 1.0  # at shutdown, on the event loop: the pool's threads are idle by then
-POSTGRES_KEEPALIVE_IDLE_SECONDS, POSTGRES_KEEPALIVE_INTERVAL_SECONDS, POSTGRES_KEEPALIVE_COUNT = 10, 5, 3
 _MIGRATION_LOCK = 7_125_630_011  # pg_advisory_xact_lock key: "the audit schema is being migrated"
 
 _STATUS_CHECK = "CHECK (status IN ({}))".format(", ".join(f"'{state}'" for state in STATES))
@@ -267,15 +268,11 @@ def _migrate_sqlite(connection: sqlite3.Connection) -> None:
 
 
 def _postgres_options(statement_timeout_ms: int) -> dict[str, Any]:
-    return {
-        "connect_timeout": POSTGRES_CONNECT_TIMEOUT_SECONDS,
-        "options": f"-c statement_timeout={statement_timeout_ms} -c lock_timeout={POSTGRES_LOCK_TIMEOUT_MS}",
-        "autocommit": False,
-        "keepalives": 1,
-        "keepalives_idle": POSTGRES_KEEPALIVE_IDLE_SECONDS,
-        "keepalives_interval": POSTGRES_KEEPALIVE_INTERVAL_SECONDS,
-        "keepalives_count": POSTGRES_KEEPALIVE_COUNT,
-    }
+    return connection_options(
+        connect_timeout_seconds=POSTGRES_CONNECT_TIMEOUT_SECONDS,
+        statement_timeout_ms=statement_timeout_ms,
+        lock_timeout_ms=POSTGRES_LOCK_TIMEOUT_MS,
+    )
 
 
 def _migrate_postgres(connection: Any) -> None:
@@ -416,13 +413,6 @@ _POSTGRES_UPSERT = _UPSERT.format(
     columns=", ".join(COLUMNS),
     values=", ".join("%s::inet" if column == "client_ip" else "%s" for column in COLUMNS),
 )
-
-
-def _postgres_reason(error: Exception) -> str:
-    """psycopg's first line (the server's message or libpq's), which names no password."""
-    sqlstate = getattr(error, "sqlstate", None)
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return f"{first} [{sqlstate}]" if sqlstate else first
 
 
 def open_store(path: str | Path, postgres_dsn: str, *, readers: bool = False, command: bool = False) -> AuditStore:

@@ -1,4 +1,6 @@
-"""Idempotency rules over the real stores: SQLite files and a real Redis server (gateway.md § Idempotency)."""
+"""Idempotency rules over the real stores: SQLite files, a real Redis server, a real PostgreSQL 15
+alone and with Redis as its cache (gateway.md § Idempotency). PostgreSQL's own cases, and
+Redis flushed or killed in front of it: tests/edge/test_idempotency_postgres.py."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from edge.admission.idempotency import (
     open_idempotency,
     validate_key,
 )
+from edge.admission.idempotency_cache import CachedStore
+from edge.admission.idempotency_postgres import PostgresStore
 from edge.admission.idempotency_stores import IdempotencyStore, Record, RedisStore, SqliteStore
 from edge.admission.shared_state import redis_client
 from shared.contract import Code, ContractError
@@ -84,9 +88,37 @@ async def redis_store(server: RedisServer) -> AsyncIterator[RedisStore]:
         yield RedisStore(redis, TTL)
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@asynccontextmanager
+async def postgres_store(dsn: str, cache: RedisServer | None = None) -> AsyncIterator[IdempotencyStore]:
+    """One gateway's PostgreSQL store; with `cache`, that Redis in front of it (as the gateway composes them)."""
+    store = await PostgresStore.open(dsn)
+    try:
+        if cache is None:
+            yield store
+        else:
+            async with redis_client(cache.url) as redis:
+                assert redis is not None
+                yield CachedStore(store, RedisStore(redis, TTL), 1000)
+    finally:
+        await store.aclose()
+
+
+SHARED_STORES = ["redis", "postgresql", "postgresql+redis"]
+
+
+def _shared(request: pytest.FixtureRequest, kind: str) -> Callable[[], object]:
+    """A factory of stores over one backing store that several gateways may share."""
+    if kind == "redis":
+        server = request.getfixturevalue("redis_server")
+        return lambda: redis_store(server)
+    dsn = request.getfixturevalue("postgres_dsn")
+    cache = request.getfixturevalue("redis_server") if kind == "postgresql+redis" else None
+    return lambda: postgres_store(dsn, cache)
+
+
+@pytest.fixture(params=["sqlite", *SHARED_STORES])
 def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], object]:
-    """A factory of stores over ONE backing store (a file or a server): each call is one gateway."""
+    """A factory of stores over ONE backing store (a file, a server): each call is one gateway."""
     if request.param == "sqlite":
 
         @asynccontextmanager
@@ -98,14 +130,13 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], o
                 await store.aclose()
 
         return sqlite
-    server = request.getfixturevalue("redis_server")
-    return lambda: redis_store(server)
+    return _shared(request, request.param)
 
 
-@pytest.fixture
-def shared_store(redis_server: RedisServer) -> Callable[[], object]:
-    """A factory of stores several gateways share: Redis (a SQLite file has one owner)."""
-    return lambda: redis_store(redis_server)
+@pytest.fixture(params=SHARED_STORES)
+def shared_store(request: pytest.FixtureRequest) -> Callable[[], object]:
+    """A factory of stores several gateways share (a SQLite file has one owner)."""
+    return _shared(request, request.param)
 
 
 # --- keys and fingerprints ------------------------------------------------------------------

@@ -1,14 +1,22 @@
-"""`Idempotency-Key` on the real gateway (gateway.md § Idempotency, seed 002 §4)."""
+"""`Idempotency-Key` on the real gateway (gateway.md § Idempotency, seed 002 §4 and §6.2)."""
 
 from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
 
 import httpx
 import pytest
 import trio
 
-from shared.contract import Code
+from cluster.launcher import Process
+from edge.admission.idempotency_stores import RedisStore
+from edge.admission.shared_state import redis_client
+from shared.contract import HEADER_IDEMPOTENCY_KEY, HEADER_IDEMPOTENCY_REPLAYED, HEADER_REQUEST_ID, Code
 from tests.edge.e2e.harness import MEASURE, Cluster, measure, wait_until
+from tests.edge.e2e.test_e2e_audit import _with_dsn
 from tests.fakes.launch import FakeWorkerProcess
+from tests.fakes.redis_server import RedisServer
 
 pytestmark = [pytest.mark.slow]
 
@@ -93,3 +101,56 @@ async def test_gateway_made_1007_is_not_stored_and_a_record_survives_a_restart(c
     assert replayed.json() == served.json()
     assert replayed.headers.get("Idempotency-Replayed") == "true"
     assert await _jobs(fake) == 1
+
+
+async def test_a_flushall_mid_load_through_two_gateways_with_postgresql_loses_no_key(
+    cluster: Cluster, postgres_dsn: str, redis_server: RedisServer
+) -> None:
+    """Issue 40 item 5: PostgreSQL the authority, Redis its cache. 40 keys, each sent 4 times
+    (twice through each gateway) by 8 clients at once; Redis is flushed when half the answers
+    are in and killed at three quarters: every key ran once on the hosts, every answer is 0."""
+    _with_dsn(cluster, postgres_dsn)  # `[audit] postgres_dsn`: both gateways read the one secrets file
+    fakes = cluster.start_fakes(2, latency_ms=40)
+    shared = {"shared_state": {"redis_url": redis_server.url}}
+    gateways = [cluster.start_gateway(edge=shared), cluster.start_peer_gateway(edge=shared)]
+    keys = [f"k{n:02d}" for n in range(40)]
+    # a key's sends are a round (40 sends) apart, alternating gateways: before and after each event
+    sends = [(gateways[(turn + i) % 2], key, f"{key}.{turn}") for turn in range(4) for i, key in enumerate(keys)]
+    answers: dict[str, list[httpx.Response]] = {key: [] for key in keys}
+    half_answered, three_quarters_answered = trio.Event(), trio.Event()
+    flushed: list[int] = []  # the cached answers the flush removed
+
+    async def client(queue: Iterator[tuple[Process, str, str]], http: dict[Process, httpx.AsyncClient]) -> None:
+        for gateway, key, request_id in queue:  # one queue, shared by every client
+            headers = {HEADER_IDEMPOTENCY_KEY: key, HEADER_REQUEST_ID: request_id}
+            answers[key].append(await measure(http[gateway], headers=headers))
+            answered = sum(len(seen) for seen in answers.values())
+            if answered >= len(sends) // 2:
+                half_answered.set()
+            if answered >= 3 * len(sends) // 4:
+                three_quarters_answered.set()
+
+    async def disturb_redis() -> None:
+        await half_answered.wait()
+        async with redis_client(redis_server.url) as redis:
+            assert redis is not None
+            flushed.append(len(await redis.keys(RedisStore.PREFIX + "*")))
+            await redis.flushall()
+        await three_quarters_answered.wait()
+        redis_server.kill()
+
+    async with cluster.client(gateways[0]) as on_a, cluster.client(gateways[1]) as on_b:
+        http = {gateways[0]: on_a, gateways[1]: on_b}
+        queue = iter(sends)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(disturb_redis)
+            for _ in range(8):
+                nursery.start_soon(client, queue, http)
+    jobs = [job for fake in fakes for job in (await fake.stats())["jobs"]]
+    ran = Counter(job["request_id"].split(".")[0] for job in jobs)
+    assert flushed and flushed[0] > 0, "the premise: answers were cached in Redis when it was flushed"
+    assert ran == Counter(dict.fromkeys(keys, 1)), "every key ran exactly once on the hosts"
+    for key, seen in answers.items():
+        assert [answer.json()["code"] for answer in seen] == [Code.OK] * 4, key
+        assert len({answer.content for answer in seen}) == 1, f"{key}: one answer, replayed byte for byte"
+        assert sum(answer.headers.get(HEADER_IDEMPOTENCY_REPLAYED) == "true" for answer in seen) == 3, key
