@@ -28,8 +28,10 @@ import hypercorn.utils
 import pytest
 from hypercorn.config import Config
 from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.trio.tcp_server import TCPServer
 from quart.wrappers.request import Body, Request
 from quart_trio.wrappers.request import TrioBody, TrioRequest
+from quart_trio.wrappers.response import TrioFileBody
 
 from tests.test_lock import APPLICATION, read_lock
 
@@ -61,6 +63,14 @@ class Pin:
 
 
 PINNED = [
+    # quart-trio's file body (edge/annotations/static_files.py)
+    Pin(
+        TrioFileBody,
+        "__aenter__",
+        ("self",),
+        why="AnnotationBody opens the checked file itself (not by name) and sets the fields TrioFileBody "
+        "reads: file_path, size, begin, end, file, buffer_size",
+    ),
     # Hypercorn's HTTP/1.1 protocol (edge/web/server.py, shared/http_server.py)
     Pin(
         H11Protocol,
@@ -92,6 +102,15 @@ PINNED = [
         "_maybe_recycle",
         ("self",),
         why="HTTP1Protocol waits for a body its answer left unread before recycling (shared/http_server.py)",
+    ),
+    # Hypercorn's TCP connection (shared/http_server.py)
+    Pin(
+        TCPServer,
+        "_close",
+        ("self",),
+        "bc73c4ae25a1ceec",
+        why="ContainedTCPServer._close calls it under the write lock (one closer, never beside a write): "
+        "it must not take that lock itself",
     ),
     # Quart's request body (edge/web/http.py)
     Pin(
@@ -211,6 +230,8 @@ _NOT_OVERRIDES = {
     "__static_attributes__",
     "__parameters__",
     "__orig_bases__",
+    "_abc_impl",  # an abstract base class's own bookkeeping, not a name of the framework's
+    "__abstractmethods__",
 }
 
 

@@ -37,7 +37,7 @@ DEFAULT_RUN = {
 # measured, not wished away (docs/analysis_science.md § Known limits): black hair dyed
 # white reads as a bare scalp to the fitted bald model (skin-coloured, smooth at the working
 # scale, the network unsure); fitting on white copies too made every bald head's threshold
-# stricter (bald heads `no_hairline` held out: 84 % -> 48 %)
+# stricter
 KNOWN_COPY_MISSES = {
     ("deepface_img1.jpg", "white"): "black hair dyed white is called a bare scalp by the fitted bald model",
 }

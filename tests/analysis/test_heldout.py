@@ -26,13 +26,12 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "eval_hairline.py"
 
 # analysis.md's targets; where the report does not reach one yet, the figure it holds today
 # (docs/analysis_science.md § Known limits says which, and why)
-BALD_SHARE = 0.85  # target 0.90: held out, 7 of 8 bald photos (deca_statham's shaved head is not)
+BALD_SHARE = 0.90  # analysis.md's target; held out: 8 of 8 bald photos, 92 % of their copies
 OK_SHARE = 0.55  # target 0.75: held out, 57 % of the hairline photos
 BAND_COVERAGE = 0.90
-# on the copies, held out: one confident wrong number (a 1.5x upscale of a 250 px photo) and
-# one false claim (blonde-dyed short hair read as a bare scalp) in ~320 answers
+# on the copies, held out: one confident wrong number in ~320 answers (a 1.5x upscale of a
+# 250 px photo: docs/analysis_science.md § Known limits)
 COPIES_WRONG_SHARE = 0.01
-COPIES_FALSE_CLAIMS = 1
 
 
 def _load_script() -> ModuleType:
@@ -78,7 +77,8 @@ def test_the_held_out_report_holds_its_targets_and_refits_the_shipped_file(
     assert [o.answer.photo for o in photos.wrong_refusals] == ["avatarify_jobs.png"], report
     copies = eval_hairline.Report([o for o in evaluation.held_out.outcomes if o.answer.copy])
     assert len(copies.confident_wrong) <= COPIES_WRONG_SHARE * len(copies.of("hairline")), report
-    assert len(copies.false_claims) <= COPIES_FALSE_CLAIMS, report
+    assert not copies.false_claims, report
+    assert copies.bald_share >= BALD_SHARE, report
     shipped = json.loads((SCRIPT.parents[1] / "analysis" / "data" / "hairline_decision.json").read_text())
     assert evaluation.decision.to_json() == shipped
 
