@@ -5,10 +5,16 @@ child process that alone imports torch and mediapipe.
                       supervisor, Hypercorn): the one place the host's tasks start
     app.py            the Quart-trio app factory: routes, auth hook, envelopes
     auth.py           X-Internal-Token against accept_passwords (constant time)
-    uploads.py        multipart / JSON bodies -> fields + image bytes (1001, 1003)
     supervisor.py     the model child's life as a pure state machine (no I/O, `now` passed in)
     model_process.py  the I/O around it: spawn, pipe, reaping, timers; `ready()`, `infer()`
     connections.py    idle kept-alive connections close at shutdown (Hypercorn x quart-trio)
     protocol.py       every message that crosses the pipe
     child.py          the model child's main loop (the real analysis)
+    failure_kinds.py  what went wrong, by kind (cuda_oom, timeout, input_rejected, ...)
+    checks.py         deep health checks: disk, ComfyUI
+    comfyui.py        the ComfyUI client (generation)
+    admin.py          the host's admin routes
+    metrics.py        the host's Prometheus metrics
+    wanted.py         another gateway waits for this host (/health's "wanted")
+(The request bodies are parsed by `shared.uploads`, which both services import.)
 """

@@ -76,7 +76,6 @@ class HealthCheckSettings(_Section):
 
 
 class DispatchSettings(_Section):
-    per_worker_concurrency: Literal[1] = 1
     max_inflight: int = Field(64, ge=1)
     queue_wait_seconds: PositiveSeconds = 30
     max_queue_wait_seconds: PositiveSeconds = 590

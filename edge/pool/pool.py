@@ -5,7 +5,7 @@ what the I/O layer must log, so tests are tables of (state, event) -> state. The
 dispatcher is the only runtime writer; the prober and the forwarder report through it.
 
 Invariants:
-- a worker is leased to at most one request at a time (`per_worker_concurrency` = 1);
+- a worker is leased to at most one request at a time;
 - a worker is selectable only when online, not leased, and not reported busy by a probe
   sent after the gateway's last request to it ended;
 - a worker that answered a forward "busy" (another gateway's job runs there) is marked
