@@ -8,14 +8,29 @@ WORKER_PORT ?= 28187
 WORKERS ?= 2
 # The base settings `hairgate dev` starts from (it sets its own pool, binds, URLs and limits).
 CONFIG ?= settings.toml
-# A package index to take torch from, e.g. https://download.pytorch.org/whl/cpu on a machine
-# without a GPU (the CPU wheel, instead of several GB of CUDA libraries). Empty: pip's own
-# configuration (PyPI's torch is the CUDA build: what a GPU host needs).
-TORCH_INDEX ?=
-# Which torch build to install: cuda (PyPI's, a GPU host's) or cpu (from TORCH_INDEX, or from
-# wherever pip's configuration finds the `+cpu` wheel). Default: cpu with a TORCH_INDEX, or
-# when the venv holds a CPU build already (a reinstall keeps it); cuda otherwise.
-TORCH ?= $(if $(TORCH_INDEX)$(wildcard $(VENV)/lib/python3.*/site-packages/torch-*+cpu.dist-info),cpu,cuda)
+# Which torch build to install: cuda (PyPI's, a GPU host's) or cpu, and a package index to take
+# the cpu build from (passed to pip as --extra-index-url; PyPI has no +cpu wheel). The default
+# follows the machine: a venv that holds the CPU build keeps it; a machine with an NVIDIA
+# driver gets cuda; any other (a laptop, a test machine) cpu from PyTorch's CPU index, so a
+# first `make run` never pulls several GB of CUDA libraries. Name either to choose:
+# `make test TORCH=cpu` (where pip's own configuration finds the wheel, as on CI),
+# `make run TORCH=cuda`, `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu`.
+CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
+ifeq ($(origin TORCH),undefined)
+  ifneq ($(TORCH_INDEX)$(wildcard $(VENV)/lib/python3.*/site-packages/torch-*+cpu.dist-info),)
+    TORCH := cpu
+    TORCH_WHY := a TORCH_INDEX was given, or the venv holds the CPU build
+  else ifneq ($(wildcard /proc/driver/nvidia/version),)
+    TORCH := cuda
+    TORCH_WHY := an NVIDIA driver is loaded
+  else
+    TORCH := cpu
+    TORCH_INDEX := $(CPU_TORCH_INDEX)
+    TORCH_WHY := no NVIDIA driver on this machine
+  endif
+else
+  TORCH_WHY := TORCH=$(TORCH) given
+endif
 
 # The lock (requirements/): exact versions and hashes of everything `make install` installs.
 # installer.txt: pip and setuptools (installer.in); lock.txt: the application and its test
@@ -41,6 +56,7 @@ TORCH_REQUIREMENT = $(shell python3 -c 'import tomllib; print(*(r for r in tomll
 # installs the rest); the project itself last, editable, without dependencies (the lock brought
 # them) and built with the locked setuptools.
 $(VENV)/.installed: pyproject.toml $(INSTALLER) $(LOCK)
+	@echo "torch: the $(TORCH) build ($(TORCH_WHY))$(if $(TORCH_INDEX), from $(TORCH_INDEX))"
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --require-hashes -r $(INSTALLER)
 	$(PY) -m pip install -q --require-hashes $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) $(addprefix -r ,$(LOCK))

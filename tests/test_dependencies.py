@@ -143,21 +143,31 @@ def test_make_install_installs_the_lock_hash_checked_with_the_torch_build_asked_
         pytest.skip("make is not installed here")
     cpu_index = "https://download.pytorch.org/whl/cpu"
     fresh = f"VENV={tmp_path / 'venv'}"  # no venv yet: no CPU build to keep
-    commands = {}
+    commands, announced = {}, {}
     for name, variables in (
         ("default", [fresh]),
         ("cpu", [fresh, f"TORCH_INDEX={cpu_index}"]),
         ("asked", [fresh, "TORCH=cpu"]),
     ):
         lines = make_plan("-B", "install", *variables).splitlines()
+        announced[name] = next(line for line in lines if "torch: the " in line)
         hash_checked = [line for line in lines if "--require-hashes" in line]
         # the locked installer first: it installs the rest
         assert hash_checked[0].endswith("--require-hashes -r requirements/installer.txt"), lines
         commands[name] = hash_checked[1]
         # the project alone, last: its dependencies came from the lock
         assert lines[-2].endswith("-m pip install -q --no-deps --no-build-isolation -e ."), lines
-    assert "index-url" not in commands["default"]
-    assert commands["default"].endswith("-r requirements/lock.txt -r requirements/torch-cuda.txt")
+    # the default follows the machine (issue 41): the CUDA build only where an NVIDIA driver is
+    # loaded; elsewhere a first `make run` takes the CPU build from PyTorch's CPU index
+    if Path("/proc/driver/nvidia/version").exists():
+        assert "index-url" not in commands["default"]
+        assert commands["default"].endswith("-r requirements/lock.txt -r requirements/torch-cuda.txt")
+        assert "the cuda build (an NVIDIA driver is loaded)" in announced["default"]
+    else:
+        assert f"--extra-index-url {cpu_index}" in commands["default"]
+        assert commands["default"].endswith("-r requirements/lock.txt -r requirements/torch-cpu.txt")
+        assert "the cpu build (no NVIDIA driver on this machine)" in announced["default"]
+    assert "TORCH=cpu given" in announced["asked"]
     assert f"--extra-index-url {cpu_index}" in commands["cpu"]
     assert commands["cpu"].endswith("-r requirements/lock.txt -r requirements/torch-cpu.txt")
     assert "index-url" not in commands["asked"] and commands["asked"].endswith("-r requirements/torch-cpu.txt")
