@@ -90,7 +90,8 @@ def build_gateway(
     """
     edge = settings.edge
     pool = Pool(edge.pool.workers, edge.pool.primary_workers, thresholds(settings))
-    host_leases = build_host_leases(redis)  # the dispatcher hears their releases, the forwards take them
+    # the dispatcher hears their releases, the forwards take them
+    host_leases = build_host_leases(redis, edge.shared_state.lease_seconds)
     dispatcher = Dispatcher(pool, **dispatch_options(settings), host_leases=host_leases)
     upstream = upstream or Upstream(
         settings.auth.shared_password,

@@ -130,6 +130,11 @@ class SharedStateSettings(_Section):
     """Empty `redis_url`: each gateway keeps its own state (SQLite, memory)."""
 
     redis_url: str = ""
+    # A host's lease lives this long unless its forward renews it (every third of it): a gateway
+    # that dies frees its hosts this soon. At least 3: a renewal may wait 1 s for Redis and a
+    # lease kept for a local hand-over 0.5 s more, and neither may outlast it
+    # (edge/pool/host_leases.py); at most 60: longer, a dead gateway blocks a host for minutes again.
+    lease_seconds: float = Field(3, ge=3, le=60)
 
     @field_validator("redis_url")
     @classmethod

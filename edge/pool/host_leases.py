@@ -1,36 +1,45 @@
 """Leases on GPU hosts in the shared Redis, so that several gateways do not forward to a busy host.
 
 gateway.md § Several gateways, one pool: with `edge.shared_state.redis_url` set, a gateway
-takes `hairgate:host:<url>` (`SET NX PX`, the attempt's timeout plus the settings' margin)
-before it forwards there, and gives it back (compare-and-delete: only its own) when the
-forward ends, on every exit path, cancellation included. A host another gateway leases
-counts as busy elsewhere without a forward (`HostLeased`, a `WorkerBusy`): the upload is
-not sent to a host that would refuse it. A gateway that dies leaves its lease to expire by
-itself. A lease's value names its gateway: a lease this gateway still holds (its release
-did not get through) is taken over by its next forward there, never mistaken for
-another gateway's (this gateway's dispatcher never runs two requests on one host). Redis
-down or slow: the forward goes ahead (the host's own busy answer is the guard), logged
-once a minute; for `REDIS_BACKOFF_SECONDS` after a failed call the forwards do not ask
-it (a lease left behind then expires by itself).
+takes `hairgate:host:<url>` (`SET NX PX`, `edge.shared_state.lease_seconds`, a few seconds)
+before it forwards there, renews it while the forward runs (a heartbeat in the forward's
+own nursery: compare-and-extend every third of the lease, only while it is still its own,
+and never past the attempt's timeout plus the settings' margin), and gives it back
+(compare-and-delete: only its own) when the forward ends, on every exit path, cancellation
+included. A host another gateway leases counts as busy elsewhere without a forward
+(`HostLeased`, a `WorkerBusy`): the upload is not sent to a host that would refuse it. A
+gateway that dies stops renewing: its leases end within `lease_seconds` (it was the
+attempt's timeout plus a margin, 189 s for a generation, before the heartbeat). Sooner
+still when the host says so: a lease found on a host whose probe, sent at least
+`TAKEOVER_AFTER_SECONDS` after this gateway first found that lease there, says it is free
+and idle is stale (its holder's job is not on the host, and a live holder's upload would
+have arrived by then), and this gateway takes it over (`host_probed`; atomically, only
+that very lease: compare-and-set on its token). A lease's value names its gateway: a
+lease this gateway still holds (its release did not get through) is taken over by its
+next forward there, never mistaken for another gateway's (this gateway's dispatcher never
+runs two requests on one host). Redis down or slow: the forward goes ahead (the host's
+own busy answer is the guard), logged once a minute; for `REDIS_BACKOFF_SECONDS` after a
+failed call the forwards do not ask it (a lease left behind then expires by itself).
 
 Giving a lease back publishes the host's URL on `hairgate:host-released`; every other
 gateway hears it (`watch`, which also makes the dispatcher its `Listener`), so a gateway
 that found a host leased elsewhere takes it the moment it is free instead of at its next look
 (`HostLeased.seconds` bounds that hold: the lease's own expiry, for a holder that died).
 A (re)subscription reports `None`: a release published while nobody listened may have
-been missed, so every such hold ends.
+been missed, so every such hold ends. A stale lease that may be taken over ends the hold
+on its host the same way.
 
 A gateway whose next waiter will take the host at once (`Listener.turn`) keeps the lease
-across that local hand-over without a round trip: the lease stays in Redis as it is (it
-still has the margin of its attempt's timeout), the next forward there starts at once and
-extends it (`PEXPIRE`, only if still its own) in the background; a lease kept that no
-forward here takes over within `HANDOVER_GRACE_SECONDS` is given back (and announced).
+across that local hand-over without a round trip: the lease stays in Redis as it is (its
+last renewal left it most of `lease_seconds`), the next forward there starts at once and
+its heartbeat renews it at once, in the background; a lease kept that no forward here
+takes over within `HANDOVER_GRACE_SECONDS` is given back (and announced).
 So no other gateway's process has to wake up between two jobs, and no Redis round trip
 lies between a job's answer and the next job here. Unless another gateway *wants* the
 host: one whose waiter has waited too long (the dispatcher's rule) and found the host
 leased marks it wanted (`hairgate:wants:<url>`, for `WANT_SECONDS`) and announces that
 on `hairgate:host-wanted`; the holder, which hears it (or learns it from its next
-extension's answer, for an announcement missed), gives the host back at the end of its
+renewal's answer, for an announcement missed), gives the host back at the end of its
 forward instead of keeping it, and until that mark ends only the gateway that set it may
 take the host. So hosts stay where they are while every gateway is served, and move to
 one that is not.
@@ -46,7 +55,7 @@ import secrets
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import coredis
 import trio
@@ -65,6 +74,14 @@ LEASE_CALL_SECONDS = 1.0
 # After Redis failed a call (down, or hung) the forwards skip it for this long: a Redis that
 # hangs would otherwise cost every forward LEASE_CALL_SECONDS twice.
 REDIS_BACKOFF_SECONDS = 1.0
+# A forward renews its lease this many times per lease: one renewal lost or late (each waits
+# LEASE_CALL_SECONDS at most) leaves the lease alive until the next.
+RENEWALS_PER_LEASE = 3
+# Another gateway's lease is stale when a probe sent this long after this gateway first found
+# it on the host says the host is free and idle: the holder's upload, sent once it took the
+# lease, would have arrived and made the host busy by then (the host's busy answer guards an
+# upload slower than that).
+TAKEOVER_AFTER_SECONDS = 1.0
 
 # Where a lease given back is announced, and a host marked wanted (each message: the
 # announcing gateway's prefix, then the host's URL).
@@ -80,31 +97,35 @@ WANT_SECONDS = 1.5
 RESUBSCRIBE_SECONDS = 1.0
 
 # KEYS: the host's lease, its wanted mark. ARGV: this holder's token, its gateway's prefix,
-# the lease in ms, "1" when impatient, the mark's ms, the wanted channel, the host's URL.
-# Free (and not wanted by another), or still this gateway's own: take it. Returns -1 when
-# taken, else the milliseconds (>= 0) before another gateway's lease (or mark) ends; an
-# impatient gateway refused marks the host wanted and announces it.
+# the lease in ms, "1" when impatient, the mark's ms, the wanted channel, the host's URL, the
+# token of another gateway's lease its host said is stale ('': none). Free (and not wanted
+# by another), still this gateway's own, or exactly that stale lease: take it. Returns
+# {-1} when taken, {-3} when that stale lease was taken over, else {the milliseconds (>= 0)
+# before another gateway's lease (or mark) ends, that lease's token ('': a mark refused it)};
+# an impatient gateway refused marks the host wanted and announces it.
 _ACQUIRE = """
 local held = redis.call('GET', KEYS[1])
 local wanted = redis.call('GET', KEYS[2])
 local mine = ARGV[2]
-if held and string.sub(held, 1, string.len(mine)) ~= mine then
+local stale = held and ARGV[8] ~= '' and held == ARGV[8]
+if held and not stale and string.sub(held, 1, string.len(mine)) ~= mine then
   if ARGV[4] == '1' and (not wanted or wanted == mine) then
     redis.call('SET', KEYS[2], mine, 'PX', ARGV[5])
     redis.call('PUBLISH', ARGV[6], mine .. ARGV[7])
   end
-  return math.max(redis.call('PTTL', KEYS[1]), 0)
+  return {math.max(redis.call('PTTL', KEYS[1]), 0), held}
 end
-if wanted and wanted ~= mine and ARGV[4] ~= '1' then return math.max(redis.call('PTTL', KEYS[2]), 0) end
+if wanted and wanted ~= mine and ARGV[4] ~= '1' then return {math.max(redis.call('PTTL', KEYS[2]), 0), ''} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 if wanted == mine then redis.call('DEL', KEYS[2]) end
-return -1
+if stale then return {-3, ''} end
+return {-1, ''}
 """
 # KEYS: the host's lease, its wanted mark. ARGV: this holder's token, its gateway's prefix,
-# the lease in ms. A kept lease taken over by the next forward: extended if still its own
-# (never re-created: a release of its own may have come first). Returns -2 when not its
-# own any more, -1 when extended, else the ms another gateway's mark on the host has left.
-_EXTEND = """
+# the lease in ms. The heartbeat: extended if still its own (never re-created: it lapsed, was
+# taken over, or a release of its own came first). Returns -2 when not its own any more,
+# -1 when extended, else the ms another gateway's mark on the host has left.
+_RENEW = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -2 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 local wanted = redis.call('GET', KEYS[2])
@@ -119,7 +140,7 @@ redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
-_TAKEN, _NOT_OURS = -1, -2
+_NOT_OURS, _TAKEN_OVER = -2, -3  # the scripts' answers (see each)
 
 
 class HostLeased(WorkerBusy):
@@ -150,7 +171,8 @@ class Listener(Protocol):
         ...
 
     def lease_released(self, url: str | None) -> None:
-        """Another gateway gave back its lease on `url`; None: any may have been missed."""
+        """Another gateway gave back its lease on `url`, or that lease may be taken over (its
+        host said it is idle under it); None: any release may have been missed."""
         ...
 
 
@@ -158,6 +180,10 @@ class HostLeasing(Protocol):
     def hold(self, url: str, timeout_seconds: float) -> AbstractAsyncContextManager[None]: ...
 
     async def watch(self, listener: Listener, *, task_status: trio.TaskStatus[None] = ...) -> None: ...
+
+    def host_probed(self, url: str, sent_at: float, *, free: bool) -> None:
+        """The prober's word on `url`: a probe sent at `sent_at` found it free and idle or not."""
+        ...
 
 
 class NoHostLeases:
@@ -169,6 +195,9 @@ class NoHostLeases:
 
     async def watch(self, listener: Listener, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()  # nothing is ever released elsewhere
+
+    def host_probed(self, url: str, sent_at: float, *, free: bool) -> None:
+        pass  # no lease of another gateway to judge
 
 
 NO_HOST_LEASES = NoHostLeases()
@@ -182,40 +211,65 @@ class _Held:
     ours: bool = True  # False: Redis did not take it, or says it is no longer ours
 
 
+@dataclass(eq=False)
+class _Sighting:
+    """Another gateway's lease as this gateway found it on a host, and the host's word since."""
+
+    token: bytes
+    since: float  # when this gateway first found it there (trio's clock, as a probe's sent_at)
+    last_probe_at: float = -math.inf
+    stale: bool = False  # the latest probe, sent TAKEOVER_AFTER_SECONDS or more after `since`, said free
+
+    def probed(self, sent_at: float, *, free: bool) -> bool:
+        """A probe's word; True when it makes the lease stale (it was not)."""
+        if sent_at < max(self.since, self.last_probe_at):
+            return False  # older news (probes run concurrently): the later word stands
+        self.last_probe_at = sent_at
+        was_stale = self.stale
+        self.stale = free and sent_at >= self.since + TAKEOVER_AFTER_SECONDS
+        return self.stale and not was_stale
+
+
 class RedisHostLeases:
-    """Host leases under `hairgate:host:<url>` in the shared Redis."""
+    """Host leases under `hairgate:host:<url>` in the shared Redis, `lease_seconds` long unless renewed."""
 
     PREFIX = "hairgate:host:"
     WANTS = "hairgate:wants:"
 
-    def __init__(self, redis: coredis.Redis[bytes]) -> None:
+    def __init__(self, redis: coredis.Redis[bytes], lease_seconds: float) -> None:
         self._redis = redis
         self._gateway = secrets.token_hex(8) + ":"  # this process: every lease it takes starts so
+        self._lease_ms = _ms(lease_seconds)
+        self._renew_every = lease_seconds / RENEWALS_PER_LEASE
         self._acquire_script = redis.register_script(_ACQUIRE)
-        self._extend_script = redis.register_script(_EXTEND)
+        self._renew_script = redis.register_script(_RENEW)
         self._release_script = redis.register_script(_RELEASE)
         self._listener: Listener | None = None
-        self._background: trio.Nursery | None = None  # while watching: extensions, kept leases' graces
+        self._background: trio.Nursery | None = None  # while watching: kept leases' graces
         self._kept: dict[str, _Held] = {}  # url -> a lease kept for the next forward here
         self._wanted_until: dict[str, float] = {}  # url -> when another gateway's mark on it ends (trio clock)
+        self._sightings: dict[str, _Sighting] = {}  # url -> another gateway's lease last found there
         self._skip_redis_until = -math.inf  # Redis failed lately: forwards go ahead without asking it
         self._failures = FailureLog(log, "主机租约 Redis 不可用，由 GPU 主机的忙碌回答把关")
 
     @asynccontextmanager
     async def hold(self, url: str, timeout_seconds: float) -> AsyncIterator[None]:
-        """The host's lease for an attempt of `timeout_seconds`; `HostLeased` when another
-        holds it (or it is wanted by another). Given back at the end unless this gateway's
-        next waiter takes it over (see the module docstring)."""
+        """The host's lease for an attempt of `timeout_seconds`, renewed while it runs;
+        `HostLeased` when another holds it (or it is wanted by another). Given back at the
+        end unless this gateway's next waiter takes it over (see the module docstring)."""
         keys = [self.PREFIX + url, self.WANTS + url]
-        lease_ms = math.ceil((timeout_seconds + timeout_margin_seconds(timeout_seconds)) * 1000)
-        held = self._kept.pop(url, None)
-        if held is not None and self._background is not None:  # kept for this forward: no round trip first
-            self._background.start_soon(self._extend, url, keys, held, lease_ms)
+        kept = self._kept.pop(url, None)
+        if kept is not None and self._background is not None:  # kept for this forward: no round trip first
+            held = kept
         else:
-            held = await self._take(url, keys, lease_ms)
+            held = await self._take(url, keys)
+        # a forward cannot run longer than its attempt (it is cancelled then): a lease renewed
+        # past that would be a forward that outlived its own timeout holding the host for good
+        renew_until = trio.current_time() + timeout_seconds + timeout_margin_seconds(timeout_seconds)
         keep = False
         try:
-            yield
+            async with self._renewed(url, keys, held, at_once=held is kept, until=renew_until):
+                yield
             keep = held.ours and self._keeps(url)  # an answer came: the next job may go there at once
         finally:
             if keep and self._background is not None:
@@ -226,27 +280,79 @@ class RedisHostLeases:
                 with trio.CancelScope(shield=True):
                     await self._give_back(url, held)
 
-    async def _take(self, url: str, keys: list[str], lease_ms: int) -> _Held:
+    @asynccontextmanager
+    async def _renewed(
+        self, url: str, keys: list[str], held: _Held, *, at_once: bool, until: float
+    ) -> AsyncIterator[None]:
+        """The heartbeat beside the forward, in a nursery of the forward's own: it ends with
+        the forward on every exit path and can outlive it on none (a gateway that dies stops
+        it with everything else, and its lease lapses within the lease's time)."""
+        try:
+            async with trio.open_nursery() as heartbeat:
+                heartbeat.start_soon(self._renew_while_held, url, keys, held, at_once, until)
+                try:
+                    yield
+                finally:
+                    heartbeat.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            if len(group.exceptions) != 1:
+                raise
+            _raise_alone(group.exceptions[0])
+
+    async def _renew_while_held(self, url: str, keys: list[str], held: _Held, at_once: bool, until: float) -> None:
+        """Renew `held` every `RENEWALS_PER_LEASE`-th of the lease while it is ours, until
+        `until`; a lease kept from this gateway's last forward there at once (it aged
+        through the hand-over, and a mark set on the host meanwhile is learned so)."""
+        next_renewal = trio.current_time() + (0 if at_once else self._renew_every)
+        while held.ours and next_renewal < until:
+            await trio.sleep_until(next_renewal)
+            await self._renew(url, keys, held)
+            next_renewal += self._renew_every  # by the clock, not after the answer: a slow one does not push them all
+
+    async def _renew(self, url: str, keys: list[str], held: _Held) -> None:
+        answer = await self._call(self._renew_script, keys, [held.token, self._gateway, self._lease_ms])
+        if answer == _NOT_OURS:  # lapsed (renewals failed), or taken over: the host's busy answer guards this forward
+            held.ours = False
+            log.warning("主机租约已不属于本网关（已过期或被接管），本次转发由主机的忙碌回答把关 | url=%s", url)
+        elif isinstance(answer, int) and answer >= 0:  # wanted elsewhere, and its announcement missed
+            self._wanted_until[url] = trio.current_time() + answer / 1000
+
+    async def _take(self, url: str, keys: list[str]) -> _Held:
         """A new lease, or `HostLeased`; not ours when Redis did not answer (the forward goes ahead)."""
         held = _Held((self._gateway + secrets.token_hex(8)).encode())
         impatient = self._turn(url).impatient
-        args: list[str | bytes | int] = [held.token, self._gateway, lease_ms, _flag(impatient), _ms(WANT_SECONDS)]
-        left_ms = await self._call(self._acquire_script, keys, [*args, WANTED_CHANNEL, url])
-        if left_ms is None:
+        sighting = self._sightings.get(url)
+        stale = sighting.token if sighting is not None and sighting.stale else b""
+        args: list[str | bytes | int] = [held.token, self._gateway, self._lease_ms, _flag(impatient), _ms(WANT_SECONDS)]
+        answer = await self._call(self._acquire_script, keys, [*args, WANTED_CHANNEL, url, stale])
+        if answer is None:
             held.ours = False
-        elif left_ms >= 0:
+            return held
+        left_ms, holder = _acquired(answer)
+        if left_ms >= 0:
+            self._found(url, holder)
             raise HostLeased(left_ms / 1000)
-        elif not impatient:  # no other gateway's mark was there, or it would have been refused
+        self._sightings.pop(url, None)
+        if left_ms == _TAKEN_OVER:
+            log.warning("接管主机租约：主机报告空闲，另一网关的租约却仍在（其网关已停止） | url=%s", url)
+        if not impatient:  # no other gateway's mark was there, or it would have been refused
             self._wanted_until.pop(url, None)
         return held
 
-    async def _extend(self, url: str, keys: list[str], held: _Held, lease_ms: int) -> None:
-        """A kept lease taken over by the next forward: its expiry set for that attempt."""
-        answer = await self._call(self._extend_script, keys, [held.token, self._gateway, lease_ms])
-        if answer == _NOT_OURS:  # expired, or Redis lost it: the host's busy answer guards this forward
-            held.ours = False
-        elif answer is not None and answer >= 0:  # wanted elsewhere, and its announcement missed
-            self._wanted_until[url] = trio.current_time() + answer / 1000
+    def _found(self, url: str, holder: bytes) -> None:
+        """Another gateway's lease found on `url`: the probes sent long enough after this
+        first sighting judge it (a lease that changed hands is a new one)."""
+        sighting = self._sightings.get(url)
+        if holder and (sighting is None or sighting.token != holder):
+            self._sightings[url] = _Sighting(holder, trio.current_time())
+
+    def host_probed(self, url: str, sent_at: float, *, free: bool) -> None:
+        """A probe of `url` sent at `sent_at` found the host free and idle (`free`) or not.
+        Another gateway's lease on a host that says it is idle is stale: the hold on the host
+        ends now, and this gateway's next forward there takes that lease over."""
+        sighting = self._sightings.get(url)
+        if sighting is not None and sighting.probed(sent_at, free=free) and self._listener is not None:
+            self._listener.lease_released(url)
 
     async def _give_back_unclaimed(self, url: str, held: _Held) -> None:
         """A kept lease no forward here took over within the grace (or at shutdown) is given back."""
@@ -261,7 +367,7 @@ class RedisHostLeases:
     async def _give_back(self, url: str, held: _Held) -> None:
         await self._call(self._release_script, [self.PREFIX + url], [held.token, RELEASE_CHANNEL, self._gateway + url])
 
-    async def _call(self, script: Script[bytes], keys: list[str], args: list[str | bytes | int]) -> int | None:
+    async def _call(self, script: Script[bytes], keys: list[str], args: list[str | bytes | int]) -> object | None:
         """The script's answer; None: Redis did not give one (down, slow: logged once a
         minute), or failed a call less than `REDIS_BACKOFF_SECONDS` ago (not asked)."""
         if trio.current_time() < self._skip_redis_until:
@@ -269,7 +375,7 @@ class RedisHostLeases:
         failure: BaseException | str = "timeout"
         with trio.move_on_after(LEASE_CALL_SECONDS):
             try:
-                answer: int = await script(keys=keys, args=args)
+                answer: object = await script(keys=keys, args=args)
                 return answer
             except REDIS_ERRORS as error:
                 failure = error
@@ -325,8 +431,10 @@ class RedisHostLeases:
         if data.startswith(self._gateway):
             return  # its own: its dispatcher already knows (a release heard back would end a busy hold)
         _, _, url = data.partition(":")
-        if channel == RELEASE_CHANNEL and self._listener is not None:
-            self._listener.lease_released(url)
+        if channel == RELEASE_CHANNEL:
+            self._sightings.pop(url, None)  # that lease is gone: a later one is judged afresh
+            if self._listener is not None:
+                self._listener.lease_released(url)
         elif channel == WANTED_CHANNEL:
             self._wanted_until[url] = trio.current_time() + WANT_SECONDS
 
@@ -343,5 +451,23 @@ def _ms(seconds: float) -> int:
     return math.ceil(seconds * 1000)
 
 
-def build_host_leases(redis: coredis.Redis[bytes] | None) -> HostLeasing:
-    return NO_HOST_LEASES if redis is None else RedisHostLeases(redis)
+def _acquired(answer: object) -> tuple[int, bytes]:
+    """The acquire script's answer: its code or the milliseconds left, and the holder's token."""
+    match answer:
+        case [int(code_or_left_ms), bytes(holder)]:
+            return code_or_left_ms, holder
+    raise ValueError(f"unexpected answer from the acquire script: {answer!r}")
+
+
+def _raise_alone(error: BaseException) -> NoReturn:
+    """Raise the one exception a nursery wrapped in a group as itself, its context as it was:
+    the forward's callers catch what it raised by type (HostFailed, WorkerBusy, Cancelled)."""
+    context = error.__context__
+    try:
+        raise error
+    finally:
+        error.__context__ = context  # not the group it came in
+
+
+def build_host_leases(redis: coredis.Redis[bytes] | None, lease_seconds: float) -> HostLeasing:
+    return NO_HOST_LEASES if redis is None else RedisHostLeases(redis, lease_seconds)

@@ -12,6 +12,7 @@ def test_committed_settings_name_every_admission_key_with_the_documented_default
     edge = load_settings(REPO_SETTINGS, environ={}).edge
     assert edge.metrics_bind == "127.0.0.1:9464"
     assert edge.shared_state.redis_url == ""
+    assert edge.shared_state.lease_seconds == 3
     limit = edge.rate_limit
     assert (limit.enabled, limit.requests_per_minute, limit.burst, limit.key_header) == (True, 120, 30, "")
     assert limit.trusted_proxies == ("127.0.0.1", "::1")
@@ -20,6 +21,7 @@ def test_committed_settings_name_every_admission_key_with_the_documented_default
     for key in (
         "metrics_bind",
         "redis_url",
+        "lease_seconds",
         "requests_per_minute",
         "burst",
         "key_header",
@@ -48,6 +50,10 @@ def test_a_redis_url_of_another_scheme_is_named_without_echoing_it(tmp_path: Pat
         ("edge.rate_limit", 'trusted_proxies = ["nginx.local"]', "edge.rate_limit.trusted_proxies"),
         ("edge.rate_limit", "per_second = 3", "edge.rate_limit.per_second"),
         ("edge.idempotency", "max_entries = 0", "edge.idempotency.max_entries"),
+        # a renewal may wait 1 s for Redis and a kept lease 0.5 s more: shorter lapses under a live forward
+        ("edge.shared_state", "lease_seconds = 2", "edge.shared_state.lease_seconds"),
+        # longer: a dead gateway blocks its hosts for minutes again (issue 39)
+        ("edge.shared_state", "lease_seconds = 61", "edge.shared_state.lease_seconds"),
     ],
 )
 def test_bad_admission_values_are_named(tmp_path: Path, section: str, line: str, key: str):
