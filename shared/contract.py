@@ -114,6 +114,20 @@ CHECK_OK, CHECK_LOW, CHECK_DOWN, CHECK_OFF = "ok", "low", "down", "off"
 MSG_UNKNOWN_ENDPOINT = "接口不存在：{method} {path}"
 MSG_METHOD_NOT_ALLOWED = "接口 {path} 不接受 {method} 请求，只接受 {allowed}"
 MSG_WEBSOCKET_NOT_SERVED = "接口不支持 WebSocket：请用 HTTP/1.1 请求调用"  # 1001, both services
+# Requests that are not well-formed HTTP/1.1, answered by the server before any app (1001,
+# both services; shared.http_server): each says what was malformed.
+MSG_HTTP_MALFORMED = "请求不是合法的 HTTP/1.1：{detail}"
+MSG_HTTP_CONFLICTING_LENGTHS = "请求格式错误：Content-Length 出现多次且取值不同，只能给一个"
+MSG_HTTP_BAD_LENGTH = "请求格式错误：Content-Length 须是一个非负整数"
+MSG_HTTP_LENGTH_AND_CHUNKED = "请求格式错误：Content-Length 与 Transfer-Encoding 不能同时出现，只用其一"
+MSG_HTTP_TRANSFER_ENCODING = "请求格式错误：Transfer-Encoding 只支持 chunked（只能出现一次）"
+MSG_HTTP_NO_HOST = "请求格式错误：缺少 Host 请求头"
+MSG_HTTP_TWO_HOSTS = "请求格式错误：Host 请求头只能有一个"
+MSG_HTTP_BAD_CHUNK = "请求格式错误：chunked 请求体的分块无效（每块以十六进制长度加 CRLF 开头，以 CRLF 结尾）"
+MSG_HTTP_UNDECLARED_BODY = (
+    "请求格式错误：请求体没有声明长度（HTTP/1.0 或 Connection: close 的请求带请求体时须有 Content-Length）"
+)
+MSG_HTTP_REQUEST_LINE = "请求格式错误：请求行须为「方法 路径 HTTP/1.1」"
 # Requests the gateway refuses before reading or forwarding them (1001).
 MSG_HEADERS_TOO_LARGE = "请求头过大：上限 {limit_bytes} 字节（含查询字符串）"
 MSG_BODY_TOO_SLOW = "请求体接收超时：{seconds:g} 秒内未收完，请检查网络后重试"

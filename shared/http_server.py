@@ -8,9 +8,14 @@ connection's handling ends that connection, never the process.
   prior-knowledge preface (and any HTTP version but 1.x) with 505 and closes, and ignores
   an `Upgrade: h2c` (RFC 9110 §7.8 lets a server ignore Upgrade): the request is answered
   in HTTP/1.1, as to a client that never asked.
-- A request with both Content-Length and Transfer-Encoding is refused with 400 and its
-  connection closed before the app sees it (RFC 9112 §6.1): two parties can read its body
-  two ways, which is how a request is smuggled behind another.
+- A request with both Content-Length and Transfer-Encoding is refused and its connection
+  closed before the app sees it (RFC 9112 §6.1): two parties can read its body two ways,
+  which is how a request is smuggled behind another.
+- A request h11 refuses (two Content-Lengths, `Transfer-Encoding: gzip`, no Host, a bad
+  chunk size, an HTTP/1.0 body with no length, a head past its buffer) is told what was
+  malformed, not given Hypercorn's bare 400/501/431 (issue 39). These refusals and the
+  WebSocket one have the two faces of the apps' own: under `/api/` HTTP 200 and the
+  contract's 1001 envelope (`MSG_HTTP_*`), elsewhere the status and a small JSON error.
 - An answer that ends before its request's body was read (a body over the limit, a refusal
   before the body) is followed by the rest of that body, read and dropped, then the
   connection serves on: a client that writes its whole body before reading (one told
@@ -21,9 +26,8 @@ connection's handling ends that connection, never the process.
   nothing reads what Hypercorn queues for the app (quart-trio stops receiving when it has
   answered), so the rest is dropped, not queued (`_AppInbox`): a body of many small chunks
   filled the app's queue of 10 and stopped the connection's reading for good.
-- A WebSocket upgrade is refused the same way (neither service has a WebSocket endpoint):
-  under `/api/` HTTP 200 and the contract's 1001 envelope, like any refusal there,
-  elsewhere 400. Hypercorn's WebSocket path is never entered: in it every app-level error
+- A WebSocket upgrade is refused (neither service has a WebSocket endpoint), with the two
+  faces above. Hypercorn's WebSocket path is never entered: in it every app-level error
   handler ran outside a request context (a bare 500, 75 ERROR lines), and a handshake
   followed by more bytes made it answer twice (an ERROR traceback).
 - `ContainedTCPServer`: an exception that escapes Hypercorn's handling of one connection
@@ -35,9 +39,12 @@ connection's handling ends that connection, never the process.
   (or a lower bound an answer set for its own writes, `send_limit_seconds`) closes the
   connection. What the socket took is counted (`ConnectionWrites`, the app
   reads it through `connection_writes()`): a client that left mid-answer is told apart.
+  A close takes the write lock (`_close`): Hypercorn closed from whichever task saw the
+  end, and a write begun during its EOF raised BusyResourceError (issue 39).
 
 Hypercorn has no setting or hook for these protocol decisions nor for the task a
-connection runs in: `HTTP1Protocol` replaces `H11Protocol._check_protocol`, and the two
+connection runs in: `HTTP1Protocol` replaces `H11Protocol._check_protocol` and
+`_send_error_response` (and reads h11's unparsed bytes in place), and the two
 classes are installed (at import) where Hypercorn looks them up for each connection
 (`hypercorn.protocol.H11Protocol`, `hypercorn.trio.run.TCPServer`). Hypercorn is pinned
 exactly in pyproject.toml; tests/shared/test_http_server.py fails when a name moves.
@@ -53,6 +60,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, ClassVar, cast
 
 import h11
@@ -71,6 +79,17 @@ from hypercorn.trio.tcp_server import TCPServer
 from shared.contract import (
     API_PREFIX,
     HEADER_REQUEST_ID,
+    MSG_HEADERS_TOO_LARGE,
+    MSG_HTTP_BAD_CHUNK,
+    MSG_HTTP_BAD_LENGTH,
+    MSG_HTTP_CONFLICTING_LENGTHS,
+    MSG_HTTP_LENGTH_AND_CHUNKED,
+    MSG_HTTP_MALFORMED,
+    MSG_HTTP_NO_HOST,
+    MSG_HTTP_REQUEST_LINE,
+    MSG_HTTP_TRANSFER_ENCODING,
+    MSG_HTTP_TWO_HOSTS,
+    MSG_HTTP_UNDECLARED_BODY,
     MSG_WEBSOCKET_NOT_SERVED,
     Code,
     envelope,
@@ -92,6 +111,19 @@ MSG_HTTP2_REFUSED = "HTTP/2 is not served here: send HTTP/1.1"
 MSG_AMBIGUOUS_BODY = "a request may carry Content-Length or Transfer-Encoding, not both (RFC 9112 section 6.1)"
 MSG_WEBSOCKET_REFUSED = "WebSocket is not served here: send plain HTTP/1.1 requests"
 _REQUEST_ID = HEADER_REQUEST_ID.lower().encode()
+REQUEST_LINE_PEEK_BYTES = 8192  # of a head h11 has not parsed yet: where its request line is looked for
+# What h11 (pinned exactly) says it refused, and what the client is told instead (the first
+# match; h11's own words otherwise): a bare 400/501/431 said nothing a person could act on.
+H11_ERROR_MESSAGES: tuple[tuple[str, str], ...] = (
+    ("conflicting Content-Length", MSG_HTTP_CONFLICTING_LENGTHS),
+    ("bad Content-Length", MSG_HTTP_BAD_LENGTH),
+    ("Transfer-Encoding", MSG_HTTP_TRANSFER_ENCODING),  # only chunked, and only once
+    ("Missing mandatory Host", MSG_HTTP_NO_HOST),
+    ("multiple Host", MSG_HTTP_TWO_HOSTS),
+    ("chunk", MSG_HTTP_BAD_CHUNK),  # an illegal chunk header, a malformed chunk footer
+    ("Got data when expecting EOF", MSG_HTTP_UNDECLARED_BODY),  # a body after one that declared none
+    ("request line", MSG_HTTP_REQUEST_LINE),
+)
 
 
 def http1_only(config: Config) -> Config:
@@ -106,17 +138,51 @@ class _Refusal(Exception):
     def __init__(
         self,
         status: int,
-        reason: bytes,
         body: bytes,
         content_type: bytes = b"text/plain; charset=utf-8",
         headers: tuple[tuple[bytes, bytes], ...] = (),
     ) -> None:
         super().__init__(status, body)
         self.status = status
-        self.reason = reason
         self.body = body
         self.content_type = content_type
         self.headers = headers
+
+
+class _ServerConnection(h11.Connection):
+    """h11's server side, keeping what the answer to a request it refuses says: the request
+    line of the head being parsed (h11 drops a head it refuses), the head once parsed (a
+    body can be refused after it), and h11's error."""
+
+    request_line = b""
+    request: h11.Request | None = None
+    error: h11.RemoteProtocolError | None = None
+
+    def next_event(self) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
+        if self.their_state is h11.IDLE:  # a new request's head, or more of it
+            self.request_line, self.request = _unparsed_request_line(self), None
+        try:
+            event = super().next_event()
+        except h11.RemoteProtocolError as error:
+            self.error = error
+            raise
+        if isinstance(event, h11.Request):
+            self.request = event
+        return event
+
+    @property
+    def unparsed_bytes(self) -> int:
+        """How much h11 holds that it has not parsed yet (`trailing_data` would copy it)."""
+        return len(self._receive_buffer)
+
+
+def _unparsed_request_line(connection: h11.Connection) -> bytes:
+    # h11 has no peek at what it holds unparsed (`trailing_data` copies all of it, for each
+    # request of a pipeline): its buffer is read in place, up to the first line's end (h11 is
+    # pinned exactly; tests/shared/test_http_server.py checks these names)
+    data: bytearray = connection._receive_buffer._data
+    end = data.find(b"\n", 0, REQUEST_LINE_PEEK_BYTES)
+    return bytes(data[: end if end >= 0 else REQUEST_LINE_PEEK_BYTES])
 
 
 class _AppInbox:
@@ -153,6 +219,11 @@ class HTTP1Protocol(H11Protocol):
     _answered_at = 0.0  # when this request's answer began (trio clock)
     _drain: trio.CancelScope | None = None  # the drain's deadline task, while one runs
     _inbox: _AppInbox | None = None  # the current request's app's queue
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # h11's connection as Hypercorn made it, keeping what a refusal of a malformed request says
+        self.connection = _ServerConnection(h11.SERVER, max_incomplete_event_size=self.config.h11_max_incomplete_size)
 
     async def handle(self, event: Event) -> None:
         try:
@@ -258,14 +329,34 @@ class HTTP1Protocol(H11Protocol):
         # Replaces Hypercorn's, which answers `Upgrade: h2c` with 101 and the preface with
         # HTTP/2; an `Upgrade: h2c` is left unread here: the request is served as HTTP/1.1.
         if event.http_version not in HTTP1_VERSIONS:  # `PRI * HTTP/2.0`, the HTTP/2 preface, among them
-            raise _Refusal(505, b"HTTP Version Not Supported", MSG_HTTP2_REFUSED.encode() + b"\n")
+            raise _Refusal(505, MSG_HTTP2_REFUSED.encode() + b"\n")
         headers = dict(event.headers)  # h11 lower-cases the names
         if b"content-length" in headers and b"transfer-encoding" in headers:
-            raise _Refusal(400, b"Bad Request", MSG_AMBIGUOUS_BODY.encode() + b"\n")
+            raise _refusal(400, event, MSG_HTTP_LENGTH_AND_CHUNKED, MSG_AMBIGUOUS_BODY)
+        framed = b"content-length" in headers or b"transfer-encoding" in headers
+        if event.http_version == b"1.0" and not framed and cast(_ServerConnection, self.connection).unparsed_bytes:
+            # h11 reads no body here and ends the connection after it: the bytes after the head
+            # are a body with no length. h11 refuses them too, but only once the app has the
+            # request: an app quick to answer raced that refusal and its answer was cut off
+            raise _refusal(400, event, MSG_HTTP_UNDECLARED_BODY, "Got data when expecting EOF")
         if b"websocket" in headers.get(b"upgrade", b"").lower():
-            raise _websocket_refusal(event.target, headers.get(_REQUEST_ID))
+            raise _refusal(400, event, MSG_WEBSOCKET_NOT_SERVED, MSG_WEBSOCKET_REFUSED)
+
+    async def _send_error_response(self, status_code: int) -> None:
+        # Replaces Hypercorn's answer to a request h11 refused (it closes after): a bare
+        # 400/501/431 with no body. This one says what was malformed, faced as any refusal.
+        connection = cast(_ServerConnection, self.connection)  # never a WebSocket's: those are refused
+        await self._write_refusal(_protocol_error(status_code, connection, self.head_limit_bytes()))
+
+    def head_limit_bytes(self) -> int:
+        """The request head size a client is told it went past when h11 stops buffering one."""
+        return self.config.h11_max_incomplete_size
 
     async def _refuse(self, refusal: _Refusal) -> None:
+        await self._write_refusal(refusal)
+        await self.send(Closed())
+
+    async def _write_refusal(self, refusal: _Refusal) -> None:
         headers = [
             (b"content-type", refusal.content_type),
             (b"content-length", str(len(refusal.body)).encode()),
@@ -274,19 +365,38 @@ class HTTP1Protocol(H11Protocol):
             *self.config.response_headers("h11"),
         ]
         connection = cast(h11.Connection, self.connection)  # never a WebSocket's: those are refused here
-        answer = h11.Response(status_code=refusal.status, reason=refusal.reason, headers=headers)
+        reason = HTTPStatus(refusal.status).phrase.encode()
+        answer = h11.Response(status_code=refusal.status, reason=reason, headers=headers)
         data = connection.send(answer) + (connection.send(h11.Data(data=refusal.body)) or b"")
         await self.send(RawData(data=data + (connection.send(h11.EndOfMessage()) or b"")))
-        await self.send(Closed())
 
 
-def _websocket_refusal(target: bytes, given_request_id: bytes | None) -> _Refusal:
+def _protocol_error(status: int, connection: _ServerConnection, head_limit_bytes: int) -> _Refusal:
+    """The answer to a request h11 refused with `status`: under `/api/` what was malformed in
+    the contract's words, elsewhere in h11's own."""
+    words = str(connection.error) if connection.error is not None else HTTPStatus(status).phrase
+    if status == HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE:
+        message = MSG_HEADERS_TOO_LARGE.format(limit_bytes=head_limit_bytes)
+    else:
+        known = (ours for theirs, ours in H11_ERROR_MESSAGES if theirs in words)
+        message = next(known, MSG_HTTP_MALFORMED.format(detail=words[:200]))
+    request = connection.request
+    if request is None:  # its head was refused: its target is read from the request line h11 dropped
+        return _refusal(status, connection.request_line.partition(b" ")[2].partition(b" ")[0], message, words)
+    return _refusal(status, request, message, words)
+
+
+def _refusal(status: int, request: h11.Request | bytes, api_message: str, other_message: str) -> _Refusal:
+    """A refusal by the server itself, faced as the app faces its own: under `/api/` HTTP 200
+    and the contract's 1001 envelope saying `api_message` (with the client's request id where
+    its head was read), elsewhere `status` and a small JSON error saying `other_message`."""
+    target, headers = (request, {}) if isinstance(request, bytes) else (request.target, dict(request.headers))
     if not target.startswith(API_PREFIX.encode()):
-        document: dict = {"status": "error", "message": MSG_WEBSOCKET_REFUSED}
-        return _Refusal(400, b"Bad Request", _json(document), b"application/json")
-    request_id = request_id_from_header(None if given_request_id is None else given_request_id.decode("latin-1"))
-    document = envelope(Code.INVALID_PARAMETER, request_id, message=MSG_WEBSOCKET_NOT_SERVED)
-    return _Refusal(200, b"OK", _json(document), b"application/json", ((_REQUEST_ID, request_id.encode()),))
+        return _Refusal(status, _json({"status": "error", "message": other_message}), b"application/json")
+    given = headers.get(_REQUEST_ID)
+    request_id = request_id_from_header(None if given is None else given.decode("latin-1"))
+    document = envelope(Code.INVALID_PARAMETER, request_id, message=api_message)
+    return _Refusal(200, _json(document), b"application/json", ((_REQUEST_ID, request_id.encode()),))
 
 
 def _json(document: dict) -> bytes:
@@ -323,6 +433,8 @@ class ContainedTCPServer(TCPServer):
         lambda: FailureLog(log, "连接处理异常，已关闭该连接（服务继续）")
     )
     writes: ConnectionWrites
+    _closing = False  # the stream is being (or was) closed: nothing more is written to it
+    _writing: trio.CancelScope | None = None  # the write in flight, cut by a close
 
     async def run(self) -> None:
         self.writes = ConnectionWrites()
@@ -336,22 +448,49 @@ class ContainedTCPServer(TCPServer):
 
     async def protocol_send(self, event: Event) -> None:
         if not isinstance(event, RawData):
-            await super().protocol_send(event)
+            await super().protocol_send(event)  # a `Closed` comes to `_close`
             return
         async with self.send_lock:
-            # shielded like Hypercorn's, bounded by its own deadline
-            deadline = trio.current_time() + min(SEND_LIMIT_SECONDS, self.writes.send_limit_seconds)
-            with trio.CancelScope(shield=True, deadline=deadline) as bounded:
-                try:
-                    await self._send_counted(event.data)
-                    return
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
+            # once the stream is closing, a write is one to a closed stream: it failed, as
+            # Hypercorn's did after its close (the app's further messages go nowhere)
+            written = not self._closing and await self._write_bounded(event.data)
+        if not written:
             self.writes.failed = True
-            if bounded.cancelled_caught:  # the client stopped reading: its reader is ended too
-                self.writes.stalled = True
-                await trio.aclose_forcefully(self.stream)  # no TLS goodbye to a client that reads none
-        await self.protocol.handle(Closed())
+            await self.protocol.handle(Closed())
+
+    async def _write_bounded(self, data: bytes) -> bool:
+        """`data` written, shielded like Hypercorn's write and bounded by its own deadline;
+        False where it failed (the client left, stopped reading, or a close cut it)."""
+        deadline = trio.current_time() + min(SEND_LIMIT_SECONDS, self.writes.send_limit_seconds)
+        with trio.CancelScope(shield=True, deadline=deadline) as bounded:
+            self._writing = bounded
+            try:
+                await self._send_counted(data)
+                return True
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            finally:
+                self._writing = None
+        if bounded.cancelled_caught and not self._closing:  # the client stopped reading: its reader is ended too
+            self.writes.stalled = True
+            await trio.aclose_forcefully(self.stream)  # no TLS goodbye to a client that reads none
+        return False
+
+    async def _close(self) -> None:
+        # Hypercorn closes the stream from whichever task saw the end: the reader (a client
+        # gone mid-body), the app's task (its answer said close), a drain's deadline, the
+        # connection's own end. trio lets no task write while another sends EOF: a write that
+        # began during `send_eof`'s checkpoint raised BusyResourceError in the app's task
+        # (an ERROR "Error in ASGI Framework", issue 39). One owner at a time: the close takes
+        # the write lock, after cutting the write in flight (Hypercorn's close cut it too),
+        # and a write queued behind it finds the stream closing. Shielded: a close that began
+        # is finished, and it waits on nothing longer than a cut write's end.
+        self._closing = True
+        if self._writing is not None:
+            self._writing.cancel()
+        with trio.CancelScope(shield=True):
+            async with self.send_lock:
+                await super()._close()
 
     async def _send_counted(self, data: bytes) -> None:
         with memoryview(data) as view:

@@ -99,6 +99,13 @@ PINNED = [
     ),
     Pin(
         H11Protocol,
+        "_send_error_response",
+        ("self", "status_code"),
+        why="HTTP1Protocol replaces it (shared/http_server.py): a request h11 refuses is told what was "
+        "malformed (the envelope under /api/), not a bare status",
+    ),
+    Pin(
+        H11Protocol,
         "_maybe_recycle",
         ("self",),
         why="HTTP1Protocol waits for a body its answer left unread before recycling (shared/http_server.py)",
@@ -182,6 +189,15 @@ def test_where_hypercorn_looks_up_what_is_replaced_or_read() -> None:
     # what GatewayH11Protocol uses of its instance: set in H11Protocol.__init__
     assert {"config", "connection", "send"} <= set(H11Protocol.__init__.__code__.co_names)
     assert h11.InformationalResponse and h11.LocalProtocolError and h11.ERROR
+    # shared.http_server._ServerConnection reads what h11 holds unparsed in place (h11 has no
+    # peek; `trailing_data` copies all of it): its buffer and that buffer's bytes
+    connection = h11.Connection(h11.SERVER)
+    connection.receive_data(b"GET / HTTP/1.1\r\n")
+    assert isinstance(connection._receive_buffer._data, bytearray)
+    assert bytes(connection._receive_buffer._data) == connection.trailing_data[0] == b"GET / HTTP/1.1\r\n"
+    assert len(connection._receive_buffer) == 16
+    # and Hypercorn answers a request h11 refused through the _send_error_response it replaces
+    assert "_send_error_response" in H11Protocol._handle_events.__code__.co_names
     # GatewayConfig.reconfigure (a reload) assigns these two: Hypercorn must read them where it
     # uses them, not copy them at start (the header buffer per connection, the grace at shutdown)
     assert {"h11_max_incomplete_size", "graceful_timeout"} <= set(vars(Config))

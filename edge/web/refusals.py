@@ -10,7 +10,9 @@ with the HTTP status. A refusal that leaves the body unread closes the connectio
 its answer, except an over-limit `/api/` body, whose rest is read and dropped (bounded)
 so that a client that writes its whole body before reading still gets its 1003 (also
 one told `100 Continue`: a chunked body's size is known only as it arrives). A WebSocket
-upgrade never reaches Quart: the server refuses it (`shared.http_server`).
+upgrade never reaches Quart, nor does a request h11 cannot parse (two Content-Lengths, no
+Host, a bad chunk size...): the server refuses them with the same two faces, the envelope
+saying what was malformed under `/api/` (`shared.http_server`).
 """
 
 from __future__ import annotations

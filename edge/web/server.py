@@ -4,7 +4,8 @@ decision Hypercorn takes before the app is asked — `100 Continue`.
 - The header block: h11's `h11_max_incomplete_size` is `edge.max_header_bytes` plus the
   request line's own bytes (`GatewayConfig`), so the server never refuses a head the setting allows. The
   setting itself is enforced by the app (`edge.web.refusals`, with the envelope under
-  `/api/`); a head that h11 cannot even finish buffering gets h11's bare 431.
+  `/api/`); a head that h11 cannot even finish buffering is refused by the server with the
+  same words and limit (`head_limit_bytes`; the envelope under `/api/`, elsewhere 431).
 - Body timeouts are the app's (`GatewayRequest`), not Hypercorn's `read_timeout`: that
   one bounds every read of the connection, also while the client quietly waits for a
   long answer, and would cut off a 20 s generation.
@@ -81,6 +82,13 @@ class GatewayH11Protocol(HTTP1Protocol):
         if isinstance(event, h11.InformationalResponse) and event.status_code == 100 and self._withhold_continue:
             return
         await super()._send_h11_event(event)
+
+    def head_limit_bytes(self) -> int:
+        # what the app's own refusal of a large head says (`edge.max_header_bytes`), not h11's
+        # buffer, which is larger by the request line's allowance
+        if isinstance(self.config, GatewayConfig):
+            return self.config.h11_max_incomplete_size - REQUEST_LINE_BYTES
+        return super().head_limit_bytes()
 
 
 def withholds_continue(headers: Iterable[tuple[bytes, bytes]], body_limit: int) -> bool:

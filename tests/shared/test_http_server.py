@@ -3,11 +3,13 @@ connection whose handling raises ends alone, logged once per kind (a real server
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import logging
 import tomllib
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from functools import partial
 from importlib.metadata import version
 
@@ -46,6 +48,8 @@ def test_the_overridden_names_are_where_hypercorn_looks_them_up() -> None:
     assert "run" in TCPServer.__await__.__code__.co_names
     # ContainedTCPServer.protocol_send replaces the writes Hypercorn hands the protocol
     assert "protocol_send" in TCPServer.run.__code__.co_names
+    # and its _close is every close of the stream: a protocol's `Closed`, the connection's end
+    assert "_close" in TCPServer.protocol_send.__code__.co_names and "_close" in TCPServer.run.__code__.co_names
     assert {"send_lock", "stream"} <= set(TCPServer.__init__.__code__.co_names)
     # the HTTP/2 switch HTTP1Protocol replaces, called for each request head
     assert "_check_protocol" in H11Protocol._handle_events.__code__.co_names
@@ -73,6 +77,18 @@ async def app(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
+async def serving(nursery: trio.Nursery, served: Callable[..., Awaitable[None]]) -> tuple[int, trio.Event]:
+    """`served` on a loopback port through Hypercorn with `shared.http_server`: the port, and
+    the event that stops it."""
+    config = http1_only(Config())
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")  # an app's exception is an ERROR there
+    stop = trio.Event()
+    url = (await nursery.start(partial(hypercorn.trio.serve, served, config, shutdown_trigger=stop.wait)))[0]
+    return int(url.rsplit(":", 1)[1]), stop
+
+
 async def test_a_connection_that_raises_ends_alone_and_each_kind_is_logged_once(
     nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -91,12 +107,7 @@ async def test_a_connection_that_raises_ends_alone_and_each_kind_is_logged_once(
     monkeypatch.setattr(
         ContainedTCPServer, "failures", defaultdict(lambda: FailureLog(logging.getLogger("t"), "contained"))
     )
-    config = http1_only(Config())
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = None
-    stop = trio.Event()
-    url = (await nursery.start(partial(hypercorn.trio.serve, app, config, shutdown_trigger=stop.wait)))[0]
-    port = int(url.rsplit(":", 1)[1])
+    port, stop = await serving(nursery, app)
     answers = []
     for target in ("/zero", "/zero", "/key", "/zero"):
         answers.append(await exchange(port, f"GET {target} HTTP/1.1\r\nHost: t\r\n\r\n".encode()))
@@ -115,15 +126,53 @@ async def test_a_body_the_app_left_unread_in_a_full_queue_is_dropped_and_the_nex
 ) -> None:
     # a body of many small chunks filled the app's queue (10 messages): Hypercorn's reading
     # waited on it, and the app's own end (its disconnect message) too, for good
-    config = http1_only(Config())
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = None
-    stop = trio.Event()
-    url = (await nursery.start(partial(hypercorn.trio.serve, app, config, shutdown_trigger=stop.wait)))[0]
+    port, stop = await serving(nursery, app)
     head = b"POST /unread HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-    stream = await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1]))
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
         await stream.send_all(head + b"1\r\na\r\n" * 100 + b"0\r\n\r\n" + OK)
         answers = await read_answers(stream, 2)
     stop.set()
     assert [(a.status, a.body) for a in answers] == [(200, b"ok"), (200, b"ok")]
+
+
+REFUSAL_PIECES = 200  # the refusal's body in this many writes: its task writes while the client leaves
+
+
+async def refusing_app(scope, receive, send) -> None:
+    """Refuses every request before reading its body, as a host refuses one without its token."""
+    if scope["type"] == "lifespan":
+        await app(scope, receive, send)
+        return
+    length = str(REFUSAL_PIECES * 100).encode()
+    await send({"type": "http.response.start", "status": 401, "headers": [(b"content-length", length)]})
+    for _ in range(REFUSAL_PIECES):
+        await send({"type": "http.response.body", "body": b"x" * 100, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def trickle_then_leave(port: int) -> None:
+    """An unauthenticated chunked POST: one chunk of its body, then the client leaves (EOF
+    mid-body) once its refusal is being written, and reads what is left of that."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(b"POST /v1/measure HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n")
+        await stream.receive_some(1)  # the refusal has begun
+        await stream.send_eof()
+        with contextlib.suppress(trio.BrokenResourceError):
+            while await stream.receive_some(65536):
+                pass
+
+
+async def test_a_client_leaving_mid_body_while_its_refusal_is_written_logs_no_error(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    # issue 39: the reader saw the body cut short and closed the stream (send_eof) while the
+    # app's task wrote the refusal; a write that began during the EOF's checkpoint raised
+    # trio.BusyResourceError ("Error in ASGI Framework", an ERROR; 7 of these 20 before)
+    port, stop = await serving(nursery, refusing_app)
+    for _ in range(20):
+        await trickle_then_leave(port)
+    assert (await exchange(port, OK)).status == 401  # and the server serves on
+    stop.set()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -13,6 +13,14 @@ import pytest
 import trio
 
 from cluster.launcher import Process
+from shared.contract import (
+    MSG_HEADERS_TOO_LARGE,
+    MSG_HTTP_BAD_CHUNK,
+    MSG_HTTP_CONFLICTING_LENGTHS,
+    MSG_HTTP_NO_HOST,
+    MSG_HTTP_TRANSFER_ENCODING,
+    MSG_HTTP_UNDECLARED_BODY,
+)
 from tests.edge.e2e.harness import Cluster
 from tests.gpu_host.processes import cluster_files, start, wait_for
 from tests.shared.http_attacks import ATTACKS, Answer, exchange, fuzz_requests, read_answer, with_token
@@ -26,7 +34,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster,
     cluster = Cluster(tmp_path_factory.mktemp("malformed"))
     try:
         cluster.start_fakes(1)
-        yield cluster, cluster.start_gateway(edge={"max_body_bytes": 4096})
+        yield cluster, cluster.start_gateway(edge={"max_body_bytes": 4096, "max_header_bytes": HEADER_LIMIT})
     finally:
         cluster.stop()
 
@@ -61,6 +69,67 @@ async def test_a_websocket_under_api_gets_the_envelope(gateway: tuple[Cluster, P
     (attack,) = [a for a in ATTACKS if a.name == "WebSocket on /api/"]
     answer = await exchange(port_of(process), attack.request)
     assert json.loads(answer.body)["code"] == 1001
+
+
+HEADER_LIMIT = 8192  # the gateway's edge.max_header_bytes here
+# Malformed HTTP that h11 refuses before any app sees it: the request (`{path}` for its
+# target), what an /api/ client is told, and the HTTP status anyone else gets
+MALFORMED = {
+    "two different Content-Lengths": (
+        b"POST {path} HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+        MSG_HTTP_CONFLICTING_LENGTHS,
+        400,
+    ),
+    "Transfer-Encoding: gzip": (
+        b"POST {path} HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: gzip\r\n\r\n0\r\n\r\n",
+        MSG_HTTP_TRANSFER_ENCODING,
+        501,
+    ),
+    "no Host": (b"GET {path} HTTP/1.1\r\n\r\n", MSG_HTTP_NO_HOST, 400),
+    "a bad chunk size": (
+        b"POST {path} HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+        MSG_HTTP_BAD_CHUNK,
+        400,
+    ),
+    "an HTTP/1.0 POST without a length": (
+        b"POST {path} HTTP/1.0\r\nHost: gw\r\nContent-Type: application/json\r\n\r\n{}",
+        MSG_HTTP_UNDECLARED_BODY,
+        400,
+    ),
+    # a head that arrives whole is the app's to refuse (MSG_HEADERS_TOO_LARGE too); one h11
+    # is still buffering past its limit is h11's, with the same words
+    "a head past h11's buffer": (
+        b"GET {path} HTTP/1.1\r\nHost: gw\r\nX-Big: " + b"a" * 2 * HEADER_LIMIT,
+        MSG_HEADERS_TOO_LARGE.format(limit_bytes=HEADER_LIMIT),
+        431,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", MALFORMED)
+async def test_malformed_http_under_api_gets_the_envelope_saying_what_was_malformed(
+    gateway: tuple[Cluster, Process], name: str
+) -> None:
+    # issue 39: a bare 400/501/431 with an empty body, not the envelope every /api/ answer is
+    _, process = gateway
+    request, message, _ = MALFORMED[name]
+    answer = await exchange(port_of(process), request.replace(b"{path}", b"/api/v1/hair/measure"))
+    assert (answer.status, answer.closed) == (200, True)
+    document = json.loads(answer.body)
+    assert (document["code"], document["message"], document["data"]) == (1001, message, None)
+    assert document["request_id"]
+    assert_serving_cleanly(process)
+
+
+@pytest.mark.parametrize("name", MALFORMED)
+async def test_malformed_http_elsewhere_gets_its_status_and_a_json_error(
+    gateway: tuple[Cluster, Process], name: str
+) -> None:
+    _, process = gateway
+    request, _, status = MALFORMED[name]
+    answer = await exchange(port_of(process), request.replace(b"{path}", b"/health"))
+    assert (answer.status, answer.closed) == (status, True)
+    assert json.loads(answer.body)["status"] == "error"
 
 
 async def test_expect_100_continue_with_a_chunked_body_over_the_limit_gets_its_1003(
