@@ -13,7 +13,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from gpu_host.failure_kinds import as_contract_error, raise_simulated, refusal_kind
+from gpu_host.failure_kinds import as_contract_error, fail_load_if_simulated, raise_simulated, refusal_kind
 from gpu_host.protocol import ChildConfig, Failure, Infer, LoadFailed, Ping, Pong, Ready, Result
 from shared.contract import ContractError, ErrorType
 from shared.logs import configure_logging
@@ -42,6 +42,7 @@ def serve(conn: Connection, config: ChildConfig) -> None:
     """Child entry point: load, report, then serve requests until the pipe closes."""
     prepare_child_process()
     configure_logging()
+    fail_load_if_simulated(config.simulated_failures_file)  # the tests' switch; off in production
     try:
         from analysis.endpoints import run_endpoint
         from analysis.models import load_models

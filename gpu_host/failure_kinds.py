@@ -10,6 +10,9 @@ host out, an out-of-memory backs it off, a photo the model cannot take is never 
 takes the first line of that file (and removes it) and raises what a GPU would raise for
 that kind — torch's own exception classes where torch is installed — so that the real
 classification and the real answers run on a machine with no GPU. Nothing is patched.
+Two lines act out a process's death instead: `exit` (the child dies mid-inference, as a
+segfault in a driver does) and `load_fail` (taken by the next load, `fail_load_if_simulated`:
+the child dies while loading its models, so the host is not ready for a while).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ _CUDA_ERROR_MARKS = (
 _OOM_TYPE_NAMES = frozenset({"OutOfMemoryError"})  # torch.OutOfMemoryError (torch.cuda.OutOfMemoryError)
 _CUDA_ERROR_TYPE_NAMES = frozenset({"AcceleratorError", "CudaError"})  # torch >= 2.8, cupy-style
 _SLEEP_PREFIX = "sleep:"
+_EXIT, _LOAD_FAIL = "exit", "load_fail"
+_SIMULATED_EXIT_CODE = 70  # EX_SOFTWARE: a child that died on purpose, in the host's log
 
 
 def classify(error: BaseException) -> ErrorType:
@@ -95,10 +100,22 @@ def raise_simulated(switch_file: str) -> None:
     line = _take_first_line(Path(switch_file)) if switch_file else None
     if not line:
         return
+    if line == _EXIT:
+        os._exit(_SIMULATED_EXIT_CODE)
     if line.startswith(_SLEEP_PREFIX):
         time.sleep(float(line.removeprefix(_SLEEP_PREFIX)))
         return
     raise simulated_exception(ErrorType(line))
+
+
+def fail_load_if_simulated(switch_file: str) -> None:
+    """At a load: when the switch's next line is `load_fail`, take it and die (the host's
+    supervisor restarts the child after a backoff); any other line is left for an inference."""
+    path = Path(switch_file) if switch_file else None
+    if path is None or _first_line(path) != _LOAD_FAIL:
+        return
+    _take_first_line(path)
+    os._exit(_SIMULATED_EXIT_CODE)
 
 
 def simulated_exception(kind: ErrorType) -> BaseException:
@@ -125,6 +142,13 @@ def _torch_errors() -> tuple[type[Exception], type[Exception]] | None:
         return None
     cuda_error = getattr(torch, "AcceleratorError", RuntimeError)  # torch >= 2.8
     return torch.cuda.OutOfMemoryError, cuda_error
+
+
+def _first_line(path: Path) -> str | None:
+    try:
+        return next((line.strip() for line in path.read_text().splitlines() if line.strip()), None)
+    except FileNotFoundError:
+        return None
 
 
 def _take_first_line(path: Path) -> str | None:

@@ -15,7 +15,7 @@ import torch
 import trio
 from PIL import Image, UnidentifiedImageError
 
-from gpu_host.failure_kinds import classify, raise_simulated
+from gpu_host.failure_kinds import classify, fail_load_if_simulated, raise_simulated
 from shared.contract import (
     HEADER_ERROR_TYPE,
     MSG_BACKEND_UNAVAILABLE,
@@ -60,6 +60,14 @@ def test_the_switch_file_is_read_one_line_per_inference(tmp_path: Path) -> None:
     assert switch.read_text() == ""
     raise_simulated(str(tmp_path / "absent"))  # no file: nothing happens
     raise_simulated("")  # the switch off
+
+
+def test_a_load_takes_only_its_own_line(tmp_path: Path) -> None:
+    switch = tmp_path / "failures"
+    switch.write_text("cuda_oom\nload_fail\n")
+    fail_load_if_simulated(str(switch))  # the first line is an inference's: the load goes on
+    fail_load_if_simulated("")
+    assert switch.read_text() == "cuda_oom\nload_fail\n"
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -24,6 +25,7 @@ import pytest
 
 from cluster.files import edit_settings
 from cluster.launcher import REPO_ROOT, Process, free_port, hairgate_service
+from shared.contract import HEADER_TOKEN
 from tests.edge.e2e.harness import Cluster
 from tests.gpu_host.processes import astronaut_png, cluster_files, start, wait_for
 
@@ -265,3 +267,46 @@ def test_a_host_past_its_deadline_backs_off_and_the_request_goes_elsewhere(tmp_p
     # rested 1 s (0.5 x 2¹); its child, free 0.2 s after the timeout, was drained meanwhile
     assert 1.0 <= rest < 2.0, rest
     assert following.code == 0
+
+
+@pytest.mark.slow
+def test_a_host_whose_model_is_not_loaded_is_out_ten_seconds_and_back_once_it_loads(tmp_path: Path) -> None:
+    # a slow prober (6 s): the gateway learns of the reload from the forward, not from a probe
+    health_check = {"interval_seconds": 6, "unhealthy_threshold": 2}
+    kinds = start_kind_cluster(tmp_path, {"health_check": health_check})
+    token = re.search(r'shared_password = "([^"]+)"', (tmp_path / "secrets.toml").read_text())
+    assert token is not None
+    try:
+        with (
+            httpx.Client(base_url=kinds.gateway.url, timeout=60) as client,
+            httpx.Client(base_url=kinds.hosts[0].url, headers={HEADER_TOKEN: token[1]}, timeout=5) as host,
+        ):
+            # host 0's child dies mid-inference, and its next start dies while loading
+            kinds.next_failures(0, "exit", "load_fail")
+            died = post_mask(client)  # the host's own 1007 (internal): passed on as before
+            post_mask(client)  # host 1 (idle the longest)
+            kinds.hosts[0].poll_until(
+                lambda: "failed while loading" in host.get("/health").json().get("message", ""),
+                "host 0's child failed a start",
+                30,
+                interval_s=0.05,
+            )
+            not_ready = post_mask(client)  # host 0 (idle the longest): 503 naming its kind
+            out_at = time.monotonic()
+            healthy_after = client.get("/gateway-health").json()["workers_healthy"]
+            kinds.gateway.poll_until(
+                lambda: client.get("/gateway-health").json()["workers_healthy"] == 2, "host 0 back", 60
+            )
+            back_after = time.monotonic() - out_at
+            line = kinds.logged(not_ready)
+    finally:
+        kinds.stop()
+    kind = line["error_type"]
+    print(f"host 0 said {kind}; out {back_after:.1f} s (10 s, then the next ready probe)")
+    assert (died.json()["code"], died.headers["X-Error-Type"]) == (1007, "internal")
+    assert kind in ("model_load_failed", "model_not_loaded")  # failed a start; or already loading again
+    assert not_ready.json()["code"] == 0 and (line["attempts"], line["failed_workers"]) == (2, [0])
+    assert healthy_after == 1  # out at once, not after two failed probes
+    assert back_after >= 9.9  # measured from the client's answer, a moment after the ejection
+    errors = re.findall(r"ERROR edge\.api: 主机模型未就绪", kinds.gateway.log_text())
+    assert len(errors) == 1
