@@ -258,7 +258,13 @@ def _sqlite_transaction(connection: sqlite3.Connection) -> Iterator[None]:
         yield
         connection.execute("COMMIT")
     except BaseException:
-        connection.execute("ROLLBACK")
+        # SQLite may have ended the transaction itself (a full disk: SQLITE_FULL rolls it
+        # all back); a ROLLBACK then failed, "cannot rollback - no transaction is active",
+        # and that error was reported instead of "database or disk is full" (issue 39). A
+        # rollback that fails otherwise loses nothing more: the caller drops the connection.
+        if connection.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                connection.execute("ROLLBACK")
         raise
 
 
