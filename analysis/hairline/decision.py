@@ -196,5 +196,7 @@ def decide(candidate: Candidate, decision: Decision | None = None) -> Hairline:
     trusted = decision.trust.says_yes(candidate.evidence.trust)
     status: HairlineStatus = "ok" if trusted else "uncertain"
     band = max(candidate.base_band_mm * decision.band_quantile[status], decision.band_floor_mm[status])
-    notes = found.notes if trusted or found.notes else (NOTE_UNSURE,)
+    # the trace's notes are its doubts; where the model trusts the answer they are outweighed,
+    # and an `ok` that says "position uncertain" would contradict itself
+    notes = () if trusted else (found.notes or (NOTE_UNSURE,))
     return replace(found, status=status, uncertainty_mm=round(band, 1), notes=notes)

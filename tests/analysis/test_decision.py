@@ -57,6 +57,7 @@ def _traced(bald_p: float, trust_p: float, notes: tuple[str, ...] = (), band_mm:
     ("bald_p", "trust_p", "notes", "status", "band", "expected_notes"),
     [
         (0.1, 0.95, (), "ok", 3.0, ()),  # trusted: the band is base x 1.5
+        (0.1, 0.95, ("a view disagrees",), "ok", 3.0, ()),  # doubts the model outweighed: not said
         (0.1, 0.5, (), "uncertain", 4.0, (NOTE_UNSURE,)),  # an uncertain answer says why
         (0.1, 0.5, ("a view disagrees",), "uncertain", 4.0, ("a view disagrees",)),
         (0.95, 0.95, ("a view disagrees",), "no_hairline", None, (NOTE_BALD,)),  # bald wins
