@@ -19,7 +19,7 @@ from typing import Any
 
 SHOW_COLUMNS = (
     "execution_id", "request_id", "endpoint", "status", "code", "worker", "retry_count", "replayed",
-    "queue_ms", "gpu_ms", "duration_ms", "cost_usd", "client_ip", "created_at", "reason",
+    "queue_ms", "gpu_ms", "duration_ms", "cost_usd", "client_ip", "created_at", "reason", "model_version",
 )  # fmt: skip
 MAX_TOP = 1000  # rows per list: a screenful is the point; a LIMIT the stores take whatever the int
 
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     key.add_argument("key", help="the key as the client sent it")
     key.add_argument("--api-key", default=None, help="the client's edge.rate_limit.key_header value, when one is set")
     retries = question("retries", "clients and keys with the most retried or replayed executions")
-    failures = question("failures", "failure share by endpoint, by worker and by code")
+    failures = question("failures", "failure share by endpoint, by worker, by code and by failure kind")
     for asked in (retries, failures):
         asked.add_argument("--since", type=_since, default="1h", help="how far back: 90s, 30m, 1h, 7d (default: 1h)")
     retries.add_argument("--top", type=_top, default=10, help=f"rows per list, 1-{MAX_TOP} (default: %(default)s)")

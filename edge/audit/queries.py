@@ -18,7 +18,7 @@ from edge.audit.store import AuditStore
 
 MAX_ROWS = 100
 LOOKUP_COLUMNS = ("execution_id", "request_id", "idempotency_key")
-FAILURE_GROUPS = ("endpoint", "worker", "code")
+FAILURE_GROUPS = ("endpoint", "worker", "code", "error_type")  # error_type: the kind a host named
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # Far beyond any retention_days, and well within what a datetime can go back from now (a
@@ -73,7 +73,9 @@ def retries(store: AuditStore, since: timedelta, top: int) -> dict[str, list[dic
 
 
 def failures(store: AuditStore, since: timedelta) -> dict[str, list[dict[str, Any]]]:
-    """The failure share of finished executions by endpoint, by worker and by code."""
+    """The failure share of finished executions by endpoint, by worker, by code and by the
+    failure kind a host named (an execution retried elsewhere after a kind, and served, is
+    one of that kind's executions, not one of its failures)."""
     cutoff = datetime.now(UTC) - since
     answer: dict[str, list[dict[str, Any]]] = {}
     for group in FAILURE_GROUPS:

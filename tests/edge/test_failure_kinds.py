@@ -9,6 +9,7 @@ The fake hosts answer exactly what a GPU host sends (`shared.contract.failure` o
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,7 @@ import trio.testing
 from prometheus_client import generate_latest
 
 from edge.app import create_app
+from edge.audit import queries
 from edge.gateway import Gateway, build_gateway
 from edge.pool.failures import (
     ACTED_ON,
@@ -267,6 +269,9 @@ async def test_the_request_log_and_the_audit_row_carry_the_kind(
     assert answer.json()["code"] == 0
     assert (line["error_type"], line["attempts"], line["failed_workers"]) == ("timeout", 2, [0])
     assert rows == [("timeout", 1, 0)]
+    # `hairgate audit failures` groups by the kind too (served after the retry: not a failure)
+    by_kind = queries.failures(gateway.audit.store, timedelta(hours=1))["error_type"]
+    assert by_kind == [{"error_type": "timeout", "executions": 1, "failed": 0, "share": 0.0}]
 
 
 async def test_a_rejected_photo_is_the_clients_refusal_never_retried_nobody_ejected(
