@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""What `shared.http_server` costs per request: Hypercorn's own classes against ours, in one run.
+"""What `shared.http_server` costs per request: Hypercorn's own classes against ours, in one run;
+and, with `--pipelining`, what pipelining clients do to another client's `/health`.
 
     scripts/bench_http_server.py [--requests 2000] [--blocks 10] [--answer-bytes 200]
+    scripts/bench_http_server.py --pipelining [--connections 300] [--pipelined 2000] [--probes 10]
+                                 [--target 127.0.0.1:8080]
 
 One process serves a trivial ASGI app with Hypercorn on loopback and is its own client:
 a kept-alive connection sends `--requests` small GETs one after another, in blocks that
@@ -9,16 +12,26 @@ alternate between Hypercorn's `H11Protocol` + `TCPServer` and `HTTP1Protocol` +
 `ContainedTCPServer` (a new connection picks the classes installed when it was accepted),
 so machine noise hits both alike. It prints the process's CPU time and the wall time per
 request of each; the client's share is the same in both.
+
+`--pipelining`: `--connections` clients each send `--pipelined` GETs at once and read the
+answers, while one more client asks `GET /health` on a new connection `--probes` times,
+`--probe-every` seconds apart; it prints the probes' latency (median, worst) and the
+pipelines' answers per second. Served here twice, by our classes without the turns of
+pipelined requests (`PIPELINED_AT_ONCE` unbounded: as before issue 39) and with them; or,
+with `--target`, against a running server (a gateway: `make run`), once.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import cast
 
+import h11
 import hypercorn.protocol
 import hypercorn.trio
 import hypercorn.trio.run
@@ -28,6 +41,7 @@ from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
 
+from shared import http_server
 from shared.http_server import ContainedTCPServer, HTTP1Protocol, http1_only
 
 REQUEST = b"GET /ok HTTP/1.1\r\nHost: bench\r\n\r\n"
@@ -62,6 +76,82 @@ async def block(port: int, requests: int, answer_bytes: int) -> None:
                 received += await stream.receive_some(65536)
 
 
+@dataclass
+class Tally:
+    answers: int = 0  # answers the pipelines have read so far
+
+
+async def pipeline(host: str, port: int, count: int, tally: Tally) -> None:
+    """`count` GETs sent at once on one connection; its answers counted as they come (until the
+    server closes: Hypercorn's `keep_alive_max_requests` ends a connection at 1,000)."""
+    stream = await trio.open_tcp_stream(host, port)
+    async with stream:
+        await stream.send_all(b"GET /health HTTP/1.1\r\nHost: bench\r\n\r\n" * count)
+        tail = b""
+        while True:
+            try:
+                data = await stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                return
+            if not data:
+                return
+            seen = tail + data
+            tally.answers += seen.count(b"HTTP/1.1 ") - tail.count(b"HTTP/1.1 ")
+            tail = seen[-8:]  # a status line split between two reads is counted in the next
+
+
+async def probe(host: str, port: int) -> float:
+    """Seconds from a new connection's `GET /health` to the end of its answer."""
+    started = time.perf_counter()
+    stream = await trio.open_tcp_stream(host, port)
+    async with stream:
+        client = h11.Connection(h11.CLIENT)
+        await stream.send_all(client.send(h11.Request(method="GET", target="/health", headers=[("Host", "bench")])))
+        await stream.send_all(client.send(h11.EndOfMessage()))
+        while not isinstance(event := client.next_event(), h11.EndOfMessage):
+            if event is h11.NEED_DATA:
+                client.receive_data(await stream.receive_some(65536))
+    return time.perf_counter() - started
+
+
+async def pipelining(host: str, port: int, args: argparse.Namespace) -> tuple[list[float], float]:
+    """The probes' latencies while the pipelines run, and the pipelines' answers per second."""
+    latencies: list[float] = []
+    tally = Tally()
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(args.connections):
+            nursery.start_soon(pipeline, host, port, args.pipelined, tally)
+        for _ in range(args.probes):
+            await trio.sleep(args.probe_every)  # a pace, not a wait for anything
+            latencies.append(await probe(host, port))
+        nursery.cancel_scope.cancel()  # the pipelines' rest is not measured
+    return latencies, tally.answers / (time.perf_counter() - started)
+
+
+async def serve_pipelining(args: argparse.Namespace, turns: float) -> tuple[list[float], float]:
+    """`pipelining` against our classes on loopback, with `turns` pipelined requests at once."""
+    http_server._PIPELINE_TURNS.set(trio.CapacityLimiter(turns))
+    config = http1_only(Config())
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        serve = partial(hypercorn.trio.serve, app_answering(b"ok"), config, shutdown_trigger=stop.wait)
+        port = int((await nursery.start(serve))[0].rsplit(":", 1)[1])
+        measured = await pipelining("127.0.0.1", port, args)
+        stop.set()
+    return measured
+
+
+def report_pipelining(name: str, measured: tuple[list[float], float]) -> None:
+    latencies, rate = measured
+    print(
+        f"    {name:<34} /health median {statistics.median(latencies) * 1000:7.1f} ms   "
+        f"worst {max(latencies) * 1000:7.1f} ms   pipelines {rate:7.0f} answers/s"
+    )
+
+
 async def main(args: argparse.Namespace) -> None:
     config = http1_only(Config())
     config.bind = ["127.0.0.1:0"]
@@ -93,9 +183,33 @@ async def main(args: argparse.Namespace) -> None:
         )
 
 
+def main_pipelining(args: argparse.Namespace) -> None:
+    print(
+        f"{args.connections} connections pipelining {args.pipelined} GETs each; "
+        f"{args.probes} probes of GET /health, {args.probe_every:g} s apart"
+    )
+    if args.target:
+        host, _, port = args.target.rpartition(":")
+        report_pipelining(args.target, trio.run(pipelining, host, int(port), args))
+        return
+    report_pipelining("pipelined requests unbounded", trio.run(serve_pipelining, args, math.inf))
+    name = f"PIPELINED_AT_ONCE = {http_server.PIPELINED_AT_ONCE}"
+    report_pipelining(name, trio.run(serve_pipelining, args, http_server.PIPELINED_AT_ONCE))
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--answer-bytes", type=int, default=200)
-    trio.run(main, parser.parse_args())
+    parser.add_argument("--pipelining", action="store_true")
+    parser.add_argument("--connections", type=int, default=300)
+    parser.add_argument("--pipelined", type=int, default=2000)
+    parser.add_argument("--probes", type=int, default=10)
+    parser.add_argument("--probe-every", type=float, default=0.5)
+    parser.add_argument("--target", help="host:port of a running server (else one is served here, twice)")
+    arguments = parser.parse_args()
+    if arguments.pipelining:
+        main_pipelining(arguments)
+    else:
+        trio.run(main, arguments)
