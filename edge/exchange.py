@@ -19,11 +19,19 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-from shared.contract import HEADER_ERROR_TYPE, HEADER_RETRY_AFTER, HEADER_RETRY_POLICY, Code, RetryAdvice
+from shared.contract import (
+    HEADER_ERROR_TYPE,
+    HEADER_MODEL_VERSION,
+    HEADER_RETRY_AFTER,
+    HEADER_RETRY_POLICY,
+    Code,
+    RetryAdvice,
+)
 
 _RETRY_AFTER = HEADER_RETRY_AFTER.lower().encode()
 _RETRY_POLICY = HEADER_RETRY_POLICY.lower().encode()
 _ERROR_TYPE = HEADER_ERROR_TYPE.lower().encode()
+MODEL_VERSION_HEADER = HEADER_MODEL_VERSION.lower().encode()  # as `ApiResponse.headers` name it
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,7 @@ class LogFacts:
     early_refusal: bool = False
     failed_workers: tuple[int, ...] = ()  # workers whose forward failed before the answer
     error_type: str | None = None  # the last kind a host named (gateway.md § Failure kinds)
+    model_version: str | None = None  # what produced the answer (its X-Model-Version); None: nothing did
 
 
 @dataclass
@@ -82,11 +91,13 @@ class ApiResponse:
         storable: bool = True,
         retry_policy: RetryAdvice | None = None,
         error_type: str | None = None,
+        model_version: str | None = None,
     ) -> ApiResponse:
         """An envelope (its JSON bytes) as the contract sends it: HTTP 200, `Retry-After`
         when given, with `X-Retry-Policy` (`retry_policy`; a 1007's default is `fixed`: its
-        Retry-After is the time to wait), `X-Error-Type` when a kind is known; its code and
-        kind in the log facts."""
+        Retry-After is the time to wait), `X-Error-Type` when a kind is known,
+        `X-Model-Version` when a model produced it; its code, kind and version in the log facts
+        (a stored answer keeps its headers: a replay names the version that produced it)."""
         headers = [] if retry_after_seconds is None else [(_RETRY_AFTER, str(retry_after_seconds).encode())]
         if retry_policy is None and code == Code.SYSTEM_ERROR:
             retry_policy = RetryAdvice.FIXED
@@ -94,7 +105,9 @@ class ApiResponse:
             headers.append((_RETRY_POLICY, retry_policy.value.encode()))
         if error_type is not None:
             headers.append((_ERROR_TYPE, error_type.encode()))
-        return cls(200, body, LogFacts(code, error_type=error_type), headers, storable)
+        if model_version is not None:
+            headers.append((MODEL_VERSION_HEADER, model_version.encode()))
+        return cls(200, body, LogFacts(code, error_type=error_type, model_version=model_version), headers, storable)
 
 
 def encode(document: Any) -> bytes:

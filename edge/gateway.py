@@ -38,6 +38,7 @@ from edge.pool.pool import Pool, Thresholds
 from edge.pool.scheduling import SchedulingPolicy
 from edge.pool.upstream import Upstream
 from edge.web.api_routes import API_PATHS
+from shared.model_version import analysis_version
 from shared.secrets_file import SecretsSource
 from shared.settings import AnalysisSettings, Settings
 
@@ -63,6 +64,7 @@ class Gateway:
     audit: AuditTrail
     static_cleanup: StaticCleanup
     static_downloads: StaticDownloads
+    model_version: str  # the gateway's own analysis, for the endpoints it answers itself (4, 99)
     secrets: SecretsSource | None = None  # where `POST /admin/token` persists the token
     # Held by whatever changes `settings` while serving (a SIGHUP reload, a token switch),
     # so that none of them undoes another.
@@ -128,7 +130,7 @@ def build_gateway(
         face_workers, SpecialPoints(face_workers, settings.analysis),
         Features(edge.features, face_workers, settings.analysis, transport=features_transport), audit,
         StaticCleanup(edge.static_dir, edge.static_cleanup, file_threads), StaticDownloads(edge.static_downloads),
-        secrets,
+        analysis_version().value, secrets,
     )  # fmt: skip
 
 

@@ -48,10 +48,12 @@ from shared.contract import (
     HEADER_ERROR_TYPE,
     HEADER_EXECUTION_ID,
     HEADER_HOST_WANTED,
+    HEADER_MODEL_VERSION,
     HEADER_REQUEST_ID,
     HEADER_REQUEST_TIMEOUT_MS,
     HEADER_TOKEN,
     HEALTH_LOADING,
+    MODEL_VERSION_KEY,
     MSG_BACKEND_UNAVAILABLE,
     MSG_BODY_TOO_LARGE,
     MSG_DEADLINE_EXCEEDED,
@@ -94,6 +96,7 @@ class _Host:
     comfyui: ComfyUIClient | None
     checks: HostChecks
     wanted: HostWanted
+    model_version: str  # what this host's answers come from (`gpu_host.version`)
 
 
 def create_app(
@@ -101,6 +104,7 @@ def create_app(
     guard: TokenGuard,
     limits: AnalysisSettings,
     *,
+    model_version: str,
     comfyui: ComfyUIClient | None = None,
     tokens: admin.HostTokens | None = None,
     checks: HostChecks | None = None,
@@ -108,13 +112,14 @@ def create_app(
     """The app; `model.run` must be running in a nursery of the caller's while it serves.
     `comfyui`: draw grown images there (else the model process's built-in preview does);
     `tokens`: mount `/admin/tokens` and record each token's last use; `checks`: the deep
-    checks `/health` reports (their tasks run in the caller's nursery; None: none fail)."""
+    checks `/health` reports (their tasks run in the caller's nursery; None: none fail);
+    `model_version`: reported in `/health` and on every `/api/` answer (`gpu_host.version`)."""
     app = QuartTrio(__name__)
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes(limits.max_image_bytes)
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
     app.json.sort_keys = False  # type: ignore[attr-defined]
     checks = checks or no_checks()
-    host = _Host(model, limits, HostMetrics(model.statistics, checks), comfyui, checks, HostWanted())
+    host = _Host(model, limits, HostMetrics(model.statistics, checks), comfyui, checks, HostWanted(), model_version)
 
     @app.before_request
     async def require_token() -> Any:
@@ -128,7 +133,7 @@ def create_app(
 
     @app.get("/health")
     async def health() -> Any:
-        return _health_response(model, checks, host.wanted, asked=request.headers.get(HEADER_HOST_WANTED) == "1")
+        return _health_response(host, asked=request.headers.get(HEADER_HOST_WANTED) == "1")
 
     @app.get(METRICS_PATH)
     async def metrics() -> Any:
@@ -139,6 +144,14 @@ def create_app(
 
     for path, endpoint in GPU_ENDPOINT_PATHS.items():
         app.add_url_rule(path, endpoint=endpoint, view_func=partial(_business, endpoint, host), methods=["POST"])
+
+    @app.after_request
+    async def name_the_model(response: Response) -> Response:
+        # every /api/ answer, the error handlers' and a busy refusal included: the gateway
+        # takes the version of the answer it passes on from here, never from a probe
+        if request.path.startswith(API_PREFIX):
+            response.headers[HEADER_MODEL_VERSION] = model_version
+        return response
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Any:
@@ -181,13 +194,19 @@ def _http_error_as_contract(error: HTTPException, failed: Request) -> tuple[Code
     return Code.INVALID_PARAMETER, None
 
 
-def _health_response(model: ModelProcess, checks: HostChecks, wanted: HostWanted, *, asked: bool) -> Any:
+def _health_response(host: _Host, *, asked: bool) -> Any:
     """200 only when the model is ready and no deep check takes the host out (gpu_host.md § /health).
-    `asked`: the probe says its gateway waits for this host (`wanted`)."""
+    `asked`: the probe says its gateway waits for this host (`wanted`). The model version is
+    in every answer, loading too: it is known from the start, and a gateway shows it meanwhile."""
+    model, checks, wanted = host.model, host.checks, host.wanted
     stats, now = model.statistics(), trio.current_time()
     if asked:
         wanted.heard(now, busy=stats.busy)
-    common = {"inference_timeout_seconds": model.inference_timeout_seconds, **checks.health_fields()}
+    common = {
+        "inference_timeout_seconds": model.inference_timeout_seconds,
+        MODEL_VERSION_KEY: host.model_version,
+        **checks.health_fields(),
+    }
     disk_problem = checks.disk_message()
     if stats.state is Phase.READY and disk_problem is None:
         body = {

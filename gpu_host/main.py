@@ -2,6 +2,7 @@
 
 settings, token guard, ComfyUI workflow, TLS certificate (any of them wrong: exit 2) -> the
 listening socket (bound before anything starts, so a bind error is reported as itself) ->
+the model version, hashed once (`gpu_host.version`; logged with its inputs) ->
 one nursery that owns the signal handler, the model supervisor, the deep checks (free disk
 space; ComfyUI's `/system_stats` when `comfyui_url` is set), the ComfyUI client and
 Hypercorn (trio worker) with a shutdown trigger.
@@ -42,6 +43,7 @@ from gpu_host.comfyui import ComfyUIClient, load_workflow
 from gpu_host.connections import close_idle_connections_on_shutdown
 from gpu_host.model_process import ModelProcess
 from gpu_host.protocol import ChildConfig, ChildEntry
+from gpu_host.version import host_model_version
 from shared.http_server import http1_only
 from shared.logs import configure_logging
 from shared.secrets_file import SecretsSource
@@ -157,6 +159,10 @@ async def serve(
         entry=entry,
     )
     shutdown = trio.Event()
+    # once, before the port opens (hashing BiSeNet's weights takes a moment: not on the loop)
+    version = await trio.to_thread.run_sync(
+        host_model_version, host.bisenet_weights, workflow if host.comfyui_url else None
+    )
     async with AsyncExitStack() as resources, trio.open_nursery() as nursery:
         comfyui = None
         if host.comfyui_url:
@@ -171,11 +177,13 @@ async def serve(
         )
         await nursery.start(checks.run_disk)  # measured once before the port answers
         nursery.start_soon(checks.run_comfyui)
-        app = create_app(model, guard, settings.analysis, comfyui=comfyui, tokens=tokens, checks=checks)
+        app = create_app(
+            model, guard, settings.analysis, model_version=version.value, comfyui=comfyui, tokens=tokens, checks=checks
+        )
         await nursery.start(_handle_signals, shutdown, tokens, checks, reload)
         log.info(
             "GPU host starting | bind=%s tls=%s device=%s bisenet_weights=%s generator=%s tokens=%d "
-            "min_free_disk_mb=%d",
+            "min_free_disk_mb=%d model_version=%s (%s)",
             ",".join(config.bind),
             "on" if config.ssl_enabled else "off",
             host.device,
@@ -183,6 +191,8 @@ async def serve(
             f"comfyui at {host.comfyui_url}" if comfyui else "preview",
             len(settings.auth.accept_passwords),
             host.min_free_disk_mb,
+            version.value,
+            version.describe(),
         )
         await nursery.start(model.run)
         # Returns after the graceful stop: requests in flight have finished (or hit the grace).

@@ -63,7 +63,9 @@ STATS_CATCH_UP_SECONDS = 3.0  # /admin/stats trails the request log by one flush
 AUDIT_CATCH_UP_SECONDS = 5.0  # a row is written within 1 s of its last change
 FINISHED = ("completed", "failed")
 # NULL by design: without a key, without edge.rate_limit.key_header; `worker` only for a replay
-MAY_BE_EMPTY = {"idempotency_key", "user_id", "reason"}  # reason: only on a row closed at a restart
+# reason: only on a row closed at a restart; error_type: only when a host named a failure on the way.
+# model_version is not here: every completed answer came from a model that names its version.
+MAY_BE_EMPTY = {"idempotency_key", "user_id", "reason", "error_type"}
 MEASURE = "/api/v1/hair/measure"
 MARK = "/api/v1/hair/mark"
 CONCURRENT_DUPLICATES = 4

@@ -164,6 +164,13 @@ HEADER_ERROR_TYPE = "X-Error-Type"
 HEADER_RETRY_POLICY = "X-Retry-Policy"
 HEADER_CURRENT_LOAD = "X-Current-Load"
 HEADER_ALTERNATIVE_ENDPOINT = "X-Alternative-Endpoint"
+# The model version (seed 002 §6.2): what produced an answer, "<package version>+<12 hex>"
+# (`shared.model_version`). A GPU host reports its own in `/health` (`MODEL_VERSION_KEY`) and
+# on every `/api/` answer; the gateway passes it on (its own for the endpoints it answers
+# itself), stores it with the audit row and with a stored idempotent answer. A value that is
+# not 1-64 of [A-Za-z0-9._+-] is treated as none (it becomes a header, a label, a column).
+HEADER_MODEL_VERSION = "X-Model-Version"
+MODEL_VERSION_KEY = "model_version"
 
 API_PREFIX = "/api/"
 BASE64_SUFFIX = "_base64"
@@ -174,6 +181,7 @@ GENERATOR_COMFYUI = "comfyui"
 GENERATOR_PREVIEW = "preview"
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_MODEL_VERSION = re.compile(r"[A-Za-z0-9._+-]{1,64}")
 
 
 class ContractError(Exception):
@@ -189,6 +197,11 @@ class ContractError(Exception):
 
 def is_valid_request_id(value: str | None) -> bool:
     return value is not None and _REQUEST_ID.fullmatch(value) is not None
+
+
+def model_version_or_none(value: object) -> str | None:
+    """`value` when it is a model version a gateway can pass on, store and label with; else None."""
+    return value if isinstance(value, str) and _MODEL_VERSION.fullmatch(value) is not None else None
 
 
 def new_request_id() -> str:

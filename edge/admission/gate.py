@@ -31,7 +31,7 @@ from edge.admission.idempotency import (
     validate_key,
 )
 from edge.admission.rate_limit import ClientKeys, RateLimiter, build_rate_limiter, scoped_key
-from edge.exchange import ApiResponse, Exchange, LogFacts, encode
+from edge.exchange import MODEL_VERSION_HEADER, ApiResponse, Exchange, LogFacts, encode
 from edge.observe.metrics import GatewayMetrics
 from shared.contract import (
     HEADER_IDEMPOTENCY_KEY,
@@ -176,11 +176,13 @@ async def _run(handle: Callable[[], Awaitable[ApiResponse]], produced: list[ApiR
 
 def _replay(stored: StoredResponse) -> ApiResponse:
     headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in stored.headers]
+    # the version stored with the answer (its X-Model-Version), not the pool's now: the same bytes
+    version = next((value.decode("latin-1") for name, value in headers if name == MODEL_VERSION_HEADER), None)
     return ApiResponse(
         stored.status,
         stored.body,
         headers=[*headers, _REPLAYED],
-        log_facts=LogFacts(stored.code, idempotent_replay=True),
+        log_facts=LogFacts(stored.code, idempotent_replay=True, model_version=version),
     )
 
 

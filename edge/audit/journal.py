@@ -40,8 +40,9 @@ SUFFIX = ".journal"
 _TEMPORARY = ".tmp"
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 _SNAPSHOT_FIELDS = len(Execution("", "", "", None, "", None, 0.0, 0.0).snapshot())
-# A journal a gateway of before left (no error_type, the last field) is still adopted after an upgrade.
-_OLDER_SNAPSHOT_FIELDS = (_SNAPSHOT_FIELDS - 1,)
+# A journal a gateway of before left (no model_version, the last field; nor error_type, the one
+# before) is still adopted after an upgrade: the fields missing keep their defaults (None).
+_OLDER_SNAPSHOT_FIELDS = (_SNAPSHOT_FIELDS - 1, _SNAPSHOT_FIELDS - 2)
 
 
 def journal_directory(audit_path: str | Path, postgres_dsn: str = "") -> Path:

@@ -33,6 +33,7 @@ COLUMNS = (
     "node",  # the node part of the creating gateway's ids: only that gateway may change the row
     "reason",  # why a row failed without an answer of its own (RESTARTED); NULL otherwise
     "error_type",  # the failure kind a GPU host named (gateway.md § Failure kinds); NULL otherwise
+    "model_version",  # what produced the answer (X-Model-Version; a replay: the original's); NULL: nothing did
 )
 
 
@@ -60,6 +61,7 @@ class Execution:
     node: str = ""  # the creating process's (`ExecutionIds.node`): a replayed row keeps its own
     reason: str | None = None
     error_type: str | None = None  # the last failure kind a host named for this request
+    model_version: str | None = None  # the answer's X-Model-Version (seed 002 §6.2)
     refused: bool = False  # another gateway holds this execution id: never written again (not a column)
 
     def snapshot(self) -> tuple[Any, ...]:
@@ -69,6 +71,7 @@ class Execution:
             self.execution_id, self.request_id, self.endpoint, self.idempotency_key, self.client_ip, self.user_id,
             self.created_at, self.updated_at, self.status, self.code, self.worker, self.retry_count, self.replayed,
             self.queue_ms, self.gpu_ms, self.duration_ms, self.cost_usd, self.node, self.reason, self.error_type,
+            self.model_version,
         )  # fmt: skip
 
     def close_as_restarted(self, now: float) -> None:
@@ -82,7 +85,7 @@ class Execution:
             self.execution_id, self.request_id, self.endpoint[:64], self.idempotency_key, self.client_ip or "0.0.0.0",
             self.user_id, self.status, self.code, self.worker, self.retry_count, self.replayed, self.queue_ms,
             self.gpu_ms, self.duration_ms, self.cost_usd, _utc(self.created_at), _utc(self.updated_at), self.node,
-            self.reason, self.error_type,
+            self.reason, self.error_type, self.model_version,
         )  # fmt: skip
 
 

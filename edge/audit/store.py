@@ -98,8 +98,16 @@ _POSTGRES_V2 = [
 # v3: the failure kind a GPU host named (gateway.md § Failure kinds); NULL on older rows.
 _SQLITE_V3 = ["ALTER TABLE audit_log ADD COLUMN error_type VARCHAR(32)"]
 _POSTGRES_V3 = ["ALTER TABLE audit_log ADD COLUMN IF NOT EXISTS error_type VARCHAR(32)"]
-MIGRATIONS = {"sqlite": [_SQLITE_V1, _SQLITE_V2, _SQLITE_V3], "postgresql": [_POSTGRES_V1, _POSTGRES_V2, _POSTGRES_V3]}
-SCHEMA_VERSION = 3
+# v4: the model version that produced the answer (seed 002 §6.2: a retry after an upgrade may
+# draw another picture, and every figure on record says which analysis measured it); NULL on
+# older rows and where no model answered. 64: `shared.contract.model_version_or_none`'s bound.
+_SQLITE_V4 = ["ALTER TABLE audit_log ADD COLUMN model_version VARCHAR(64)"]
+_POSTGRES_V4 = ["ALTER TABLE audit_log ADD COLUMN IF NOT EXISTS model_version VARCHAR(64)"]
+MIGRATIONS = {
+    "sqlite": [_SQLITE_V1, _SQLITE_V2, _SQLITE_V3, _SQLITE_V4],
+    "postgresql": [_POSTGRES_V1, _POSTGRES_V2, _POSTGRES_V3, _POSTGRES_V4],
+}
+SCHEMA_VERSION = 4
 
 _CREATED_ONLY = ("execution_id", "request_id", "endpoint", "created_at", "node")
 _UPDATED = [column for column in COLUMNS if column not in _CREATED_ONLY]

@@ -195,6 +195,7 @@ class AuditTrail:
         execution.queue_ms = round(entry.queue_ms)
         execution.duration_ms = round(entry.duration_ms)
         execution.error_type = entry.error_type
+        execution.model_version = entry.model_version
         if execution.gpu_ms is None or entry.idempotent_replay:  # no host answered it
             execution.worker, execution.gpu_ms = None, 0
         execution.cost_usd = round(execution.gpu_ms * self._gpu_ms_usd, 6)

@@ -132,16 +132,18 @@ class ApiService:
         """The host's own answer naming its kind, when it is not sent elsewhere: Retry-After
         from when the pool may next take a job (the kind set that for this host), and the
         kind's X-Retry-Policy; never replayed (a 1007 says to retry)."""
-        return self._passed_on(failed.answer.raw, failed.answer.envelope)
+        return self._passed_on(failed.answer)
 
-    def _passed_on(self, raw: bytes, body: dict) -> ApiResponse:
+    def _passed_on(self, answer: WorkerAnswer) -> ApiResponse:
         """A host's envelope as the client gets it (`raw`, byte for byte), with the retry
-        guidance its kind calls for (gateway.md § Failure kinds)."""
+        guidance its kind calls for (gateway.md § Failure kinds) and the host's model version."""
+        raw, body, version = answer.raw, answer.envelope, answer.model_version
         code, kind = body["code"], answer_error_type(body)
         if code != Code.SYSTEM_ERROR:  # a success, or the photo refused: no guidance but the kind
             if kind is None:
-                return ApiResponse.of_envelope(raw, code)
-            return ApiResponse.of_envelope(raw, code, retry_policy=KIND_RULES[kind].advice, error_type=kind.value)
+                return ApiResponse.of_envelope(raw, code, model_version=version)
+            advice = KIND_RULES[kind].advice
+            return ApiResponse.of_envelope(raw, code, retry_policy=advice, error_type=kind.value, model_version=version)
         seconds = self._dispatcher.pool.seconds_until_free(
             trio.current_time(), self._probe_interval_seconds, BUSY_RETRY_AFTER_SECONDS
         )
@@ -152,6 +154,7 @@ class ApiService:
             retry_policy=KIND_RULES[kind or ErrorType.INTERNAL].advice,
             error_type=None if kind is None else kind.value,
             storable=False,
+            model_version=version,
         )
 
     async def handle(self, request: ForwardRequest) -> ApiResponse:
@@ -335,13 +338,13 @@ class ApiService:
     async def _finish(self, request: ForwardRequest, answer: WorkerAnswer, images: DecodedImages | None) -> ApiResponse:
         """The client-facing envelope; the worker is already free while the files are written."""
         if images is None:
-            return self._passed_on(answer.raw, answer.envelope)  # byte for byte, with its guidance
+            return self._passed_on(answer)  # byte for byte, with its guidance
         try:
             rewritten = await self._images.write(answer.envelope, images)
         except ImageWriteError as error:  # the gateway's own disk: no retry, no ejection
             log.error("标注图写入失败（网关本地存储） | request_id=%s | 错误=%s", request.request_id, error)
             return self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, DEFAULT_MESSAGES[Code.SYSTEM_ERROR])
-        return ApiResponse.of_envelope(encode(rewritten), answer.envelope["code"])
+        return ApiResponse.of_envelope(encode(rewritten), answer.envelope["code"], model_version=answer.model_version)
 
     def is_slow(self, path: str) -> bool:
         """A generation endpoint (`slow_paths`): its own timeout, class and reservation."""

@@ -2,7 +2,7 @@
 
 One `GatewayMetrics` per gateway, on its own CollectorRegistry (never the process-global
 one, so tests and several gateways in one process do not mix). Per-request calls are plain
-counter/histogram updates; the pool's gauges (up, busy, generation-ready, disk low) and
+counter/histogram updates; the pool's gauges (up, busy, generation-ready, disk low, model version) and
 the dispatcher's counters (early refusals, departures) are read only when Prometheus
 scrapes, from the source given to `watch_pool`. Queue waits are split by class (`classify`
 says whether a path is one of `slow_paths`). Workers are labelled by index, never by URL; paths are
@@ -26,7 +26,7 @@ from prometheus_client.metrics_core import Metric
 from edge.observe.request_log import RequestRecord
 from edge.observe.stats import DEFAULT_KNOWN_PATHS, NO_CODE, endpoint_label
 from edge.pool.dispatch import DispatchCounters
-from edge.pool.pool import Pool
+from edge.pool.pool import Pool, version_of
 from edge.pool.scheduling import QUEUE_CLASSES, all_fast, queue_class
 
 # The idempotency outcomes gateway.md names; an unstored run is none of them.
@@ -46,6 +46,7 @@ class PoolGauges:
     generation_ready: tuple[bool, ...] = ()  # empty: as many False as workers
     disk_low: tuple[bool, ...] = ()
     counters: DispatchCounters = field(default_factory=DispatchCounters)
+    model_versions: tuple[str | None, ...] = ()  # an online worker's model version; None: offline
 
 
 def pool_gauges(pool: Pool, queue_length: int, counters: DispatchCounters | None = None) -> PoolGauges:
@@ -56,6 +57,7 @@ def pool_gauges(pool: Pool, queue_length: int, counters: DispatchCounters | None
         generation_ready=tuple(w.generation_ready for w in pool.workers),
         disk_low=tuple(w.disk_low and not w.retired for w in pool.workers),
         counters=counters or DispatchCounters(),
+        model_versions=tuple(version_of(w) if w.online else None for w in pool.workers),
     )
 
 
@@ -84,6 +86,7 @@ class _PoolCollector:
             for index, value in enumerate(values):
                 family.add_metric([str(index)], float(value))
             yield family
+        yield _model_info(gauges.model_versions)
         yield GaugeMetricFamily("hairgate_workers_online", "Workers online", value=sum(gauges.up))
         yield GaugeMetricFamily(
             "hairgate_queue_length", "Requests waiting for a slot or a worker", value=gauges.queue_length
@@ -100,6 +103,19 @@ class _PoolCollector:
         departures.add_metric(["queued"], counters.departures_queued)
         departures.add_metric(["forward"], counters.departures_forward)
         yield departures
+
+
+def _model_info(versions: Iterable[str | None]) -> Metric:
+    """1 per online worker, labelled with its model version: `count by (model_version)` is the
+    pool's mix (more than one series value: an upgrade under way, or a host left behind)."""
+    family = GaugeMetricFamily(
+        "hairgate_worker_model_info", "1 per online worker, by the model version its /health reports",
+        labels=["worker", "model_version"],
+    )  # fmt: skip
+    for index, version in enumerate(versions):
+        if version is not None:
+            family.add_metric([str(index), version], 1.0)
+    return family
 
 
 class GatewayMetrics:

@@ -46,6 +46,7 @@ class RequestRecord:
     early_refusal: bool = False  # busy at once: by the estimate it could not start within its queue wait
     failed_workers: tuple[int, ...] = ()  # indexes whose forward failed (retried elsewhere, or the last try)
     error_type: str | None = None  # the last failure kind a host named (gateway.md § Failure kinds)
+    model_version: str | None = None  # what produced the answer (X-Model-Version); a replay: the original's
 
 
 class RequestLog:

@@ -49,7 +49,16 @@ from typing import Any
 
 import trio
 
-from shared.contract import BUSY_KEY, DEFAULT_MESSAGES, Code, ErrorType, RetryAdvice, error_type_of, is_envelope
+from shared.contract import (
+    BUSY_KEY,
+    DEFAULT_MESSAGES,
+    Code,
+    ErrorType,
+    RetryAdvice,
+    error_type_of,
+    is_envelope,
+    model_version_or_none,
+)
 
 # Answers larger than this are parsed in a worker thread: a 12 MB answer holds the event
 # loop for ~13 ms, every other request's latency included.
@@ -106,10 +115,12 @@ class WorkerRefusal(Exception):
 
 @dataclass(frozen=True)
 class WorkerAnswer:
-    """A usable answer: the raw HTTP-200 body and its parsed envelope."""
+    """A usable answer: the raw HTTP-200 body and its parsed envelope, and the model version
+    its `X-Model-Version` named (None: a host that names none, or a value not passed on)."""
 
     raw: bytes
     envelope: dict[str, Any]
+    model_version: str | None = None
 
 
 class HostFailed(Exception):
@@ -210,8 +221,10 @@ class RetryPolicy:
         return not (timed_out and path in self.slow_paths)
 
 
-async def judge(request_id: str, status: int, raw: bytes) -> WorkerAnswer:
-    """The answer to the request sent as `request_id`, or the exception that says why not."""
+async def judge(request_id: str, status: int, raw: bytes, model_version: str | None = None) -> WorkerAnswer:
+    """The answer to the request sent as `request_id`, or the exception that says why not.
+    `model_version`: the answer's `X-Model-Version`, kept when it is one (`model_version_or_none`)."""
+    model_version = model_version_or_none(model_version)
     if status == 200:
         if len(raw) > PARSE_IN_THREAD_BYTES:
             body = await trio.to_thread.run_sync(_parse_envelope, raw)
@@ -219,8 +232,9 @@ async def judge(request_id: str, status: int, raw: bytes) -> WorkerAnswer:
             body = _parse_envelope(raw)
         if body["request_id"] != request_id:
             raise WorkerFailure(FailureKind.UNUSABLE_BODY, "the answer is another request's (its request_id)")
-        _raise_if_acted_on(WorkerAnswer(raw, body))
-        return WorkerAnswer(raw, body)
+        answer = WorkerAnswer(raw, body, model_version)
+        _raise_if_acted_on(answer)
+        return answer
     refused = _small_json_object(raw)
     if refused is not None and "request_id" in refused and refused["request_id"] != request_id:
         raise WorkerFailure(FailureKind.UNUSABLE_BODY, f"the HTTP {status} answer is another request's")
@@ -229,7 +243,7 @@ async def judge(request_id: str, status: int, raw: bytes) -> WorkerAnswer:
     if status == 503 and refused is not None and refused.get(BUSY_KEY) is True:
         raise WorkerBusy
     if status == 503 and refused is not None and is_envelope(refused):  # not ready: a model (re)loading
-        _raise_if_acted_on(WorkerAnswer(raw, refused))
+        _raise_if_acted_on(WorkerAnswer(raw, refused, model_version))
     raise WorkerFailure(FailureKind.BAD_STATUS, f"HTTP {status}")
 
 

@@ -50,6 +50,7 @@ Invariants:
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -65,6 +66,9 @@ SHARED_MEMORY_SECONDS = 30.0
 # left to it this long after our job: longer than that gateway's slow probe interval
 # (prober.HELD_SLOW_PROBE_INTERVAL_SECONDS, 0.4 s) and the time its waiter takes to send.
 HOST_TURN_SECONDS = 0.6
+# A host whose /health names no model version (one of before seed 002 §6.2, mid-upgrade): a
+# version of its own in /gateway-health, the metric and the mixed-versions warning.
+UNKNOWN_VERSION = "unknown"
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,7 @@ class WorkerState:
     leased_path: str = ""
     checks: Mapping[str, str] = field(default_factory=dict)  # the host's deep checks, last seen
     inference_timeout_seconds: float | None = None  # as its /health reports it
+    model_version: str | None = None  # as its /health reports it (None: it names none)
     resting_until: float | None = None  # it named a failure we back off from: no job before this
     failures_in_a_row: dict[str, int] = field(default_factory=dict)  # by kind, since its last good answer
 
@@ -168,6 +173,7 @@ class ProbeResult:
     loading: bool = False  # 503 {"status": "loading"}: models still loading, not a failure to report loudly
     checks: Mapping[str, str] | None = None  # None: the answer carried no JSON body (keep the last)
     inference_timeout_seconds: float | None = None
+    model_version: str | None = None
 
 
 class Transition(Enum):
@@ -201,6 +207,8 @@ class PoolStatistics:
     workers_primary_healthy: int
     drill: bool
     workers_generation_ready: int = 0
+    # online workers by the model version their /health reports, sorted (UNKNOWN_VERSION: none)
+    model_versions: tuple[tuple[str, int], ...] = ()
 
 
 class Pool:
@@ -257,6 +265,7 @@ class Pool:
         if result.checks is not None:
             worker.checks = result.checks
             worker.inference_timeout_seconds = result.inference_timeout_seconds
+            worker.model_version = result.model_version
         if result.ok:
             return self._probe_succeeded(worker, result, now)
         return self._probe_failed(worker, result)
@@ -499,7 +508,13 @@ class Pool:
             workers_primary_healthy=sum(w.primary and w.online for w in active),
             drill=self.drill,
             workers_generation_ready=sum(w.generation_ready for w in active),
+            model_versions=tuple(sorted(Counter(version_of(w) for w in active if w.online).items())),
         )
+
+
+def version_of(worker: WorkerState) -> str:
+    """The model version a worker runs, as the pool's views name it (`UNKNOWN_VERSION`: it says none)."""
+    return worker.model_version or UNKNOWN_VERSION
 
 
 def _confirm_free(worker: WorkerState, sent_at: float, *, at_once: bool = False) -> None:

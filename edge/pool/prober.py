@@ -12,9 +12,10 @@ answered a forward "busy" (another gateway's job), is probed at once and then ev
 every `HELD_SLOW_PROBE_INTERVAL_SECONDS`) until a probe says it is free (a worker busy elsewhere:
 twice, `FREE_CONFIRM_SECONDS` apart, the second look sent that soon), so the GPU serves
 the next request within a probe's round trip of being free.
-Each probe also keeps the host's deep `checks` and its `inference_timeout_seconds`; a
-host whose timeout leaves no margin below the gateway's request timeout is named in one
-warning (per worker and value).
+Each probe also keeps the host's deep `checks`, its `inference_timeout_seconds` and its
+`model_version`; a host whose timeout leaves no margin below the gateway's request timeout
+is named in one warning (per worker and value); after each round, online hosts running
+different model versions are named in a warning (`edge.pool.versions`) while that lasts.
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ import trio
 from edge.pool.dispatch import Dispatcher
 from edge.pool.pool import FREE_CONFIRM_SECONDS, ProbeResult
 from edge.pool.upstream import HealthAnswer
-from shared.contract import BUSY_KEY, HEALTH_CHECKS_KEY, HEALTH_LOADING, WANTED_KEY
+from edge.pool.versions import MixedVersions
+from shared.contract import (
+    BUSY_KEY,
+    HEALTH_CHECKS_KEY,
+    HEALTH_LOADING,
+    MODEL_VERSION_KEY,
+    WANTED_KEY,
+    model_version_or_none,
+)
 from shared.settings import timeout_margin_seconds
 
 log = logging.getLogger("edge.pool")
@@ -56,6 +65,7 @@ def judge(answer: HealthAnswer, sent_at: float) -> ProbeResult:
         body = None
     document = body if isinstance(body, dict) else {}
     checks = _checks(document.get(HEALTH_CHECKS_KEY)) if body is not None else None
+    version = model_version_or_none(document.get(MODEL_VERSION_KEY))
     timeout = document.get("inference_timeout_seconds")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout):
         timeout = None
@@ -63,12 +73,26 @@ def judge(answer: HealthAnswer, sent_at: float) -> ProbeResult:
         loading = answer.status == 503 and document.get("status") == HEALTH_LOADING
         reason = f"HTTP {answer.status} {HEALTH_LOADING}" if loading else f"HTTP {answer.status}"
         return ProbeResult(
-            sent_at, ok=False, reason=reason, loading=loading, checks=checks, inference_timeout_seconds=timeout
+            sent_at,
+            ok=False,
+            reason=reason,
+            loading=loading,
+            checks=checks,
+            inference_timeout_seconds=timeout,
+            model_version=version,
         )
     if body is None:
         return ProbeResult(sent_at, ok=False, reason="health body is not JSON")
     busy, wanted = document.get(BUSY_KEY) is True, document.get(WANTED_KEY) is True
-    return ProbeResult(sent_at, ok=True, busy=busy, wanted=wanted, checks=checks, inference_timeout_seconds=timeout)
+    return ProbeResult(
+        sent_at,
+        ok=True,
+        busy=busy,
+        wanted=wanted,
+        checks=checks,
+        inference_timeout_seconds=timeout,
+        model_version=version,
+    )
 
 
 def _checks(value: object) -> Mapping[str, str]:
@@ -99,6 +123,7 @@ class Prober:
         self._request_timeout_seconds = request_timeout_seconds
         self._warned_timeouts: dict[int, float] = {}  # worker -> the value a warning named
         self._following: set[int] = set()  # workers probed every 100 ms after a departure
+        self._versions = MixedVersions()  # says while the online hosts run different model versions
 
     def reconfigure(
         self, *, path: str, interval_seconds: float, timeout_seconds: float, request_timeout_seconds: float = math.inf
@@ -156,6 +181,14 @@ class Prober:
         async with trio.open_nursery() as nursery:
             for worker in self._dispatcher.pool.active:
                 nursery.start_soon(self._probe_one, worker.index, worker.url)
+        self._check_versions()
+
+    def _check_versions(self) -> None:
+        """After a round, every online host's version is its latest: mixed now means mixed."""
+        versions = self._dispatcher.pool.statistics().model_versions
+        notice = self._versions.observe(versions, trio.current_time())
+        if notice is not None:
+            log.log(notice.level, notice.message)
 
     async def _probe_one(self, index: int, url: str) -> None:
         sent_at = trio.current_time()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -32,6 +32,7 @@ from shared.contract import (
     HEADER_EXECUTION_ID,
     HEADER_FORWARDED_FOR,
     HEADER_HOST_WANTED,
+    HEADER_MODEL_VERSION,
     HEADER_REQUEST_ID,
     HEADER_REQUEST_TIMEOUT_MS,
     HEADER_TOKEN,
@@ -51,6 +52,12 @@ MAX_ANSWER_BYTES = 512 * 1024 * 1024
 _TOKEN, _REQUEST_ID, _EXECUTION_ID = HEADER_TOKEN.encode(), HEADER_REQUEST_ID.encode(), HEADER_EXECUTION_ID.encode()
 _WANTED = HEADER_HOST_WANTED.encode()
 _FORWARDED_FOR, _REQUEST_TIMEOUT_MS = HEADER_FORWARDED_FOR.encode(), HEADER_REQUEST_TIMEOUT_MS.encode()
+_MODEL_VERSION = HEADER_MODEL_VERSION.lower().encode()  # h11 gives header names lower-cased
+
+
+# An answer as the transport read it: its status, its headers (names lower-cased), its body.
+_Answer = tuple[int, Sequence[tuple[bytes, bytes]], bytes]
+_NO_HEADERS: Sequence[tuple[bytes, bytes]] = ()
 
 
 class AnswerTooLarge(Exception):
@@ -129,9 +136,9 @@ class Upstream:
         ]
         try:
             async with self._exchange(base_url, request.method, target, headers, request.body, timeout_seconds,
-                                      send_deadline=True) as (status, raw):  # fmt: skip
+                                      send_deadline=True) as (status, answer_headers, raw):  # fmt: skip
                 # judged before the connection is kept: a stale answer's connection is closed
-                return await judge(request.request_id, status, raw)
+                return await judge(request.request_id, status, raw, _header(answer_headers, _MODEL_VERSION))
         except RequestNotSent:
             if _sendable(request.method, target, client_headers):
                 raise
@@ -141,8 +148,8 @@ class Upstream:
         """`wanted`: tell the host a request here has waited long for it (gateway.md § Several gateways)."""
         base_url, target = _split_target(url)
         headers = [(_TOKEN, self._token), *([(_WANTED, b"1")] if wanted else [])]
-        async with self._exchange(base_url, "GET", target, headers, b"", timeout_seconds) as answer:
-            return HealthAnswer(*answer)
+        async with self._exchange(base_url, "GET", target, headers, b"", timeout_seconds) as (status, _, body):
+            return HealthAnswer(status, body)
 
     @asynccontextmanager
     async def _exchange(
@@ -155,8 +162,8 @@ class Upstream:
         timeout_seconds: float,
         *,
         send_deadline: bool = False,
-    ) -> AsyncIterator[tuple[int, bytes]]:
-        """One exchange, `(status, body)`; `timeout_seconds` bounds all of it, connecting
+    ) -> AsyncIterator[_Answer]:
+        """One exchange, `(status, headers, body)`; `timeout_seconds` bounds all of it, connecting
         included. The connection is kept when the block exits normally, closed otherwise.
         `send_deadline`: tell the host what remains of the timeout once connected."""
         origin = _origin(base_url)
@@ -272,13 +279,13 @@ class _Connection:
         self._idle_since = trio.current_time()
         self._write_failed = False
 
-    async def exchange(self, head: h11.Request, body: bytes) -> tuple[int, bytes]:
+    async def exchange(self, head: h11.Request, body: bytes) -> _Answer:
         events = (head, h11.Data(data=body), h11.EndOfMessage())
         try:
             await self.stream.send_all(b"".join(self._protocol.send(event) or b"" for event in events))  # one write
         except trio.BrokenResourceError:
             self._write_failed = True  # it may have answered before reading it all (a 413) and closed: read that
-        status, chunks, received = 0, [], 0
+        status, headers, chunks, received = 0, _NO_HEADERS, [], 0
         while True:
             event = self._protocol.next_event()
             if event is h11.NEED_DATA:
@@ -286,14 +293,14 @@ class _Connection:
             elif isinstance(event, h11.Response):
                 if _framed_twice(event):
                     raise AmbiguousFraming("the answer has both Content-Length and Transfer-Encoding")
-                status = event.status_code
+                status, headers = event.status_code, event.headers
             elif isinstance(event, h11.Data):
                 chunks.append(event.data)
                 received += len(event.data)
                 if received > MAX_ANSWER_BYTES:
                     raise AnswerTooLarge(f"answer over {MAX_ANSWER_BYTES} bytes")
             elif isinstance(event, h11.EndOfMessage):
-                return status, b"".join(chunks)
+                return status, headers, b"".join(chunks)
             elif isinstance(event, h11.ConnectionClosed):
                 raise h11.RemoteProtocolError("the worker closed the connection before its answer")
 
@@ -341,6 +348,12 @@ def deadline_milliseconds(timeout_seconds: float) -> int:
     the host never works past the gateway's deadline; 1.001 s is 1001 ms, not the 1000 its
     binary fraction would floor to)."""
     return math.floor(round(timeout_seconds * 1000, 6))
+
+
+def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """The last value of header `name` (lower-case), None when the answer has none."""
+    values = [value for key, value in headers if key == name]
+    return values[-1].decode("latin-1") if values else None
 
 
 def _client_parts(request: ForwardRequest) -> tuple[bytes, list[tuple[bytes, bytes]]]:

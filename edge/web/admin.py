@@ -101,8 +101,10 @@ class TokenAdmin:
         listing = [
             {
                 "index": worker.index, "url": worker.url, "online": worker.online, "primary": worker.primary,
-                # the host's deep checks and its own model-call timeout, as its /health last said
+                # the host's deep checks, its own model-call timeout and its model version, as its
+                # /health last said (the version: which host an upgrade left behind)
                 "checks": dict(worker.checks), "inference_timeout_seconds": worker.inference_timeout_seconds,
+                "model_version": worker.model_version,
             }
             for worker in self._gateway.pool.active
         ]  # fmt: skip

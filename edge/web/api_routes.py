@@ -82,7 +82,8 @@ async def _forwarded(gateway: Gateway, exchange: Exchange) -> ApiResponse:
 
 
 async def _answered_here(endpoint: Callable[[], LocalEndpoint], gateway: Gateway, exchange: Exchange) -> ApiResponse:
-    """Endpoints 4 and 99, run by the gateway itself (never a GPU host, never a pool slot)."""
+    """Endpoints 4 and 99, run by the gateway itself (never a GPU host, never a pool slot),
+    with the gateway's own model version."""
     gateway.audit.executing(exchange.execution_id)
     answer = await endpoint()(exchange.body, exchange.header(b"content-type"), exchange.request_id)
     return ApiResponse.of_envelope(
@@ -90,6 +91,7 @@ async def _answered_here(endpoint: Callable[[], LocalEndpoint], gateway: Gateway
         answer.code,
         retry_after_seconds=answer.retry_after,
         storable=answer.code != Code.SYSTEM_ERROR,  # its 1007 says to retry: never replayed
+        model_version=gateway.model_version,
     )
 
 

@@ -47,6 +47,8 @@ def gateway_health(stats: PoolStatistics) -> dict[str, Any]:
         "workers_primary_healthy": stats.workers_primary_healthy,
         # online hosts that can draw: ComfyUI "ok", or the built-in preview (gateway.md § Capabilities)
         "workers_generation_ready": stats.workers_generation_ready,
+        # online hosts by the model version they run: two or more while an upgrade is under way
+        "model_versions": dict(stats.model_versions),
     }
 
 

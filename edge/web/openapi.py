@@ -44,6 +44,7 @@ from shared.contract import (
     HEADER_EXECUTION_ID,
     HEADER_IDEMPOTENCY_KEY,
     HEADER_IDEMPOTENCY_REPLAYED,
+    HEADER_MODEL_VERSION,
     HEADER_REQUEST_ID,
     HEADER_RETRY_AFTER,
     HEADER_RETRY_POLICY,
@@ -221,6 +222,15 @@ class AnswerHeaders(BaseModel):
         json_schema_extra=_no_default,  # type: ignore[assignment]
         description="the gateway's id of this execution (its audit row)",
     )
+    x_model_version: str = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._+-]{1,64}$",
+        json_schema_extra=_no_default,  # type: ignore[assignment]
+        description=(
+            "the analysis that produced the answer, <package version>+<12 hex> (the GPU host's; the gateway's own "
+            "for endpoints 4 and 99; a replay: the original's); absent when no model answered (docs/api.md)"
+        ),
+    )
 
 
 _HEADER_NAMES = {
@@ -232,6 +242,7 @@ _HEADER_NAMES = {
     "x_error_type": HEADER_ERROR_TYPE,
     "x_current_load": HEADER_CURRENT_LOAD,
     "x_alternative_endpoint": HEADER_ALTERNATIVE_ENDPOINT,
+    "x_model_version": HEADER_MODEL_VERSION,
 }
 
 

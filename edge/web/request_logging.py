@@ -153,6 +153,7 @@ def _record(scope: Mapping[str, Any], path: str, notes: RequestNotes, sent: _Sen
         early_refusal=facts.early_refusal,
         failed_workers=facts.failed_workers,
         error_type=facts.error_type,
+        model_version=facts.model_version,
     )
 
 

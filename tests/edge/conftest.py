@@ -44,6 +44,7 @@ REQUEST_LOG_FIELDS = frozenset(
         "early_refusal",
         "failed_workers",
         "error_type",
+        "model_version",
     }
 )
 

@@ -74,7 +74,8 @@ def secrets(tmp_path: Path) -> SecretsSource:
     return SecretsSource(path, ENV_SHARED_PASSWORD, from_environment=False)
 
 
-NO_CHECKS = {"checks": {}, "inference_timeout_seconds": None}  # what a probe reported: none here
+# what a probe reported: none here
+NO_CHECKS = {"checks": {}, "inference_timeout_seconds": None, "model_version": None}
 
 
 async def test_workers_lists_every_worker_with_its_state(gateway: Gateway, secrets: SecretsSource) -> None:

@@ -30,6 +30,7 @@ async def test_gateway_health_is_200_with_counts_even_when_nothing_is_online(cli
         "workers_primary_healthy": 0,
         "workers_busy": 0,
         "workers_generation_ready": 0,
+        "model_versions": {},  # online hosts by model version: none online
     }
 
 

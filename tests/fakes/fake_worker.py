@@ -10,7 +10,8 @@ job whose connection the gateway closes is counted in `departures` (with how lon
 its start the close came) and stops at once, like an interrupted ComfyUI prompt — or,
 with `finish_after_departure`, keeps the host busy until its service time is up, like a
 model inference that is left to finish. `/health` reports `checks` and
-`inference_timeout_seconds` when those knobs are set, as a real host does. With `refuse_when_busy`
+`inference_timeout_seconds` when those knobs are set, as a real host does, and its
+`model_version` (a knob: an upgrade changes it), which every answer names too. With `refuse_when_busy`
 it answers a job that arrives while another runs as a real GPU host does (503, 1007,
 `"busy": true`) and counts it in `busy_refused`; off by default, so that a gateway that
 sends one worker two jobs shows up in `overlaps` instead of being saved by the refusal.
@@ -50,9 +51,11 @@ from gpu_host.wanted import HostWanted
 from shared.contract import (
     HEADER_FORWARDED_FOR,
     HEADER_HOST_WANTED,
+    HEADER_MODEL_VERSION,
     HEADER_REQUEST_ID,
     HEADER_REQUEST_TIMEOUT_MS,
     HEADER_TOKEN,
+    MODEL_VERSION_KEY,
     Code,
     busy_envelope,
     envelope,
@@ -73,6 +76,7 @@ PNG_BYTES = _tiny_png()
 PNG_BASE64 = base64.b64encode(PNG_BYTES).decode()
 NOT_BASE64 = "!!not*base64@@"
 NOT_PNG_BASE64 = base64.b64encode(b"GIF89a this is not a PNG").decode()
+FAKE_MODEL_VERSION = "0.0.0+fake00000000"  # the shape gpu_host.version gives, never a real one
 
 
 @dataclasses.dataclass
@@ -96,6 +100,9 @@ class Knobs:
     image: ImageMode = "png"  # "none": a small envelope without images (benchmarks)
     shape: Shape = "flat"  # "nested": images in objects in arrays, and nulls
     answer_code: int = 0  # not 0: every job gets this envelope code (e.g. a host's own 1007)
+    # what /health and every answer name as the host's model version (an upgrade changes it);
+    # "": the host of before seed 002 §6.2, which names none
+    model_version: str = FAKE_MODEL_VERSION
 
     def update(self, changes: dict[str, Any]) -> None:
         names = {field.name for field in dataclasses.fields(self)}
@@ -252,8 +259,10 @@ def create_app(worker: FakeWorker) -> QuartTrio:
         if not worker.authorized():
             return unauthorized()
         worker.stats.health_checks += 1
+        # a real host names its version in every /health, loading too (gpu_host.app)
+        version = {MODEL_VERSION_KEY: worker.knobs.model_version} if worker.knobs.model_version else {}
         if worker.knobs.not_ready:
-            return {"status": "loading"}, 503
+            return {"status": "loading", **version}, 503
         busy = worker.knobs.health_busy or worker.stats.in_flight > 0
         now = trio.current_time()
         if request.headers.get(HEADER_HOST_WANTED) == "1":
@@ -264,7 +273,14 @@ def create_app(worker: FakeWorker) -> QuartTrio:
             answer["inference_timeout_seconds"] = worker.knobs.inference_timeout_seconds
         if worker.knobs.checks is not None:
             answer["checks"] = worker.knobs.checks
-        return answer
+        return {**answer, **version}
+
+    @app.after_request
+    async def name_the_model(response: Response) -> Response:
+        # a real host names its version on every /api/ answer (gpu_host.app)
+        if request.path.startswith("/api/") and worker.knobs.model_version:
+            response.headers[HEADER_MODEL_VERSION] = worker.knobs.model_version
+        return response
 
     @app.post("/api/v1/hair/<name>")
     async def job(name: str) -> Any:

@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from shared.contract import is_envelope
-from tests.fakes.fake_worker import PNG_BYTES, FakeWorker, create_app
+from tests.fakes.fake_worker import FAKE_MODEL_VERSION, PNG_BYTES, FakeWorker, create_app
 from tests.fakes.serve import serve_on_loopback
 
 TOKEN = "fake-token"
@@ -24,12 +24,17 @@ async def test_health_requires_the_token_and_reports_busy_and_loading() -> None:
     assert (unauthorized.status_code, await unauthorized.get_json()) == (401, {"status": "unauthorized"})
     ok = await client.get("/health", headers=AUTH)
     ready = {"status": "ok", "device": "cpu", "segmenter": "fallback", "busy": False, "wanted": False}
-    assert await ok.get_json() == ready
+    assert await ok.get_json() == {**ready, "model_version": FAKE_MODEL_VERSION}
     worker.knobs.update({"health_busy": True})
     assert (await (await client.get("/health", headers=AUTH)).get_json())["busy"] is True
     worker.knobs.update({"not_ready": True})
     loading = await client.get("/health", headers=AUTH)
-    assert (loading.status_code, await loading.get_json()) == (503, {"status": "loading"})
+    assert (loading.status_code, await loading.get_json()) == (
+        503,
+        {"status": "loading", "model_version": FAKE_MODEL_VERSION},
+    )
+    worker.knobs.update({"not_ready": False, "model_version": ""})  # a host of before: names none
+    assert "model_version" not in await (await client.get("/health", headers=AUTH)).get_json()
 
 
 async def test_overlapping_jobs_are_counted() -> None:
@@ -53,6 +58,7 @@ async def test_answers_an_envelope_with_a_real_png_and_fails_on_demand() -> None
     response = await client.post("/api/v1/hair/measure", headers={**AUTH, "X-Request-ID": "r1"}, json={})
     body = await response.get_json()
     assert is_envelope(body) and body["request_id"] == "r1"
+    assert response.headers["X-Model-Version"] == FAKE_MODEL_VERSION
     assert base64.b64decode(body["data"]["annotated_image_base64"]) == PNG_BYTES
     assert PNG_BYTES.startswith(b"\x89PNG\r\n\x1a\n")
     worker.knobs.update({"fail_next": 1, "fail_status": 503})

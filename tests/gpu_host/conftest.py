@@ -22,6 +22,7 @@ from gpu_host.comfyui import ComfyUIClient
 from gpu_host.model_process import ModelProcess
 from gpu_host.protocol import ChildConfig
 from gpu_host.supervisor import Backoff
+from gpu_host.version import host_model_version
 from shared.secrets_file import SecretsSource
 from shared.settings import AnalysisSettings
 from tests.gpu_host import fake_child
@@ -30,6 +31,8 @@ TOKEN = "tok-current-7f3a9c"
 OLD_TOKEN = "tok-previous-51d2e8"
 LIMITS = AnalysisSettings(max_image_bytes=64 * 1024)
 MEASURE = "/api/v1/hair/measure"
+# what a host with these settings (no BiSeNet, the built-in preview) reports: computed as it does
+MODEL_VERSION = host_model_version("", None).value
 WAIT_SECONDS = 30  # generous for a spawn on a loaded 2-core machine; never reached when healthy
 
 
@@ -61,7 +64,7 @@ async def serving(
     runs them; yields a test client. `secrets`: mount `/admin/tokens`, persisting there."""
     guard = TokenGuard((TOKEN, OLD_TOKEN))
     tokens = None if secrets is None else HostTokens(guard, (TOKEN, OLD_TOKEN), secrets)
-    app = create_app(model, guard, limits, comfyui=comfyui, tokens=tokens)
+    app = create_app(model, guard, limits, model_version=MODEL_VERSION, comfyui=comfyui, tokens=tokens)
     async with trio.open_nursery() as nursery:
         await nursery.start(model.run)
         async with app.test_app() as test_app:

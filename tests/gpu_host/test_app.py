@@ -16,6 +16,7 @@ from shared.contract import (
     BUSY_KEY,
     GPU_ENDPOINT_PATHS,
     HEADER_HOST_WANTED,
+    HEADER_MODEL_VERSION,
     MSG_BACKEND_UNAVAILABLE,
     MSG_HOST_BUSY,
     WANTED_KEY,
@@ -23,6 +24,7 @@ from shared.contract import (
 from shared.secrets_file import SecretsSource
 from shared.settings import ENV_ACCEPT_PASSWORDS, token_fingerprint
 from tests.gpu_host.conftest import (
+    MODEL_VERSION,
     OLD_TOKEN,
     TOKEN,
     WAIT_SECONDS,
@@ -100,13 +102,14 @@ async def test_health_is_503_loading_until_the_child_is_ready(tmp_path: Any) -> 
         ready = await client.get("/health", headers=auth())
         no_problem = {
             "inference_timeout_seconds": 30.0,
+            "model_version": MODEL_VERSION,  # known from the start: also while loading
             "checks": {"disk": "ok", "comfyui": "off"},
             "disk_age_seconds": None,
         }
         assert (loading.status_code, await loading.get_json()) == (503, {"status": "loading", **no_problem})
         # a request that reaches a host that is not ready is not an answer about the photo:
         # 503 lets the gateway send it elsewhere
-        assert refused.status_code == 503
+        assert (refused.status_code, refused.headers[HEADER_MODEL_VERSION]) == (503, MODEL_VERSION)
         assert {k: (await refused.get_json())[k] for k in ("code", "message")} == {
             "code": 1007,
             "message": MSG_BACKEND_UNAVAILABLE,
@@ -115,6 +118,23 @@ async def test_health_is_503_loading_until_the_child_is_ready(tmp_path: Any) -> 
             200,
             {"status": "ok", "device": "cpu", "segmenter": "fake", "busy": False, "wanted": False, **no_problem},
         )
+
+
+async def test_every_api_answer_names_the_model_version_health_reports() -> None:
+    model = fake_model()
+    async with serving(model) as client:
+        await model.wait_ready()
+        health = await client.get("/health", headers=auth())
+        answers = [
+            await post_image(client, b"ok"),
+            await post_image(client, b"fail:1005"),  # the photo refused
+            await post_image(client, b"raise"),  # a 1007
+            await client.post("/api/v1/hair/nowhere", headers=auth()),  # the error handler's envelope
+        ]
+    assert (await health.get_json())["model_version"] == MODEL_VERSION
+    assert MODEL_VERSION.startswith("0.") and "+" in MODEL_VERSION  # "<package version>+<12 hex>"
+    assert [answer.headers.get(HEADER_MODEL_VERSION) for answer in answers] == [MODEL_VERSION] * 4
+    assert [(await answer.get_json())["code"] for answer in answers] == [0, 1005, 1007, 1001]
 
 
 async def test_health_answers_while_an_inference_runs(fifos: Fifos) -> None:

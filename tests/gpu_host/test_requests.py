@@ -16,7 +16,17 @@ import gpu_host.app
 from gpu_host.app import create_app
 from gpu_host.auth import TokenGuard
 from shared.contract import Code
-from tests.gpu_host.conftest import LIMITS, MEASURE, TOKEN, auth, fake_model, image_file, post_image, serving
+from tests.gpu_host.conftest import (
+    LIMITS,
+    MEASURE,
+    MODEL_VERSION,
+    TOKEN,
+    auth,
+    fake_model,
+    image_file,
+    post_image,
+    serving,
+)
 from tests.gpu_host.fake_child import scripted
 
 
@@ -127,7 +137,7 @@ async def test_a_failure_outside_the_handlers_is_a_1007_envelope_without_a_trace
         def is_accepted(self, presented: str | None) -> bool:
             raise RuntimeError("a bug in a hook")
 
-    app = create_app(fake_model(), BrokenGuard((TOKEN,)), LIMITS)
+    app = create_app(fake_model(), BrokenGuard((TOKEN,)), LIMITS, model_version=MODEL_VERSION)
     async with app.test_app() as test_app:
         response = await test_app.test_client().post(MEASURE, headers=auth(**{"X-Request-ID": "r-500"}), json={})
         text = await response.get_data(as_text=True)

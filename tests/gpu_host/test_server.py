@@ -16,7 +16,8 @@ import pytest
 from PIL import Image
 
 from cluster.launcher import child_env
-from shared.contract import HEADER_TOKEN
+from gpu_host.version import host_model_version
+from shared.contract import HEADER_MODEL_VERSION, HEADER_TOKEN
 from tests.gpu_host.processes import (
     REPO_ROOT,
     astronaut_png,
@@ -46,7 +47,9 @@ def test_real_host_opens_at_once_loads_in_the_child_serves_and_stops_cleanly(tmp
     finally:
         exit_code = host.stop(signal.SIGTERM)
     # the port opened before the models were loaded
-    deep = {"inference_timeout_seconds": 50, "checks": {"disk": "ok", "comfyui": "off"}}
+    # its model version, hashed by the web process at its start (no BiSeNet, no ComfyUI)
+    version = host_model_version("", None).value
+    deep = {"inference_timeout_seconds": 50, "model_version": version, "checks": {"disk": "ok", "comfyui": "off"}}
     first_body, ready_body = first.json(), ready.json()
     ages = [body.pop("disk_age_seconds") for body in (first_body, ready_body)]  # the disk reading's
     assert all(isinstance(age, float) and 0 <= age < 10 for age in ages), ages
@@ -55,6 +58,7 @@ def test_real_host_opens_at_once_loads_in_the_child_serves_and_stops_cleanly(tmp
     assert ready_body == {**ready, **deep}
     body = answer.json()
     assert (body["code"], answer.headers["X-Request-ID"]) == (0, body["request_id"]), body
+    assert answer.headers[HEADER_MODEL_VERSION] == version
     annotated = Image.open(io.BytesIO(base64.b64decode(body["data"]["annotated_image_base64"])))
     assert (annotated.format, annotated.size) == ("PNG", (512, 512))
     assert unauthorized.status_code == 401
@@ -69,7 +73,7 @@ def test_real_host_opens_at_once_loads_in_the_child_serves_and_stops_cleanly(tmp
 def test_web_process_modules_never_include_torch_or_mediapipe() -> None:
     script = """
 import sys
-from gpu_host import admin, app, auth, comfyui, connections, main, metrics, model_process, protocol, supervisor
+from gpu_host import admin, app, auth, comfyui, connections, main, metrics, model_process, protocol, supervisor, version
 from gpu_host.auth import TokenGuard
 from shared import uploads
 from shared.settings import Settings
@@ -78,7 +82,8 @@ model = model_process.ModelProcess(
     main.child_config(settings), inference_timeout_seconds=1, model_load_timeout_seconds=1
 )
 client = comfyui.ComfyUIClient("http://127.0.0.1:1", comfyui.load_workflow(""), 1)
-app.create_app(model, TokenGuard(("t",)), settings.analysis, comfyui=client)
+model_version = version.host_model_version("", comfyui.load_workflow("")).value  # hashes the analysis's data
+app.create_app(model, TokenGuard(("t",)), settings.analysis, model_version=model_version, comfyui=client)
 print(sorted(m for m in ("torch", "mediapipe", "cv2", "numpy") if m in sys.modules))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
@@ -119,7 +124,7 @@ def test_bad_settings_exit_non_zero_with_one_line_naming_the_key(
     command = [
         sys.executable,
         "-m",
-        "cluster.cli",
+        "shared.cli",
         "gpu-host",
         "--config",
         str(tmp_path / "settings.toml"),
