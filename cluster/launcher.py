@@ -62,7 +62,7 @@ class Service:
 def hairgate_argv() -> list[str]:
     """How to run `hairgate` from this interpreter, whether installed as a script or not."""
     script = Path(sys.executable).with_name("hairgate")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "shared.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "cluster.cli"]
 
 
 def hairgate_service(name: str, role: str, settings: Path, secrets: Path, port: int, health_path: str) -> Service:

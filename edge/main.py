@@ -22,12 +22,12 @@ from hypercorn.config import Config
 from quart_trio import QuartTrio
 
 from edge.admission.idempotency import IdempotencyUnavailable, open_idempotency, store_kind
-from edge.admission.shared_state import redis_client
 from edge.app import create_app
 from edge.gateway import Gateway, build_gateway, probe_options
 from edge.observe.metrics import metrics_app
 from edge.pool.prober import Prober
 from edge.reload import reload_settings
+from edge.shared_state import redis_client
 from edge.web.server import GatewayConfig
 from shared.logs import configure_logging
 from shared.secrets_file import SecretsSource, is_header_safe

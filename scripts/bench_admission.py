@@ -37,10 +37,10 @@ from edge.admission.idempotency_cache import CachedStore
 from edge.admission.idempotency_postgres import PostgresStore
 from edge.admission.idempotency_stores import RedisStore, SqliteStore
 from edge.admission.rate_limit import ClientKeys, MemoryRateLimiter, RedisRateLimiter
-from edge.admission.shared_state import redis_client
 from edge.observe.metrics import GatewayMetrics
 from edge.observe.request_log import RequestRecord
 from edge.observe.stats import RequestStats
+from edge.shared_state import redis_client
 from shared.contract import Code, envelope
 from shared.settings import RateLimitSettings
 from tests.fakes.redis_server import RedisServer, find_redis_binary

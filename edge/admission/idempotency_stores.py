@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import coredis
 import trio
 
-from edge.admission.shared_state import REDIS_ERRORS
+from edge.shared_state import REDIS_ERRORS
 from shared.contract import is_envelope
 
 

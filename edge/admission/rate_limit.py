@@ -36,7 +36,7 @@ from typing import Protocol
 
 import coredis
 
-from edge.admission.shared_state import REDIS_ERRORS
+from edge.shared_state import REDIS_ERRORS
 from shared.logs import FailureLog
 from shared.settings import RateLimitSettings
 

@@ -61,8 +61,8 @@ import coredis
 import trio
 from coredis.commands import Script
 
-from edge.admission.shared_state import REDIS_ERRORS
 from edge.pool.failures import WorkerBusy
+from edge.shared_state import REDIS_ERRORS
 from shared.logs import FailureLog
 from shared.settings import timeout_margin_seconds
 

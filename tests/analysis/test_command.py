@@ -17,7 +17,7 @@ from PIL import Image
 
 from analysis import command
 from analysis.native_logs import CHATTER_WARNINGS
-from shared.cli import build_parser
+from cluster.cli import build_parser
 from shared.contract import GENERATOR_PREVIEW, is_envelope
 
 from .images import encode
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def hairgate(*arguments: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     script = Path(sys.executable).with_name("hairgate")
-    launcher = [str(script)] if script.exists() else [sys.executable, "-m", "shared.cli"]
+    launcher = [str(script)] if script.exists() else [sys.executable, "-m", "cluster.cli"]
     return subprocess.run([*launcher, *map(str, arguments)], capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 

@@ -71,7 +71,7 @@ def test_a_dev_gateway_lets_the_benchmarks_burst(tmp_path: Path) -> None:
 
 
 def test_every_dev_option_explains_itself_and_shows_its_default() -> None:
-    from shared.cli import build_parser
+    from cluster.cli import build_parser
 
     commands = next(action for action in build_parser()._actions if action.dest == "command")
     dev = commands.choices["dev"]  # type: ignore[index]
@@ -96,7 +96,7 @@ def test_a_second_dev_run_from_the_same_directory_refuses_and_leaves_the_first_o
     with holding(tmp_path / "var" / "dev"):
         first = prepare(REPO_ROOT / "settings.toml", 1, free_port(), free_port(), tmp_path / "var" / "dev")
         second = subprocess.run(
-            [sys.executable, "-m", "shared.cli", "dev", "--config", str(REPO_ROOT / "settings.toml")],
+            [sys.executable, "-m", "cluster.cli", "dev", "--config", str(REPO_ROOT / "settings.toml")],
             cwd=tmp_path,
             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
             capture_output=True,

@@ -400,7 +400,7 @@ async def test_the_cli_answers_on_the_gateway_file(tmp_path: Path) -> None:
     config.write_text(f'[edge.audit]\npath = "{tmp_path / "cli.sqlite3"}"\n')
 
     def cli(*arguments: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "shared.cli", "audit", "--config", str(config), *arguments]
+        command = [sys.executable, "-m", "cluster.cli", "audit", "--config", str(config), *arguments]
         return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
 
     retried = json.loads(cli("--json", "retries", "--since", "1h").stdout)

@@ -1,7 +1,7 @@
 """`hairgate audit`'s arguments (issue 39 item 7): a usage error for what it cannot answer, never a
 traceback, and the options common to every question on either side of it, as people type them.
 
-In-process through `shared.cli.main`, on a SQLite file a trail wrote.
+In-process through `cluster.cli.main`, on a SQLite file a trail wrote.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from cluster.cli import main
 from edge.audit.store import SqliteAuditStore
-from shared.cli import main
 from shared.contract import Code
 from tests.edge.test_audit import MEASURE, arrive, trail_on
 from tests.edge.test_audit_conflicts import finish

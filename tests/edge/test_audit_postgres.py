@@ -89,7 +89,7 @@ async def test_two_gateways_share_one_table_without_colliding(tmp_path: Path, po
     secrets.write_text(f'[audit]\npostgres_dsn = "{postgres_dsn}"\n')
     config = tmp_path / "settings.toml"
     config.write_text("")
-    command = [sys.executable, "-m", "shared.cli", "audit", "--config", str(config), "--secrets", str(secrets)]
+    command = [sys.executable, "-m", "cluster.cli", "audit", "--config", str(config), "--secrets", str(secrets)]
     command.append("--json")
     with psycopg.connect(postgres_dsn) as connection:  # finish some of each gateway's executions
         connection.execute(

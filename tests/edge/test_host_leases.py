@@ -21,7 +21,6 @@ from coredis import Redis
 from coredis.tokens import PureToken
 
 from cluster.launcher import free_port, start_announcing
-from edge.admission.shared_state import redis_client
 from edge.pool.host_leases import (
     HANDOVER_GRACE_SECONDS,
     LEASE_CALL_SECONDS,
@@ -31,6 +30,7 @@ from edge.pool.host_leases import (
     RedisHostLeases,
     Turn,
 )
+from edge.shared_state import redis_client
 from tests.fakes.redis_server import RedisServer
 
 HOST = "http://gpu-1:8000"

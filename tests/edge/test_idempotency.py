@@ -30,7 +30,7 @@ from edge.admission.idempotency import (
 from edge.admission.idempotency_cache import CachedStore
 from edge.admission.idempotency_postgres import PostgresStore
 from edge.admission.idempotency_stores import IdempotencyStore, Record, RedisStore, SqliteStore
-from edge.admission.shared_state import redis_client
+from edge.shared_state import redis_client
 from shared.contract import Code, ContractError
 from shared.settings import IdempotencySettings
 from tests.fakes.redis_server import RedisServer

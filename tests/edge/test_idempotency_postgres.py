@@ -27,8 +27,8 @@ from edge.admission.idempotency import Idempotency, IdempotencyUnavailable, Outc
 from edge.admission.idempotency_cache import CachedStore
 from edge.admission.idempotency_postgres import PostgresStore
 from edge.admission.idempotency_stores import Record, RedisStore, SqliteStore
-from edge.admission.shared_state import redis_client
 from edge.main import check_edge_settings
+from edge.shared_state import redis_client
 from shared.settings import IdempotencySettings, SettingsError
 from tests.edge.conftest import make_settings
 from tests.edge.test_idempotency import FP, TTL, Job, ReadSpy, answer, postgres_store, serving

@@ -1,8 +1,9 @@
 """edge/'s rooms import only downward, so the layout cannot rot unnoticed.
 
-Layers, lowest first: `edge.exchange` (the `/api/` request and answer types) · the
-sub-packages that do one job each (`pool`, `admission`, `observe`, `annotations`, `audit`,
-`local`; they may import one another, never in a circle) · `edge.forwarding` (the forward
+Layers, lowest first: `edge.exchange` (the `/api/` request and answer types) and
+`edge.shared_state` (the Redis client) · the sub-packages that do one job each (`pool`,
+`admission`, `observe`, `annotations`, `audit`, `local`; they may import one another, never
+in a circle: not between modules, nor between the sub-packages themselves) · `edge.forwarding` (the forward
 service) · `edge.web` (the HTTP layer) · the top (`gateway`, `app`, `reload`, `main`),
 which assembles them. Imports under `if TYPE_CHECKING:` are annotations only (a view's
 `Gateway`) and are not arrows.
@@ -15,7 +16,7 @@ from pathlib import Path
 
 EDGE = Path(__file__).resolve().parents[2] / "edge"
 LAYERS = [
-    {"edge.exchange"},
+    {"edge.exchange", "edge.shared_state"},
     {"edge.pool", "edge.admission", "edge.observe", "edge.annotations", "edge.audit", "edge.local"},
     {"edge.forwarding"},
     {"edge.web"},
@@ -104,6 +105,54 @@ def test_no_module_imports_itself_in_a_circle() -> None:
 
     for module in sorted(graph):
         walk(module)
+
+
+def _sub_package(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_sub_package_imports_itself_in_a_circle() -> None:
+    """Modules may be acyclic while their rooms are not (issue 41: admission -> observe ->
+    pool -> admission, each arrow from a different module)."""
+    arrows: dict[str, set[str]] = {}
+    for module, imports in _graph().items():
+        for imported in imports:
+            if _sub_package(imported) != _sub_package(module):
+                arrows.setdefault(_sub_package(module), set()).add(_sub_package(imported))
+    assert not _circle(arrows), "sub-package circle: " + " -> ".join(_circle(arrows))
+
+
+def _circle(arrows: dict[str, set[str]]) -> list[str]:
+    """One circle of `arrows` (a path that ends where it began), or []."""
+    done: set[str] = set()
+
+    def walk(node: str, path: list[str]) -> list[str]:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return []
+        for target in sorted(arrows.get(node, ())):
+            found = walk(target, [*path, node])
+            if found:
+                return found
+        done.add(node)
+        return []
+
+    for node in sorted(arrows):
+        found = walk(node, [])
+        if found:
+            return found
+    return []
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    assert _circle({"edge.a": {"edge.b"}, "edge.b": {"edge.c"}, "edge.c": {"edge.a"}}) == [
+        "edge.a",
+        "edge.b",
+        "edge.c",
+        "edge.a",
+    ]
+    assert _circle({"edge.a": {"edge.b"}, "edge.b": set()}) == []
 
 
 def test_the_check_sees_a_known_arrow() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli import main
+from cluster.cli import main
 
 GOOD_EDGE = '[edge]\nbind = "127.0.0.1:18160"\n[edge.pool]\nworkers = ["http://127.0.0.1:18161"]\n'
 GOOD_SECRETS = '[auth]\nshared_password = "s3cret-value"\n'
@@ -60,7 +60,7 @@ def test_real_command_prints_no_traceback(tmp_path: Path) -> None:
     args = write(tmp_path, GOOD_EDGE, '[auth]\nshared_password = ""\n')
     repo = Path(__file__).resolve().parents[2]
     result = subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args],
+        [sys.executable, "-m", "cluster.cli", *args],
         cwd=repo,
         capture_output=True,
         text=True,

@@ -16,7 +16,7 @@ from edge.admission.rate_limit import (
     RedisRateLimiter,
     build_rate_limiter,
 )
-from edge.admission.shared_state import redis_client
+from edge.shared_state import redis_client
 from shared.settings import RateLimitSettings
 from tests.fakes.redis_server import RedisServer
 

@@ -15,8 +15,8 @@ import json
 
 import trio
 
-from edge.admission.shared_state import redis_client
 from edge.pool.host_leases import RedisHostLeases
+from edge.shared_state import redis_client
 
 ATTEMPT_SECONDS = 180.0  # a generation's attempt: the lease the heartbeat replaced was this plus a margin
 

@@ -124,7 +124,7 @@ def test_bad_settings_exit_non_zero_with_one_line_naming_the_key(
     command = [
         sys.executable,
         "-m",
-        "shared.cli",
+        "cluster.cli",
         "gpu-host",
         "--config",
         str(tmp_path / "settings.toml"),

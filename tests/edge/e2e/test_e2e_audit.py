@@ -51,7 +51,7 @@ async def test_a_default_gateway_writes_sqlite_and_the_cli_and_prelaunch_read_it
     assert config.exists()
 
     def cli(*arguments: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "shared.cli", "audit", "--config", str(config)]
+        command = [sys.executable, "-m", "cluster.cli", "audit", "--config", str(config)]
         command += ["--secrets", str(cluster.secrets_path)]
         return subprocess.run([*command, *arguments], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
 

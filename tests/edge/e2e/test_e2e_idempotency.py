@@ -11,7 +11,7 @@ import trio
 
 from cluster.launcher import Process
 from edge.admission.idempotency_stores import RedisStore
-from edge.admission.shared_state import redis_client
+from edge.shared_state import redis_client
 from shared.contract import HEADER_IDEMPOTENCY_KEY, HEADER_IDEMPOTENCY_REPLAYED, HEADER_REQUEST_ID, Code
 from tests.edge.e2e.harness import MEASURE, Cluster, measure, wait_until
 from tests.edge.e2e.test_e2e_audit import _with_dsn

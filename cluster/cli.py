@@ -1,7 +1,9 @@
 """The `hairgate` command: one entry point, one sub-command per role.
 
-Each sub-command's module is imported only when that sub-command runs, so the gateway never
-imports torch or mediapipe and `hairgate --help` is instant.
+It sits above the services it starts (tests/test_layout.py: `shared` below everything, the
+services above it, `cluster` on top), beside `hairgate dev`'s launcher. Each sub-command's
+module is imported only when that sub-command runs, so the gateway never imports torch or
+mediapipe and `hairgate --help` is instant.
 """
 
 from __future__ import annotations

@@ -1,0 +1,54 @@
+"""The top packages import only downward: `shared` (the contract, settings, the HTTP server
+both services run) below everything; `analysis` on it; the two services on those and never
+on each other; `cluster` (the `hairgate` command and the launcher) on top. Within edge/ and
+analysis/ their own layout tests hold the rooms (tests/edge/test_layout.py,
+tests/analysis/test_layout.py)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# each package -> the packages it may import
+MAY_IMPORT = {
+    "shared": set(),
+    "analysis": {"shared"},
+    "edge": {"shared", "analysis"},  # the gateway's face workers run endpoint 99's analysis
+    "gpu_host": {"shared", "analysis"},
+    "cluster": {"shared", "analysis", "edge", "gpu_host"},
+}
+
+
+def _imported_packages(path: Path) -> set[str]:
+    """The top packages of ours a module names in an import statement or an import string
+    (`importlib.import_module("edge.main")` is an arrow too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.partition(".")[0])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _looks_like_a_module(node.value):
+            found.add(node.value.partition(".")[0])
+    return found & set(MAY_IMPORT)
+
+
+def _looks_like_a_module(text: str) -> bool:
+    head, dot, rest = text.partition(".")
+    return bool(dot) and head in MAY_IMPORT and rest.replace(".", "").replace("_", "").isalnum()
+
+
+def test_every_package_imports_only_the_packages_below_it() -> None:
+    upward = [
+        f"{path.relative_to(REPO)} imports {package}"
+        for owner, allowed in MAY_IMPORT.items()
+        for path in sorted((REPO / owner).rglob("*.py"))
+        for package in _imported_packages(path) - allowed - {owner}
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_check_sees_an_import_string() -> None:
+    module = REPO / "cluster" / "cli.py"
+    assert {"edge", "gpu_host", "analysis"} <= _imported_packages(module)
