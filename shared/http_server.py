@@ -426,7 +426,10 @@ def _refusal(status: int, request: h11.Request | bytes, api_message: str, other_
     and the contract's 1001 envelope saying `api_message` (with the client's request id where
     its head was read), elsewhere `status` and a small JSON error saying `other_message`."""
     target, headers = (request, {}) if isinstance(request, bytes) else (request.target, dict(request.headers))
-    if not target.startswith(API_PREFIX.encode()):
+    # a 2xx answer to a CONNECT that h11 has read opens a tunnel (h11 switches protocols, and
+    # the body after it was refused: a contained failure): CONNECT gets its status
+    tunnel = isinstance(request, h11.Request) and request.method == b"CONNECT"
+    if tunnel or not target.startswith(API_PREFIX.encode()):
         return _Refusal(status, _json({"status": "error", "message": other_message}), b"application/json")
     given = headers.get(_REQUEST_ID)
     request_id = request_id_from_header(None if given is None else given.decode("latin-1"))

@@ -92,6 +92,13 @@ ATTACKS = (
         True,
     ),
     Attack("negative CL", _head(f"POST {API} HTTP/1.1", "Content-Length: -1\r\n"), frozenset({200}), True),
+    # the fuzz's find: a 200 envelope to a CONNECT opened a tunnel in h11 (a contained failure)
+    Attack(
+        "CONNECT, CL+TE",
+        _head(f"CONNECT {API} HTTP/1.1", "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n", body=b"0\r\n\r\n"),
+        frozenset({400}),
+        True,
+    ),
     # upgrades the services do not serve: a WebSocket is answered before the app (issue 23: a bare 500)
     Attack("WebSocket on /api/", _head(f"GET {API} HTTP/1.1", WEBSOCKET), frozenset({200}), True),
     Attack("WebSocket on /health", _head("GET /health HTTP/1.1", WEBSOCKET), frozenset({400}), True),
