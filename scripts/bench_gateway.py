@@ -207,7 +207,8 @@ def start_gateway(
     if checkout is None:
         process = start_edge(config, secrets_file, port, directory / "gateway.log")
     else:  # `python -m` runs the code of the working directory: the other checkout's
-        argv = [sys.executable, "-m", "cluster.cli", "edge", "--config", str(config), "--secrets", str(secrets_file)]
+        cli = "cluster.cli" if (checkout / "cluster" / "cli.py").is_file() else "shared.cli"  # before issue 41
+        argv = [sys.executable, "-m", cli, "edge", "--config", str(config), "--secrets", str(secrets_file)]
         argv += ["--bind", f"127.0.0.1:{port}"]
         process = start(
             Service(name, argv, f"http://127.0.0.1:{port}", "/health"), directory / "gateway.log", cwd=checkout
