@@ -24,6 +24,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -69,30 +70,16 @@ def judge(answer: HealthAnswer, sent_at: float) -> ProbeResult:
     timeout = document.get("inference_timeout_seconds")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout):
         timeout = None
+    # what the host reports of itself, kept whatever the answer says of its health
+    reported = ProbeResult(sent_at, ok=False, checks=checks, inference_timeout_seconds=timeout, model_version=version)
     if answer.status != 200:
         loading = answer.status == 503 and document.get("status") == HEALTH_LOADING
         reason = f"HTTP {answer.status} {HEALTH_LOADING}" if loading else f"HTTP {answer.status}"
-        return ProbeResult(
-            sent_at,
-            ok=False,
-            reason=reason,
-            loading=loading,
-            checks=checks,
-            inference_timeout_seconds=timeout,
-            model_version=version,
-        )
+        return replace(reported, reason=reason, loading=loading)
     if body is None:
         return ProbeResult(sent_at, ok=False, reason="health body is not JSON")
     busy, wanted = document.get(BUSY_KEY) is True, document.get(WANTED_KEY) is True
-    return ProbeResult(
-        sent_at,
-        ok=True,
-        busy=busy,
-        wanted=wanted,
-        checks=checks,
-        inference_timeout_seconds=timeout,
-        model_version=version,
-    )
+    return replace(reported, ok=True, busy=busy, wanted=wanted)
 
 
 def _checks(value: object) -> Mapping[str, str]:
