@@ -5,7 +5,8 @@
         [--write] [--cache var/eval_hairline.pkl] [--per-photo]
 
 Every labelled photo (`labels.json`) and its copies (mirrored, 0.5x, 1.5x, JPEG q40, hair
-recoloured blonde through the network's own mask, top cropped above the hair) is traced once
+recoloured blonde through the network's own mask, top cropped above the hair; and, as covered
+hairlines, the hairline under a flat beige or blue scarf) is traced once
 up to its candidate answer (`analysis.endpoints.trace`: refusals, segmentation, tracing,
 the evidence). The photos are split into 5 folds stratified by kind (hairline,
 no_hairline, occluded, rejected), each photo's copies in its own fold; the decision layer
@@ -70,7 +71,7 @@ BALD_REGULARISATION = 10.0
 # (`decision.TRUST_FEATURES`) the out-of-fold ranking put its first wrong answer after 109
 # right ones, with these four after 118 (and its second after 137, not 111).
 TRUST_MODEL_FEATURES = ("views_agree", "log_mm_per_px", "disagreement_mm", "gate_notes")
-COPIES = ("mirrored", "0.5x", "1.5x", "jpeg q40", "blonde", "top cropped")
+COPIES = ("mirrored", "0.5x", "1.5x", "jpeg q40", "blonde", "top cropped", "beige scarf", "blue scarf")
 UPSIDE_DOWN = "倒置"  # the pose refusal's word for an upside-down face
 KINDS = ("hairline", "no_hairline", "occluded", "rejected")
 
@@ -140,6 +141,17 @@ def copies_of(rgb: np.ndarray, traced: Any, label: dict[str, Any]) -> Iterable[t
             yield "top cropped", cropped, 1.0, float(cut)
 
 
+def covered_copies(rgb: np.ndarray, traced: Any) -> Iterable[tuple[str, np.ndarray]]:
+    """A hairline photo's hairline covered by a flat scarf, beige and blue (`copies.scarved`):
+    answers that may give no number and may not call the head bald."""
+    from tests.analysis.copies import SCARF_RGB, scarved
+
+    hair = traced.turn.segmentation_back(traced.segmentation).hair
+    if hair.any():
+        for colour in SCARF_RGB:
+            yield f"{colour} scarf", scarved(rgb, hair, traced.found.face, colour)
+
+
 def trace_answer(
     rgb: np.ndarray, models: Models, label: dict[str, Any], copy: str, scale: float, cut: float
 ) -> tuple[Answer, Any]:
@@ -183,6 +195,10 @@ def extract(photos: Path, with_copies: bool, log: Callable[[str], None] = print)
             if with_copies and label["kind"] != "rejected":
                 for name, image, scale, cut in copies_of(rgb, traced, label):
                     answers.append(trace_answer(image, models, label, name, scale, cut)[0])
+            if with_copies and label["kind"] == "hairline" and traced is not None:
+                covered = {**label, "kind": "occluded", "trichion_row": None, "tolerance_px": None}
+                for name, image in covered_copies(rgb, traced):
+                    answers.append(trace_answer(image, models, covered, name, 1.0, 0.0)[0])
             log(f"traced {label['file']}")
     finally:
         models.close()
@@ -286,7 +302,15 @@ def _conformal(scores: Sequence[float]) -> float:
     return float(values[rank - 1])
 
 
+def is_covered_copy(answer: Answer) -> bool:
+    """A scarf over the hairline (`covered_copies`): scored, never fitted on. Fitted on, the
+    beige scarf, as smooth and skin-coloured as a scalp, drove the bald threshold above every
+    bald head (bald held out 93 % -> 16 %): the evidence does not yet tell them apart."""
+    return answer.copy.endswith("scarf")
+
+
 def fit_decision(answers: Sequence[Answer], summary: str = "") -> Decision:
+    answers = [a for a in answers if not is_covered_copy(a)]
     traced = [a for a in answers if a.candidate is not None and not a.candidate.settled]
     bald_rows = [a for a in traced if a.candidate is not None and a.candidate.evidence.bald]
     bald = fit_logistic(
@@ -417,11 +441,16 @@ HEADER = (
 )
 
 
+def copies_report(report: Report) -> Report:
+    """The copies that keep the hairline in view (the scarves are reported on their own)."""
+    return Report([o for o in report.outcomes if o.answer.copy and not is_covered_copy(o.answer)])
+
+
 def folds_of(answers: Sequence[Answer]) -> dict[str, int]:
     """Photo -> fold: 5 folds stratified by kind, seeded."""
     from sklearn.model_selection import StratifiedKFold
 
-    photos = sorted({(a.photo, a.kind) for a in answers})
+    photos = sorted({(a.photo, a.kind) for a in answers if not a.copy})  # a photo's own kind: a copy's may differ
     kinds = [kind for _, kind in photos]
     splits = min(FOLDS, min(kinds.count(kind) for kind in set(kinds)))
     fold_of = {}
@@ -468,9 +497,12 @@ def print_report(evaluation: Evaluation, per_photo: bool) -> None:
     print(evaluation.in_sample.row("in sample"))
     originals = Report([o for o in evaluation.held_out.outcomes if not o.answer.copy])
     print(originals.row("held out, photos only"))
-    copies = Report([o for o in evaluation.held_out.outcomes if o.answer.copy])
+    copies = copies_report(evaluation.held_out)
     if copies.outcomes:
         print(copies.row("held out, copies only"))
+    covered = Report([o for o in evaluation.held_out.outcomes if is_covered_copy(o.answer)])
+    if covered.outcomes:
+        print(covered.row("scarves (not fitted)"))
     problems = (
         [("confident wrong", o) for o in evaluation.held_out.confident_wrong]
         + [("false claim", o) for o in evaluation.held_out.false_claims]

@@ -88,6 +88,29 @@ def _dyed(lab: np.ndarray, weight: np.ndarray, hair: np.ndarray, colour: str) ->
     return cv2.cvtColor(np.clip(np.rint(mixed), 0, 255).astype(np.uint8), cv2.COLOR_Lab2RGB)
 
 
+# a headscarf over the hairline (`scarved`): flat cloth in these RGB colours, one close to
+# skin (the bald model's hardest case: smooth and skin-coloured like a scalp) and one not
+SCARF_RGB = {"beige": (200, 190, 170), "blue": (40, 60, 150)}
+SCARF_BELOW_HAIR = 0.06  # face heights the cloth reaches below the hair's edge, over the line
+SCARF_SHADE = 0.05  # the cloth's lightness varies this much (folds, weave), not like strands
+
+
+def scarved(rgb: np.ndarray, hair: np.ndarray, face: Face, colour: str) -> np.ndarray:
+    """`rgb` with the hair of the boolean `hair` mask, and the forehead SCARF_BELOW_HAIR face
+    heights below it (but not below landmark 10), under a flat cloth of SCARF_RGB[colour]: a
+    covered hairline, which no answer may give a number for or call bald."""
+    points = face.points
+    reach = max(1, int(SCARF_BELOW_HAIR * (points[152, 1] - points[10, 1])))
+    lowered = np.zeros_like(hair)
+    lowered[reach:] = hair[:-reach]
+    rows = np.arange(rgb.shape[0])[:, None]
+    cloth = cv2.dilate(hair.astype(np.uint8), np.ones((9, 9), np.uint8)).astype(bool) | lowered
+    cloth &= rows < points[10, 1]
+    shade = 1.0 + SCARF_SHADE * np.random.default_rng(0).standard_normal(rgb.shape[:2])
+    painted = np.clip(np.array(SCARF_RGB[colour], float)[None, None, :] * shade[..., None], 0, 255)
+    return np.where(cloth[..., None], painted.astype(np.uint8), rgb)
+
+
 def cropped_above_hair(rgb: np.ndarray, hair: np.ndarray, margin: float = CROP_MARGIN) -> tuple[np.ndarray, int]:
     """`rgb` with its rows above the hair's top cut off (`margin` of the height left), and the
     rows cut."""

@@ -30,7 +30,9 @@ BALD_SHARE = 0.90  # analysis.md's target; held out: 8 of 8 bald photos, 92 % of
 OK_SHARE = 0.55  # target 0.75: held out, 57 % of the hairline photos
 BAND_COVERAGE = 0.90
 # on the copies, held out: one confident wrong number in ~320 answers (a 1.5x upscale of a
-# 250 px photo: docs/analysis_science.md § Known limits)
+# 250 px photo: docs/analysis_science.md § Known limits). The scarf copies (a covered
+# hairline) are printed in the report, not held to the targets: the evidence does not yet
+# tell a skin-coloured scarf from a scalp (§ Known limits)
 COPIES_WRONG_SHARE = 0.01
 
 
@@ -59,23 +61,24 @@ def _report_text(evaluation: Any, eval_hairline: ModuleType) -> str:
 def test_the_held_out_report_holds_its_targets_and_refits_the_shipped_file(
     photos_dir: Path, eval_hairline: ModuleType
 ) -> None:
-    """The photos and their copies (mirrored, 0.5x, 1.5x, JPEG q40, blonde, top cropped),
-    scored held out; the targets on the photos, a bound on the copies; and the fit on all of
-    them is the shipped file (`make fit` is reproducible). ~2 min on 2 cores."""
+    """The photos and their copies (mirrored, 0.5x, 1.5x, JPEG q40, blonde, top cropped;
+    the scarves only printed), scored held out; the targets on the photos, a bound on the
+    copies; and the fit on all of them is the shipped file (`make fit` is reproducible).
+    ~2.5 min on 2 cores."""
     answers = eval_hairline.extract(photos_dir, with_copies=True, log=lambda line: None)
     evaluation = eval_hairline.evaluate(answers)
     report = _report_text(evaluation, eval_hairline)
     photos = eval_hairline.Report([o for o in evaluation.held_out.outcomes if not o.answer.copy])
+    copies = eval_hairline.copies_report(evaluation.held_out)
     assert not photos.confident_wrong, report
     assert not photos.false_claims, report
-    assert not evaluation.held_out.covered_with_number, report
-    assert photos.band_coverage >= BAND_COVERAGE and evaluation.held_out.band_coverage >= BAND_COVERAGE, report
+    assert not photos.covered_with_number and not copies.covered_with_number, report
+    assert photos.band_coverage >= BAND_COVERAGE and copies.band_coverage >= BAND_COVERAGE, report
     assert photos.bald_share >= BALD_SHARE, report
     assert photos.ok_share >= OK_SHARE, report
     # every refusal photo answered with its own code; an upright face refused as upside down
     # is listed too (§ Known limits: avatarify_jobs)
     assert [o.answer.photo for o in photos.wrong_refusals] == ["avatarify_jobs.png"], report
-    copies = eval_hairline.Report([o for o in evaluation.held_out.outcomes if o.answer.copy])
     assert len(copies.confident_wrong) <= COPIES_WRONG_SHARE * len(copies.of("hairline")), report
     assert not copies.false_claims, report
     assert copies.bald_share >= BALD_SHARE, report
