@@ -38,6 +38,7 @@ from edge.pool.pool import Pool, Thresholds
 from edge.pool.scheduling import SchedulingPolicy
 from edge.pool.upstream import Upstream
 from edge.web.api_routes import API_PATHS
+from edge.web.entrance import Entrance
 from shared.model_version import analysis_version
 from shared.secrets_file import SecretsSource
 from shared.settings import AnalysisSettings, Settings
@@ -49,6 +50,9 @@ FILE_THREADS = 4  # concurrent file reads/writes; PNGs are small, the disk is th
 class Gateway:
     """Everything the handlers and background tasks of one gateway process share."""
 
+    # The record of the settings in force: what a reload starts from (its restart-only keys
+    # kept) and a token switch edits. Requests never read it: each component was told its
+    # part (`reconfigure`), and the layout test fails on a live read.
     settings: Settings
     dispatcher: Dispatcher
     upstream: Upstream
@@ -64,6 +68,7 @@ class Gateway:
     audit: AuditTrail
     static_cleanup: StaticCleanup
     static_downloads: StaticDownloads
+    entrance: Entrance  # what the HTTP layer checks and states per request
     model_version: str  # the gateway's own analysis, for the endpoints it answers itself (4, 99)
     secrets: SecretsSource | None = None  # where `POST /admin/token` persists the token
     # Held by whatever changes `settings` while serving (a SIGHUP reload, a token switch),
@@ -73,6 +78,18 @@ class Gateway:
     @property
     def pool(self) -> Pool:
         return self.dispatcher.pool
+
+    def switch_token(self, new: str) -> str:
+        """`new` as the shared password, in the record and where it is used (the upstream
+        client sends it, the entrance asks for it); the old one. The caller holds
+        `settings_lock` and has persisted `new` (`POST /admin/token`)."""
+        old = self.settings.auth.shared_password
+        self.settings = self.settings.model_copy(
+            update={"auth": self.settings.auth.model_copy(update={"shared_password": new})}
+        )
+        self.upstream.set_token(new)
+        self.entrance.reconfigure(self.settings)
+        return old
 
 
 def build_gateway(
@@ -130,7 +147,7 @@ def build_gateway(
         face_workers, SpecialPoints(face_workers, settings.analysis),
         Features(edge.features, face_workers, settings.analysis, transport=features_transport), audit,
         StaticCleanup(edge.static_dir, edge.static_cleanup, file_threads), StaticDownloads(edge.static_downloads),
-        analysis_version().value, secrets,
+        Entrance(settings), analysis_version().value, secrets,
     )  # fmt: skip
 
 

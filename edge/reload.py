@@ -8,13 +8,15 @@ warning naming it. Invalid new settings never get here: the caller logs one erro
 and keeps serving with the old ones.
 
 One idiom applies a reload, and `apply_settings` is the one place: it replaces
-`Gateway.settings` (the record that per-request checks read: the token, the header and
-body limits), then tells each component its part through the component's `reconfigure()`
-(the upstream client's token: `set_token`; the app's body bounds: `configure_limits`).
+`Gateway.settings` (the record the next reload starts from; no request reads it), then
+tells each component its part through the component's `reconfigure()` (the HTTP layer's
+token, header limit, alternative entrance and document facts: `Gateway.entrance`; the
+upstream client's token: `set_token`; the app's body bounds: `configure_limits`).
 Requests in flight finish with what they started with. No component is handed a reader of
 the live settings (a lambda over `gateway.settings`); `tests/edge/test_reload_idiom.py`
-fails on one, and a test in `test_reload.py` fails if a component that has `reconfigure()`
-is missing from the list below. The arguments the pool's and the forward service's
+fails on one, `tests/edge/test_layout.py` on a read of `.settings` where a request runs,
+and a test in `test_reload.py` fails if a component that has `reconfigure()` is missing
+from the list below. The arguments the pool's and the forward service's
 components take are computed by `edge.gateway`'s `*_options` functions, once for their
 construction and for a reload.
 
@@ -122,7 +124,8 @@ def apply_settings(gateway: Gateway, app: QuartTrio, prober: Prober, listener: G
     if kept:
         log.warning("SIGHUP：以下配置需重启网关才能生效，保持原值 | %s", ", ".join(kept))
     edge = settings.edge
-    gateway.settings = settings  # first: the record the token check and the header limit read per request
+    gateway.settings = settings  # the record the next reload and token switch start from
+    gateway.entrance.reconfigure(settings)
     gateway.dispatcher.reconfigure(
         edge.pool.workers, edge.pool.primary_workers, thresholds(settings), **dispatch_options(settings)
     )

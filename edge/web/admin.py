@@ -129,11 +129,7 @@ class TokenAdmin:
         return 200, {"status": "ok", "fingerprint": token_fingerprint(new)}
 
     def _switch(self, new: str, secrets: SecretsSource) -> None:
-        gateway = self._gateway
-        old = gateway.settings.auth.shared_password
-        auth = gateway.settings.auth.model_copy(update={"shared_password": new})
-        gateway.settings = gateway.settings.model_copy(update={"auth": auth})
-        gateway.upstream.set_token(new)
+        old = self._gateway.switch_token(new)
         log.warning(
             "shared_password 已切换 | 旧=%s 新=%s 来源=%s",
             token_fingerprint(old),

@@ -11,8 +11,8 @@ would replace the gateway's JSON provider, response conversion and WebSocket cla
 rebuild the document on every request.
 
 Built once: at start, and again on the first request after a reload changed the settings it
-reads (the rate-limit key header, the public base URL, the body limit, the largest photo
-side that bounds `hairline_points`' coordinates); answered as stored bytes. `/docs` is
+states (`edge.web.entrance.DocumentFacts`: the rate-limit key header, the public base URL,
+the largest photo side that bounds `hairline_points`' coordinates); answered as stored bytes. `/docs` is
 Swagger UI 5 with its files served here from the installed `flask_swagger_ui` package (its
 `dist/`): no CDN, which clinics' networks block.
 """
@@ -36,6 +36,7 @@ from quart_schema.validation import DataSource
 from werkzeug.routing.rules import Rule
 
 from edge.web.api_routes import FEATURES_PATH, SPECIAL_POINTS_PATH
+from edge.web.entrance import DocumentFacts, Entrance
 from shared.contract import (
     GPU_ENDPOINT_PATHS,
     HEADER_ALTERNATIVE_ENDPOINT,
@@ -61,7 +62,6 @@ from shared.models import (
     answer_model,
     bound_coordinates,
 )
-from shared.settings import Settings
 
 if TYPE_CHECKING:
     from edge.gateway import Gateway
@@ -322,37 +322,37 @@ def _info() -> Info:
 
 
 class Document:
-    """The document's bytes for the current settings, built when they change."""
+    """The document's bytes for the facts the entrance was last told, built when they change."""
 
-    def __init__(self, app: Quart, gateway: Gateway) -> None:
-        self._app, self._gateway = app, gateway
-        self._built_for: Settings | None = None
+    def __init__(self, app: Quart, entrance: Entrance) -> None:
+        self._app, self._entrance = app, entrance
+        self._built_for: DocumentFacts | None = None
         self._bytes = b""
         self.bytes()  # at start: a broken model fails the start, not the first reader
 
     def bytes(self) -> bytes:
-        settings = self._gateway.settings
-        if settings is not self._built_for:
-            self._bytes = json.dumps(self.build(settings), ensure_ascii=False, separators=(",", ":")).encode()
-            self._built_for = settings
+        facts = self._entrance.document
+        if facts != self._built_for:
+            self._bytes = json.dumps(self.build(facts), ensure_ascii=False, separators=(",", ":")).encode()
+            self._built_for = facts
         return self._bytes
 
-    def build(self, settings: Settings) -> dict[str, Any]:
-        headers = request_headers(settings.edge.rate_limit.key_header)
+    def build(self, facts: DocumentFacts) -> dict[str, Any]:
+        headers = request_headers(facts.key_header)
         for rule in self._app.url_map.iter_rules():
             operation = next((op for op in OPERATIONS if op.path == rule.rule), None)
             if operation is not None:
                 _document(self._app.view_functions[rule.endpoint], operation, headers)
         extension = QuartSchema(
             info=_info(),
-            servers=[Server(url=settings.edge.public_base_url)],
+            servers=[Server(url=facts.public_base_url)],
             tags=[Tag(name="hair", description="GPU hosts"), Tag(name="face", description="the gateway itself")],
         )
         self._app.config.setdefault("QUART_SCHEMA_CONVERSION_PREFERENCE", "pydantic")
         self._app.config.setdefault("QUART_SCHEMA_CONVERT_CASING", False)
         document = ContractDocument(self._app, extension).schema()
         # as the service bounds them: a fuzzer's 7.5e179 is out of the document too (issue 39)
-        bound_coordinates(document, settings.analysis.max_long_side_px)
+        bound_coordinates(document, facts.max_long_side_px)
         return document
 
 
@@ -378,7 +378,7 @@ def _features_data() -> type[BaseModel]:
 def openapi_blueprint(app: Quart, gateway: Gateway) -> Blueprint:
     """The document and its page; register after the `/api/` blueprint (it documents its routes)."""
     blueprint = Blueprint("openapi", __name__)
-    document = Document(app, gateway)
+    document = Document(app, gateway.entrance)
     assets = Path(importlib.util.find_spec("flask_swagger_ui").submodule_search_locations[0]) / "dist"  # type: ignore[union-attr,index]
 
     @blueprint.get(OPENAPI_PATH)

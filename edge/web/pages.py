@@ -34,6 +34,7 @@ _PNG_HEADERS = {"Cache-Control": "private, max-age=86400", "X-Content-Type-Optio
 def pages_blueprint(gateway: Gateway) -> Blueprint:
     pages = Blueprint("pages", __name__)
     pool = gateway.pool
+    static_dir = gateway.settings.edge.static_dir  # restart-only (edge.reload): read once, here
 
     @pages.get("/health")
     async def health() -> QuartResponse:
@@ -64,7 +65,7 @@ def pages_blueprint(gateway: Gateway) -> Blueprint:
     @pages.get("/static/<path:subpath>")
     async def static(subpath: str) -> QuartResponse:
         # streamed in pieces; the cap and the stall bound: `edge.annotations.downloads`
-        checked = await check_annotation(gateway.settings.edge.static_dir, subpath, gateway.file_threads)
+        checked = await check_annotation(static_dir, subpath, gateway.file_threads)
         if checked is None:
             return QuartResponse(b"not found", status=404, content_type="text/plain")
         # Quart hands a HEAD's body over too (the server drops it): a HEAD reads no file

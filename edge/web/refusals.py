@@ -72,7 +72,7 @@ def register_refusals(app: Quart, gateway: Gateway) -> None:
     @app.before_request
     async def before_the_body() -> QuartResponse | None:
         request = current_gateway_request()
-        limit = gateway.settings.edge.max_header_bytes
+        limit = gateway.entrance.max_header_bytes
         api = _is_api(request)
         if header_block_bytes(request.scope) > limit:
             if api:
@@ -94,7 +94,8 @@ def register_refusals(app: Quart, gateway: Gateway) -> None:
             return json_page(413, monitor.error_answer(f"request body over {limit} bytes"), close=True)
         message = MSG_BODY_TOO_LARGE.format(limit_bytes=limit)
         expecting = request.headers.get("Expect", "").lower() == "100-continue"
-        if expecting and withholds_continue(request.scope["headers"], gateway.settings.edge.max_body_bytes):
+        # the server decided on the gateway-wide limit (`configure_limits`), not the view's own
+        if expecting and withholds_continue(request.scope["headers"], app.config["MAX_CONTENT_LENGTH"]):
             return _refused(request, Code.TOO_LARGE, message, close=True)  # refused before its body was sent
         request.notes.log_facts = LogFacts(int(Code.TOO_LARGE))
         return _answer_then_drain(request, encode(envelope(Code.TOO_LARGE, request.request_id, None, message)))
@@ -167,7 +168,7 @@ def requires_token(gateway: Gateway) -> Callable[[View], View]:
     def decorate(view: View) -> View:
         @wraps(view)
         async def checked(*args: Any, **kwargs: Any) -> Any:
-            if not token_ok(current_request.headers.get(HEADER_TOKEN), gateway.settings.auth.shared_password):
+            if not token_ok(current_request.headers.get(HEADER_TOKEN), gateway.entrance.token):
                 return json_page(401, monitor.error_answer(monitor.MSG_BAD_TOKEN), close=True)
             return await view(*args, **kwargs)
 

@@ -37,8 +37,8 @@ def load_text(load: float) -> str:
 
 class RetryGuidance:
     """ASGI middleware: adds the pool's load to each `/api/` answer's head, and the
-    alternative entrance to those that ask for a retry. Reads the gateway's record of the
-    settings (`Gateway.settings`, replaced by a reload) per answer, as the token check does."""
+    alternative entrance to those that ask for a retry, as the last reload left it
+    (`Gateway.entrance`)."""
 
     def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
         self._app = app
@@ -53,7 +53,7 @@ class RetryGuidance:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 headers.append((_CURRENT_LOAD, load_text(self._gateway.pool.load(trio.current_time())).encode()))
-                alternative = self._gateway.settings.edge.failures.alternative_endpoint
+                alternative = self._gateway.entrance.alternative_endpoint
                 if alternative and any(name.lower() == _RETRY_AFTER for name, _ in headers):
                     headers.append((_ALTERNATIVE, alternative.encode()))
                 message = {**message, "headers": headers}

@@ -101,7 +101,8 @@ async def test_set_token_persists_then_switches(
     caplog.set_level(logging.DEBUG)
     status, answer = await set_token(gateway, token_body(NEW_TOKEN), secrets)
     assert (status, answer) == (200, {"status": "ok", "fingerprint": token_fingerprint(NEW_TOKEN)})
-    assert gateway.settings.auth.shared_password == NEW_TOKEN  # what the router checks from now on
+    assert gateway.settings.auth.shared_password == NEW_TOKEN  # the record a reload starts from
+    assert gateway.entrance.token == NEW_TOKEN  # what the router checks from now on
     assert upstream.tokens == [NEW_TOKEN]  # what forwards and probes send from now on
     text = secrets.path.read_text()
     assert "# rotate with scripts/rotate_token.py" in text

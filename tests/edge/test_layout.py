@@ -7,12 +7,21 @@ in a circle: not between modules, nor between the sub-packages themselves) · `e
 service) · `edge.web` (the HTTP layer) · the top (`gateway`, `app`, `reload`, `main`),
 which assembles them. Imports under `if TYPE_CHECKING:` are annotations only (a view's
 `Gateway`) and are not arrows.
+
+Settings are pushed, never read live (style.md § The second step): outside the modules that
+load and apply them (`edge.main`, `edge.reload`), `<x>.settings` is written only on `self`
+(a component's own copy, which its constructor and `reconfigure()` set) or at the top of a
+module-level factory (`create_*`, `build_*`, `*_blueprint`: run once at start, where a
+restart-only setting is read), never in a function or lambda defined inside one (a view, a
+hook: run per request).
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeGuard
 
 EDGE = Path(__file__).resolve().parents[2] / "edge"
 LAYERS = [
@@ -161,3 +170,75 @@ def test_the_check_sees_a_known_arrow() -> None:
     assert "edge.pool.pool" in graph["edge.pool.dispatch"]
     assert "edge.exchange" in graph["edge.admission.gate"]
     assert "edge.gateway" not in graph["edge.web.api_routes"]  # TYPE_CHECKING only
+
+
+# --- settings are pushed (`reconfigure()`), not read where a request runs
+
+SETTINGS_OWNERS = {"edge/main.py", "edge/reload.py"}  # load the settings; apply a reload
+FunctionDef = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _is_factory(node: ast.stmt) -> TypeGuard[FunctionDef]:
+    return isinstance(node, FunctionDef) and (
+        node.name.startswith(("create_", "build_")) or node.name.endswith("_blueprint")
+    )
+
+
+def _runs_once(factory: FunctionDef) -> Iterator[ast.AST]:
+    """The nodes of a factory's own body: not those of a function or lambda defined in it,
+    which runs later, per call (a view, a hook)."""
+    todo: list[ast.AST] = list(factory.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, FunctionDef | ast.Lambda):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def live_settings_reads(tree: ast.Module) -> list[int]:
+    """The lines where `tree` touches `<x>.settings`, `x` not `self`, outside a factory's own body."""
+    at_start = {id(node) for factory in tree.body if _is_factory(factory) for node in _runs_once(factory)}
+    return sorted(
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr == "settings"
+        and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+        and id(node) not in at_start
+    )
+
+
+def test_no_settings_are_read_live() -> None:
+    # Reading `gateway.settings` where a request runs is a second idiom beside `reconfigure()`;
+    # edge/reload.py says why pushing is the one. A restart-only value: read it in the factory.
+    reads = [
+        f"{where}:{line}"
+        for path in sorted(EDGE.rglob("*.py"))
+        if (where := str(path.relative_to(EDGE.parent))) not in SETTINGS_OWNERS
+        for line in live_settings_reads(ast.parse(path.read_text()))
+    ]
+    assert reads == [], "push the value through the component's reconfigure() (edge/reload.py)"
+
+
+PLANTED = """
+def pages_blueprint(gateway):
+    static_dir = gateway.settings.edge.static_dir  # 3: at start, allowed
+
+    @pages.get("/static")
+    async def static():
+        return gateway.settings.edge.static_dir  # 7: per request
+
+    return lambda: gateway.settings  # 9: per call
+
+
+class Guidance:
+    def __init__(self, gateway):
+        self.settings = gateway.settings.edge.features  # 14: not a factory
+
+    async def __call__(self):
+        return self.settings, self._gateway.settings  # 17: its own copy, allowed; the gateway's, not
+"""
+
+
+def test_the_settings_check_finds_a_live_read() -> None:
+    assert live_settings_reads(ast.parse(PLANTED)) == [7, 9, 14, 17]

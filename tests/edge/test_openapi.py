@@ -135,16 +135,19 @@ async def test_the_document_is_built_once_not_per_request(
 ) -> None:
     builds = []
     original = openapi.Document.build
-    monkeypatch.setattr(openapi.Document, "build", lambda self, settings: builds.append(1) or original(self, settings))
+    monkeypatch.setattr(openapi.Document, "build", lambda self, facts: builds.append(1) or original(self, facts))
     app = create_app(gateway)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g.test") as fresh:
         first, second = (await fresh.get("/openapi.json")).content, (await fresh.get("/openapi.json")).content
-    assert first == second and len(builds) == 1  # at start
-    gateway.settings = gateway.settings.model_copy()  # what a reload does: a new settings object
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://g.test") as fresh:
+        assert first == second and len(builds) == 1  # at start
+        gateway.entrance.reconfigure(gateway.settings.model_copy())  # a reload that changed nothing it states
         await fresh.get("/openapi.json")
+        assert len(builds) == 1
+        edge = gateway.settings.edge.model_copy(update={"public_base_url": "https://moved.test"})
+        gateway.entrance.reconfigure(gateway.settings.model_copy(update={"edge": edge}))  # as edge.reload tells it
+        moved = await _document(fresh)
         await fresh.get("/openapi.json")
-    assert len(builds) == 2
+    assert len(builds) == 2 and moved["servers"] == [{"url": "https://moved.test"}]
 
 
 async def test_the_docs_page_loads_only_files_the_gateway_serves(client: httpx.AsyncClient) -> None:

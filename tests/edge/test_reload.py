@@ -201,6 +201,37 @@ async def test_a_reload_reaches_admission_and_the_audit_trail(tmp_path: Path, pa
     assert [user for (user,) in users] == [hashlib.sha256(b"k").hexdigest()[:16]] * 2, "the trail knows the key header"
 
 
+async def test_a_reload_reaches_what_the_http_layer_checks_and_states(tmp_path: Path, parts) -> None:
+    # the token, the header limit, the alternative entrance, the document's facts: pushed to
+    # `Gateway.entrance` (no request reads them off the settings)
+    padded = {"X-Padding": "x" * 2100}  # a header block the default 16 KiB allows, 2 KiB not
+    old_token, new_token = {"X-Internal-Token": TOKEN}, {"X-Internal-Token": "rotated-token-1234567"}
+    rate_limit = {"enabled": True, "requests_per_minute": 1, "burst": 1, "key_header": "X-Api-Key"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=parts.app), base_url="http://gw") as client:
+        assert (await client.get("/admin/stats", headers={**old_token, **padded})).status_code == 200
+        apply_settings(
+            *parts,
+            reloaded(
+                tmp_path,
+                max_header_bytes=2048,
+                max_body_bytes=10,
+                public_base_url="https://moved.test",
+                rate_limit=rate_limit,
+                failures={"alternative_endpoint": "https://low-res.test"},
+            ),
+        )
+        assert (await client.get("/admin/stats", headers=old_token)).status_code == 401
+        assert (await client.get("/admin/stats", headers=new_token)).status_code == 200
+        assert (await client.get("/admin/stats", headers={**new_token, **padded})).status_code == 431
+        # the key's one token goes to the first (too large), the second is told to retry
+        answers = [(await client.post(MEASURE, content=b"x" * 11, headers={"X-Api-Key": "k"})) for _ in range(2)]
+        document = (await client.get("/openapi.json")).json()
+    assert "X-Alternative-Endpoint" not in answers[0].headers
+    assert answers[1].headers["X-Alternative-Endpoint"] == "https://low-res.test"
+    assert document["servers"] == [{"url": "https://moved.test"}]
+    assert "x-api-key" in {parameter["name"] for parameter in document["paths"][MEASURE]["post"]["parameters"]}
+
+
 async def test_a_reload_reaches_the_endpoints_the_gateway_answers_itself(tmp_path: Path, parts) -> None:
     gateway = parts.gateway
     new = reloaded(tmp_path, features={"base_url": "http://llm.test/v1", "model": "m"})
@@ -228,6 +259,7 @@ async def test_a_reload_reconfigures_every_component_that_can_be(tmp_path: Path,
     apply_settings(*parts, reloaded(tmp_path))
     assert sorted(told) == reconfigurable, "each told once"
     known = {
+        "entrance",
         "dispatcher",
         "api",
         "admission",
