@@ -36,7 +36,7 @@ from edge.pool.failures import FailureNumbers, RetryPolicy
 from edge.pool.host_leases import build_host_leases
 from edge.pool.pool import Pool, Thresholds
 from edge.pool.scheduling import SchedulingPolicy
-from edge.pool.upstream import Upstream
+from edge.pool.upstream import Timeouts, Upstream, UpstreamLimits
 from edge.web.api_routes import API_PATHS
 from edge.web.entrance import Entrance
 from shared.model_version import analysis_version
@@ -112,11 +112,7 @@ def build_gateway(
     # the dispatcher hears their releases, the forwards take them
     host_leases = build_host_leases(redis, edge.shared_state.lease_seconds)
     dispatcher = Dispatcher(pool, **dispatch_options(settings), host_leases=host_leases)
-    upstream = upstream or Upstream(
-        settings.auth.shared_password,
-        keepalive_connections=2 * len(edge.pool.workers) + 8,
-        ca_file=edge.pool.ca_file,
-    )
+    upstream = upstream or Upstream(settings.auth.shared_password, upstream_limits(settings), ca_file=edge.pool.ca_file)
     file_threads = trio.CapacityLimiter(FILE_THREADS)
     metrics = GatewayMetrics(version("hairgate"), known_paths=API_PATHS)
     metrics.watch_pool(lambda: pool_gauges(pool, _queue_length(dispatcher), dispatcher.counters))
@@ -126,6 +122,7 @@ def build_gateway(
         upstream,
         image_store(settings, file_threads),
         retry_policy(settings),
+        timeouts(settings),
         **forward_options(settings),
         metrics=metrics,
         audit=audit,
@@ -170,8 +167,6 @@ class ProbeOptions(TypedDict):
 
 
 class ForwardOptions(TypedDict):
-    request_timeout_seconds: float
-    slow_request_timeout_seconds: float
     probe_interval_seconds: float
     limits: AnalysisSettings
     failures: FailureNumbers
@@ -200,11 +195,9 @@ def probe_options(settings: Settings) -> ProbeOptions:
 
 
 def forward_options(settings: Settings) -> ForwardOptions:
-    """`ApiService`'s keyword arguments from the settings (beside its image store and retry policy)."""
-    dispatch = settings.edge.dispatch
+    """`ApiService`'s keyword arguments from the settings (beside its image store, retry
+    policy and timeouts)."""
     return ForwardOptions(
-        request_timeout_seconds=dispatch.request_timeout_seconds,
-        slow_request_timeout_seconds=dispatch.slow_request_timeout_seconds,
         probe_interval_seconds=settings.edge.health_check.interval_seconds,
         limits=settings.analysis,
         failures=failure_numbers(settings),
@@ -221,6 +214,17 @@ def failure_numbers(settings: Settings) -> FailureNumbers:
         backoff_max_seconds=failures.backoff_max_seconds,
         model_load_out_seconds=failures.model_load_out_seconds,
     )
+
+
+def timeouts(settings: Settings) -> Timeouts:
+    dispatch = settings.edge.dispatch
+    return Timeouts(dispatch.request_timeout_seconds, dispatch.slow_request_timeout_seconds)
+
+
+def upstream_limits(settings: Settings) -> UpstreamLimits:
+    # two per worker (a forward's and a probe's, which may run beside it) and some slack;
+    # sized at start: the upstream client is not reconfigured on a reload
+    return UpstreamLimits(keepalive_connections=2 * len(settings.edge.pool.workers) + 8)
 
 
 def thresholds(settings: Settings) -> Thresholds:

@@ -52,6 +52,7 @@ from edge.gateway import (
     probe_options,
     retry_policy,
     thresholds,
+    timeouts,
 )
 from edge.pool.prober import Prober
 from edge.web.server import GatewayConfig
@@ -130,9 +131,8 @@ def apply_settings(gateway: Gateway, app: QuartTrio, prober: Prober, listener: G
         edge.pool.workers, edge.pool.primary_workers, thresholds(settings), **dispatch_options(settings)
     )
     prober.reconfigure(**probe_options(settings))
-    gateway.api.reconfigure(
-        image_store(settings, gateway.file_threads), retry_policy(settings), **forward_options(settings)
-    )
+    images = image_store(settings, gateway.file_threads)
+    gateway.api.reconfigure(images, retry_policy(settings), timeouts(settings), **forward_options(settings))
     gateway.upstream.set_token(settings.auth.shared_password)
     gateway.admission.reconfigure(edge.rate_limit)
     gateway.audit.reconfigure(edge.rate_limit)

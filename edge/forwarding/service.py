@@ -22,27 +22,22 @@ from edge.audit.trail import AuditTrail
 from edge.exchange import ApiResponse, encode
 from edge.observe.metrics import GatewayMetrics
 from edge.pool.dispatch import Busy, Dispatcher, EarlyRefusal, Unavailable
+from edge.pool.errors import HostFailed, RequestNotSent, UnusableAnswer, WorkerBusy, WorkerFailure, WorkerRefusal
 from edge.pool.failures import (
     KIND_RULES,
-    FailureKind,
     FailureNumbers,
     HostAction,
-    HostFailed,
-    RequestNotSent,
     RetryPolicy,
     WorkerAnswer,
-    WorkerBusy,
-    WorkerFailure,
-    WorkerRefusal,
+    forwarded,
     retry_after_seconds,
 )
 from edge.pool.host_leases import NO_HOST_LEASES, HostLeasing
-from edge.pool.upstream import ForwardRequest, Upstream
+from edge.pool.upstream import ForwardRequest, Timeouts, Upstream
 from shared.contract import (
     DEFAULT_MESSAGES,
     MSG_BACKEND_BUSY,
     MSG_BACKEND_UNAVAILABLE,
-    MSG_REFUSED_BY_HOST,
     Code,
     ContractError,
     ErrorType,
@@ -69,9 +64,8 @@ class ApiService:
         upstream: Upstream,
         images: ImageStore,
         policy: RetryPolicy,
+        timeouts: Timeouts,
         *,
-        request_timeout_seconds: float,
-        slow_request_timeout_seconds: float,
         probe_interval_seconds: float,
         metrics: GatewayMetrics,
         limits: AnalysisSettings,
@@ -89,8 +83,7 @@ class ApiService:
         self._upstream = upstream
         self._images = images
         self._policy = policy
-        self._request_timeout_seconds = request_timeout_seconds
-        self._slow_request_timeout_seconds = slow_request_timeout_seconds
+        self._timeouts = timeouts
         self._probe_interval_seconds = probe_interval_seconds
         self._failures = failures
 
@@ -98,17 +91,15 @@ class ApiService:
         self,
         images: ImageStore,
         policy: RetryPolicy,
+        timeouts: Timeouts,
         *,
-        request_timeout_seconds: float,
-        slow_request_timeout_seconds: float,
         probe_interval_seconds: float,
         limits: AnalysisSettings,
         failures: FailureNumbers,
     ) -> None:
         """Reloaded settings, for requests that start from now on."""
-        self._images, self._policy, self._limits, self._failures = images, policy, limits, failures
-        self._request_timeout_seconds = request_timeout_seconds
-        self._slow_request_timeout_seconds = slow_request_timeout_seconds
+        self._images, self._policy, self._timeouts = images, policy, timeouts
+        self._limits, self._failures = limits, failures
         self._probe_interval_seconds = probe_interval_seconds
 
     def gateway_failure(
@@ -128,15 +119,11 @@ class ApiService:
         storable = code is not Code.SYSTEM_ERROR
         return ApiResponse.of_envelope(body, int(code), retry_after_seconds=retry_after_seconds, storable=storable)
 
-    def _host_failure(self, failed: HostFailed) -> ApiResponse:
-        """The host's own answer naming its kind, when it is not sent elsewhere: Retry-After
-        from when the pool may next take a job (the kind set that for this host), and the
-        kind's X-Retry-Policy; never replayed (a 1007 says to retry)."""
-        return self._passed_on(failed.answer)
-
     def _passed_on(self, answer: WorkerAnswer) -> ApiResponse:
         """A host's envelope as the client gets it (`raw`, byte for byte), with the retry
-        guidance its kind calls for (gateway.md § Failure kinds) and the host's model version."""
+        guidance its kind calls for (gateway.md § Failure kinds) and the host's model version.
+        A 1007 (a kind not sent elsewhere) gets Retry-After from when the pool may next take a
+        job (the kind set that for this host) and is never replayed (it says to retry)."""
         raw, body, version = answer.raw, answer.envelope, answer.model_version
         code, kind = body["code"], answer_error_type(body)
         if code != Code.SYSTEM_ERROR:  # a success, or the photo refused: no guidance but the kind
@@ -192,7 +179,7 @@ class ApiService:
         return answer
 
     async def _forward_with_retries(self, request: ForwardRequest, progress: _Progress) -> ApiResponse:
-        timeout_seconds = self._timeout_for(request.path)
+        timeout_seconds = self._timeouts.for_class(slow=self.is_slow(request.path))
         tried: set[int] = set()
         busy_elsewhere_since: float | None = None
         while True:
@@ -210,20 +197,6 @@ class ApiService:
                 tried.discard(progress.worker)
                 progress.attempts -= 1
                 continue
-            except WorkerFailure as failure:
-                assert progress.worker is not None
-                progress.failed_workers.append(progress.worker)
-                log.warning(
-                    "转发失败 | request_id=%s | worker=%s | 第%d次 | 原因=%s",
-                    request.request_id,
-                    progress.worker,
-                    progress.attempts,
-                    failure,
-                )
-                if not self._policy.allows_retry(failure, request.path, progress.attempts):
-                    return self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_UNAVAILABLE)
-                self._metrics.observe_retry(failure.kind.value)
-                continue
             except HostFailed as failed:  # the host named its failure: the kind decides (failures.py)
                 assert progress.worker is not None
                 progress.failed_workers.append(progress.worker)
@@ -237,20 +210,27 @@ class ApiService:
                 )
                 elsewhere = self._dispatcher.pool.eligible(frozenset(tried))
                 if not (elsewhere and self._policy.allows_retry(failed, request.path, progress.attempts)):
-                    return self._host_failure(failed)  # its own answer, with its kind's guidance
-                self._metrics.observe_retry(failed.kind.value)
+                    return self._passed_on(failed.answer)  # its own answer, with its kind's guidance
+                self._metrics.observe_retry(failed.reason)
                 continue
-            except WorkerRefusal as refusal:
+            except WorkerFailure as failure:  # the worker is broken (ejected in `_attempt`)
+                assert progress.worker is not None
+                progress.failed_workers.append(progress.worker)
                 log.warning(
-                    "后端拒绝请求 | request_id=%s | worker=%s | %s", request.request_id, progress.worker, refusal
+                    "转发失败 | request_id=%s | worker=%s | 第%d次 | 原因=%s",
+                    request.request_id,
+                    progress.worker,
+                    progress.attempts,
+                    failure,
                 )
-                code = Code.TOO_LARGE if refusal.status == 413 else Code.INVALID_PARAMETER
-                return self.gateway_failure(request.request_id, code, MSG_REFUSED_BY_HOST.format(status=refusal.status))
-            except RequestNotSent as unsent:  # the gateway's or the client's fault: nobody is ejected
-                log.warning(
-                    "请求无法发往后端 | request_id=%s | worker=%s | %s", request.request_id, progress.worker, unsent
-                )
-                return self.gateway_failure(request.request_id, unsent.code, unsent.message)
+                if not self._policy.allows_retry(failure, request.path, progress.attempts):
+                    return self.gateway_failure(request.request_id, Code.SYSTEM_ERROR, MSG_BACKEND_UNAVAILABLE)
+                self._metrics.observe_retry(failure.reason)
+                continue
+            except (WorkerRefusal, RequestNotSent) as refused:  # the request's fault or the gateway's: no ejection
+                title, worker = refused.log_title, progress.worker
+                log.warning("%s | request_id=%s | worker=%s | %s", title, request.request_id, worker, refused)
+                return self.gateway_failure(request.request_id, refused.code, refused.message)
             return await self._finish(request, answer, images)
 
     async def _attempt(
@@ -283,22 +263,19 @@ class ApiService:
                         answer = await self._audit.forwarding(
                             request.execution_id,
                             lease.index,
-                            self._upstream.forward(lease.url, request, timeout_seconds),
+                            forwarded(self._upstream, lease.url, request, timeout_seconds),
                         )
                     # the host's own 1007 (its inference timeout, a restart) is no service time
                     lease.timed = answer.envelope.get("code") != Code.SYSTEM_ERROR
                 if lease.timed:
                     self._dispatcher.answered(lease.index)  # its failures in a row end here
                 images = await self._images.decode(answer.envelope) if has_images(answer.raw) else None
-            except HostFailed as failed:  # acted on before the lease is given back: nobody gets it first
-                self._act_on(lease.index, failed.kind)
-                raise
-            except WorkerFailure as failure:
-                self._eject(lease.index, failure)
+            except WorkerFailure as failure:  # the host pays before the lease is given back: nobody gets it first
+                self._charge(lease.index, failure)
                 raise
             except BadImage as error:
-                unusable = WorkerFailure(FailureKind.UNUSABLE_BODY, str(error))
-                self._eject(lease.index, unusable)
+                unusable = UnusableAnswer(str(error))
+                self._charge(lease.index, unusable)
                 raise unusable from None
         return answer, images
 
@@ -311,9 +288,13 @@ class ApiService:
         else:  # a few ms of parsing for megabytes: not on the event loop
             await trio.to_thread.run_sync(check_request, *arguments)
 
-    def _eject(self, index: int, failure: WorkerFailure) -> None:
+    def _charge(self, index: int, failure: WorkerFailure) -> None:
+        """What the failure does to the host: its kind's action when it named one, else ejected."""
+        if isinstance(failure, HostFailed):
+            self._act_on(index, failure.kind)
+            return
         self._dispatcher.eject(index, str(failure))
-        self._metrics.observe_ejection(index, failure.kind.value)
+        self._metrics.observe_ejection(index, failure.reason)
 
     def _act_on(self, index: int, kind: ErrorType) -> None:
         """What `kind` does to the host that named it (`KIND_RULES`), the hold's length by
@@ -349,9 +330,6 @@ class ApiService:
     def is_slow(self, path: str) -> bool:
         """A generation endpoint (`slow_paths`): its own timeout, class and reservation."""
         return path in self._policy.slow_paths
-
-    def _timeout_for(self, path: str) -> float:
-        return self._slow_request_timeout_seconds if self.is_slow(path) else self._request_timeout_seconds
 
 
 @dataclass

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from edge.pool.failures import HostFailed, RequestNotSent, WorkerBusy, WorkerFailure, WorkerRefusal
+from edge.pool.errors import HostFailed, UpstreamError, WorkerBusy
 from edge.pool.host_leases import NO_HOST_LEASES, HostLeased, HostLeasing, Turn
 from edge.pool.pool import Pool, PoolEvent, ProbeResult, Thresholds, Transition
 from edge.pool.scheduling import (
@@ -85,12 +85,6 @@ class Unavailable(DispatchError):
     """No online worker could take the request."""
 
 
-# A forward that ended in one of these had its exchange finished: nothing is left running
-# because of it (a timeout ejects the worker instead; a host's own answer naming its failure
-# came whole); RequestNotSent: none began.
-_EXCHANGE_ENDED = (WorkerFailure, WorkerBusy, WorkerRefusal, RequestNotSent, HostFailed)
-
-
 class WorkerLease:
     """The worker a request holds; returned to the pool when the `worker()` block exits.
     `impatient`: its request had waited long enough not to defer to another gateway."""
@@ -128,8 +122,8 @@ class WorkerLease:
             if failed.may_still_run:  # drained like a departure: no job until a probe says free
                 self.still_running_seconds = timeout_seconds
             raise
-        except _EXCHANGE_ENDED:
-            raise
+        except UpstreamError:  # the exchange ended (or never began): nothing left running because of it
+            raise  # (a timeout ejects the worker instead; a host's answer naming its failure came whole)
         except BaseException:
             self.abandoned_timeout = timeout_seconds
             raise

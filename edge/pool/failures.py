@@ -1,26 +1,9 @@
 """What a forward's answer, or its absence, means: eject, refuse, wait, or retry elsewhere.
 
-The policy half of forwarding (`edge.pool.upstream` is the transport: connections and
-bytes). Outcomes are split the way a retry policy needs them, as in httpx's exception
-tree, "never got an answer" apart from "got a bad answer":
-
-    WorkerFailure       the worker is broken: eject it, maybe retry elsewhere (`RetryPolicy`)
-      never answered    connect, closed, timeout (raised by the transport)
-      bad answer        HTTP >= 500, 401, a body that is not an envelope (or nested
-                        deeper than `MAX_ANSWER_DEPTH`), an envelope for another request
-                        (a stale answer left on the connection), a response framed by both
-                        Content-Length and Transfer-Encoding or larger than the transport
-                        holds (`judge`, or the transport for the framing and the size)
-    WorkerRefusal       the worker refused *this request* (another 4xx, e.g. 431 for a
-                        header block too large): the client's problem, nobody is ejected
-    WorkerBusy          503 `"busy": true`: another gateway's job runs there; wait for a
-                        worker, eject nobody, spend no retry
-    RequestNotSent      h11 refused to build the request head: the gateway's fault (its
-                        settings) or the client's (a header or query it sent); nothing was
-                        sent, nobody is ejected
-    HostFailed          the host's own 1007 (or 503) naming a kind the gateway acts on
-                        (`data.error_type`): what happens to the host, whether the request
-                        goes elsewhere and what the client is told follow `KIND_RULES`
+The policy half of forwarding: the transport (`edge.pool.upstream`) reads the raw answer,
+`judge` decides what it means, and every way it can fail is one class of the tree in
+`edge.pool.errors` (as httpx's transport is kept apart from its policy). `forwarded` is
+the two together, the answer judged before its connection is kept.
 
 The kinds' table (gateway.md § Failure kinds), one place for what each kind does:
 
@@ -49,10 +32,11 @@ from typing import Any
 
 import trio
 
+from edge.pool.errors import BadStatus, HostFailed, UnusableAnswer, WorkerBusy, WorkerFailure, WorkerRefusal
+from edge.pool.upstream import ForwardRequest, RawAnswer, Upstream
 from shared.contract import (
     BUSY_KEY,
-    DEFAULT_MESSAGES,
-    Code,
+    HEADER_MODEL_VERSION,
     ErrorType,
     RetryAdvice,
     error_type_of,
@@ -63,54 +47,10 @@ from shared.contract import (
 # Answers larger than this are parsed in a worker thread: a 12 MB answer holds the event
 # loop for ~13 ms, every other request's latency included.
 PARSE_IN_THREAD_BYTES = 256 * 1024
-MSG_NOT_FORWARDABLE = "请求的查询字符串或请求头含有无法转发的字符，请检查后重试"  # 1001
 # A host's envelope is a few levels deep; bounded so that nothing downstream (the image
 # rewrite, the JSON encoder) meets a RecursionError on a broken host's answer.
 MAX_ANSWER_DEPTH = 32
-
-
-class FailureKind(Enum):
-    CONNECT = "connect"  # refused, unreachable, TLS handshake: the request never arrived
-    CLOSED = "closed"  # connection closed or reset before a complete answer
-    TIMEOUT = "timeout"  # no complete answer in time: the job may still be running
-    BAD_STATUS = "bad_status"  # 5xx, 401 or any other non-200: nothing is running there
-    UNUSABLE_BODY = "unusable_body"  # HTTP 200 but not an envelope, or a broken image
-
-
-class WorkerFailure(Exception):
-    """A forward that did not give a usable answer; the worker gets ejected."""
-
-    def __init__(self, kind: FailureKind, detail: str) -> None:
-        super().__init__(f"{kind.value}: {detail}")
-        self.kind = kind
-
-
-class RequestNotSent(Exception):
-    """h11 refused to build the request head: nothing left the gateway, the worker is fine.
-
-    INVALID_PARAMETER when the client's own parts (the query, Content-Type,
-    X-Forwarded-For) cannot be sent; SYSTEM_ERROR when the gateway's cannot (its token,
-    a worker URL). `message` is the client's; the exception's text (for the log) never
-    quotes a header, which may be the shared password."""
-
-    def __init__(self, code: Code, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.message = MSG_NOT_FORWARDABLE if code is Code.INVALID_PARAMETER else DEFAULT_MESSAGES[code]
-
-
-class WorkerBusy(Exception):
-    """The worker runs another job (another gateway's): HTTP 503 with `"busy": true`.
-
-    Not a failure: nothing is ejected and no retry is spent; the request waits for a worker."""
-
-
-class WorkerRefusal(Exception):
-    """The worker answered a 4xx other than 401: it refused this request, it is not broken."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(f"HTTP {status}")
-        self.status = status
+_MODEL_VERSION = HEADER_MODEL_VERSION.lower().encode()  # h11 gives header names lower-cased
 
 
 @dataclass(frozen=True)
@@ -121,22 +61,6 @@ class WorkerAnswer:
     raw: bytes
     envelope: dict[str, Any]
     model_version: str | None = None
-
-
-class HostFailed(Exception):
-    """The host answered a 1007 naming a kind the gateway acts on (`KIND_RULES`); `answer`
-    is that envelope, what the client gets when no retry is left."""
-
-    def __init__(self, kind: ErrorType, answer: WorkerAnswer) -> None:
-        super().__init__(f"error_type={kind.value}")
-        self.kind = kind
-        self.answer = answer
-
-    @property
-    def may_still_run(self) -> bool:
-        """A host past its deadline dropped the answer, but its model child finishes the
-        inference (gpu_host.md § Deadlines): the host is busy a while after it answered."""
-        return self.kind is ErrorType.TIMEOUT
 
 
 class HostAction(Enum):
@@ -206,45 +130,49 @@ class RetryPolicy:
     max_retries: int
     slow_paths: frozenset[str]
 
-    def allows_retry(self, failure: WorkerFailure | HostFailed, path: str, attempts: int) -> bool:
+    def allows_retry(self, failure: WorkerFailure, path: str, attempts: int) -> bool:
         if not self.retry_on_failure or attempts > self.max_retries:
             return False
-        if isinstance(failure, HostFailed):
-            if not KIND_RULES[failure.kind].retry_elsewhere:
-                return False
-            timed_out = failure.kind is ErrorType.TIMEOUT
-        else:
-            timed_out = failure.kind is FailureKind.TIMEOUT
+        if isinstance(failure, HostFailed) and not KIND_RULES[failure.kind].retry_elsewhere:
+            return False
         # A timed-out generation job is probably still running on its GPU (a host that met
         # its deadline drops the answer but lets the inference finish); replaying it would
         # run it twice.
-        return not (timed_out and path in self.slow_paths)
+        return not (failure.may_still_run and path in self.slow_paths)
 
 
-async def judge(request_id: str, status: int, raw: bytes, model_version: str | None = None) -> WorkerAnswer:
-    """The answer to the request sent as `request_id`, or the exception that says why not.
-    `model_version`: the answer's `X-Model-Version`, kept when it is one (`model_version_or_none`)."""
-    model_version = model_version_or_none(model_version)
+async def forwarded(upstream: Upstream, base_url: str, request: ForwardRequest, timeout_seconds: float) -> WorkerAnswer:
+    """`request` forwarded to `base_url` and its answer judged, before the connection is
+    kept: an answer that is not one (a stale one, another request's) closes it."""
+    async with upstream.forward(base_url, request, timeout_seconds) as answer:
+        return await judge(request.request_id, answer)
+
+
+async def judge(request_id: str, answer: RawAnswer) -> WorkerAnswer:
+    """The answer to the request sent as `request_id`, or the `AnswerError` that says why not.
+    Its `X-Model-Version` is kept when it is one (`model_version_or_none`)."""
+    status, raw = answer.status, answer.body
+    model_version = model_version_or_none(answer.header(_MODEL_VERSION))
     if status == 200:
         if len(raw) > PARSE_IN_THREAD_BYTES:
             body = await trio.to_thread.run_sync(_parse_envelope, raw)
         else:
             body = _parse_envelope(raw)
         if body["request_id"] != request_id:
-            raise WorkerFailure(FailureKind.UNUSABLE_BODY, "the answer is another request's (its request_id)")
-        answer = WorkerAnswer(raw, body, model_version)
-        _raise_if_acted_on(answer)
-        return answer
+            raise UnusableAnswer("the answer is another request's (its request_id)")
+        judged = WorkerAnswer(raw, body, model_version)
+        _raise_if_acted_on(judged)
+        return judged
     refused = _small_json_object(raw)
     if refused is not None and "request_id" in refused and refused["request_id"] != request_id:
-        raise WorkerFailure(FailureKind.UNUSABLE_BODY, f"the HTTP {status} answer is another request's")
+        raise UnusableAnswer(f"the HTTP {status} answer is another request's")
     if 400 <= status < 500 and status != 401:
         raise WorkerRefusal(status)
     if status == 503 and refused is not None and refused.get(BUSY_KEY) is True:
         raise WorkerBusy
     if status == 503 and refused is not None and is_envelope(refused):  # not ready: a model (re)loading
         _raise_if_acted_on(WorkerAnswer(raw, refused, model_version))
-    raise WorkerFailure(FailureKind.BAD_STATUS, f"HTTP {status}")
+    raise BadStatus(f"HTTP {status}")
 
 
 def _raise_if_acted_on(answer: WorkerAnswer) -> None:
@@ -270,13 +198,13 @@ def _parse_envelope(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError):
-        raise WorkerFailure(FailureKind.UNUSABLE_BODY, "answer is not JSON") from None
+        raise UnusableAnswer("answer is not JSON") from None
     if not is_envelope(body):
-        raise WorkerFailure(FailureKind.UNUSABLE_BODY, "answer is not an envelope")
+        raise UnusableAnswer("answer is not an envelope")
     # fewer brackets than levels allowed cannot nest too deep: most answers skip the walk
     could_nest = raw.count(b"{") + raw.count(b"[") > MAX_ANSWER_DEPTH
     if could_nest and not nested_within(body, MAX_ANSWER_DEPTH):
-        raise WorkerFailure(FailureKind.UNUSABLE_BODY, f"answer nested deeper than {MAX_ANSWER_DEPTH} levels")
+        raise UnusableAnswer(f"answer nested deeper than {MAX_ANSWER_DEPTH} levels")
     return body
 
 

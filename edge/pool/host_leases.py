@@ -61,7 +61,7 @@ import coredis
 import trio
 from coredis.commands import Script
 
-from edge.pool.failures import WorkerBusy
+from edge.pool.errors import WorkerBusy
 from edge.shared_state import REDIS_ERRORS
 from shared.logs import FailureLog
 from shared.settings import timeout_margin_seconds

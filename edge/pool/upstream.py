@@ -1,17 +1,19 @@
 """The gateway's HTTP/1.1 client to the workers: connections and bytes, nothing more.
 
 `Upstream` carries every forward and every probe on kept-alive HTTP/1.1 connections
-(h11 on trio streams, TLS by `ssl`; see the class for why not httpcore). Its failures to
-get an answer at all are `WorkerFailure`s of the kinds CONNECT, CLOSED and TIMEOUT; what
-an answer that did arrive means (refused, busy, not an envelope, another request's) is
-judged in `edge.pool.failures`, which also holds the retry policy — the way httpcore's
-transport is kept apart from httpx's policy.
+(h11 on trio streams, TLS by `ssl`; see the class for why not httpcore). It returns the
+raw answer (`RawAnswer`: status, headers, body) or raises a `TransportError`
+(`edge.pool.errors`) when none could be read; what an answer that did arrive means
+(refused, busy, not an envelope, another request's) is judged in `edge.pool.failures`,
+which also holds the retry policy — the way httpcore's transport is kept apart from
+httpx's policy. Its numbers come whole, as `UpstreamLimits` and `Timeouts`.
 
 A connection is kept only when nothing is left unread on it: bytes after the answer (a
 second, unsolicited response, a Content-Length shorter than what followed) close it, and
 an idle one with bytes waiting is closed when next taken. HTTP/1.1 cannot tell a stale
 answer that arrives just after a request was sent from the answer to it, so a forward
-also checks the envelope's `request_id` (`judge`) before its connection is kept.
+also has its envelope's `request_id` checked (`failures.judge`) inside `forward`'s block,
+before its connection is kept.
 """
 
 from __future__ import annotations
@@ -22,17 +24,24 @@ import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 import h11
 import trio
 
-from edge.pool.failures import FailureKind, RequestNotSent, WorkerAnswer, WorkerFailure, judge
+from edge.pool.errors import (
+    AmbiguousFraming,
+    AnswerTooLarge,
+    ConnectError,
+    ConnectionClosed,
+    RequestNotSent,
+    UpstreamTimeout,
+)
 from shared.contract import (
     HEADER_EXECUTION_ID,
     HEADER_FORWARDED_FOR,
     HEADER_HOST_WANTED,
-    HEADER_MODEL_VERSION,
     HEADER_REQUEST_ID,
     HEADER_REQUEST_TIMEOUT_MS,
     HEADER_TOKEN,
@@ -40,28 +49,52 @@ from shared.contract import (
 )
 from shared.errors import reason
 
-# An idle connection is dropped after this, below the workers' own keep-alive timeout
-# (Hypercorn's default is 5 s): a connection the worker is closing right now would fail a
-# request and eject a healthy worker.
-KEEPALIVE_EXPIRY_SECONDS = 4.0
 RECEIVE_BYTES = 64 * 1024
 _CLIENT_PARTS_REFUSED = "the client's query or headers are not valid HTTP"
-# A worker's answer is held whole (its images are rewritten into files): a broken worker
-# must not be able to exhaust the gateway's memory. Grow answers at 52 MP are ~200 MB.
-MAX_ANSWER_BYTES = 512 * 1024 * 1024
 _TOKEN, _REQUEST_ID, _EXECUTION_ID = HEADER_TOKEN.encode(), HEADER_REQUEST_ID.encode(), HEADER_EXECUTION_ID.encode()
 _WANTED = HEADER_HOST_WANTED.encode()
 _FORWARDED_FOR, _REQUEST_TIMEOUT_MS = HEADER_FORWARDED_FOR.encode(), HEADER_REQUEST_TIMEOUT_MS.encode()
-_MODEL_VERSION = HEADER_MODEL_VERSION.lower().encode()  # h11 gives header names lower-cased
-
-
-# An answer as the transport read it: its status, its headers (names lower-cased), its body.
-_Answer = tuple[int, Sequence[tuple[bytes, bytes]], bytes]
 _NO_HEADERS: Sequence[tuple[bytes, bytes]] = ()
 
 
-class AnswerTooLarge(Exception):
-    """A worker's answer exceeded `MAX_ANSWER_BYTES`: the connection is dropped."""
+@dataclass(frozen=True)
+class UpstreamLimits:
+    """How much the client to the workers keeps and holds (built once from the settings)."""
+
+    keepalive_connections: int  # idle connections kept, all workers together
+    # An idle connection is dropped after this, below the workers' own keep-alive timeout
+    # (Hypercorn's default is 5 s): a connection the worker is closing right now would fail
+    # a request and eject a healthy worker.
+    keepalive_expiry_seconds: float = 4.0
+    # A worker's answer is held whole (its images are rewritten into files): a broken worker
+    # must not be able to exhaust the gateway's memory. Grow answers at 52 MP are ~200 MB.
+    max_answer_bytes: int = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long a forward may take, connecting included (`edge.dispatch`): a generation
+    endpoint (`slow_paths`) has its own."""
+
+    request_seconds: float
+    slow_request_seconds: float
+
+    def for_class(self, *, slow: bool) -> float:
+        return self.slow_request_seconds if slow else self.request_seconds
+
+
+class RawAnswer(NamedTuple):  # a tuple: built on every forward, at the gateway's ceiling
+    """An answer as the transport read it, not yet judged: its status, its headers (names
+    lower-cased, as h11 gives them), its body."""
+
+    status: int
+    headers: Sequence[tuple[bytes, bytes]]
+    body: bytes
+
+    def header(self, name: bytes) -> str | None:
+        """The last value of header `name` (lower-case), None when the answer has none."""
+        values = [value for key, value in self.headers if key == name]
+        return values[-1].decode("latin-1") if values else None
 
 
 @dataclass(frozen=True)
@@ -106,10 +139,10 @@ class Upstream:
     that (docs/drill_and_bench.md § gateway bench).
     """
 
-    def __init__(self, token: str, *, keepalive_connections: int, ca_file: str = "") -> None:
+    def __init__(self, token: str, limits: UpstreamLimits, *, ca_file: str = "") -> None:
         self._token = token.encode()
         self._ssl_context = ssl.create_default_context(cafile=ca_file or None)
-        self._keepalive_connections = keepalive_connections  # idle ones kept, all workers together
+        self._limits = limits
         self._idle: dict[_Origin, list[_Connection]] = {}
 
     async def aclose(self) -> None:
@@ -122,7 +155,10 @@ class Upstream:
         """Send `token` from the next request on; requests already sent keep theirs."""
         self._token = token.encode()
 
-    async def forward(self, base_url: str, request: ForwardRequest, timeout_seconds: float) -> WorkerAnswer:
+    @asynccontextmanager
+    async def forward(self, base_url: str, request: ForwardRequest, timeout_seconds: float) -> AsyncIterator[RawAnswer]:
+        """`request` sent to the worker at `base_url`, its raw answer; the connection is kept
+        only when the block exits normally (the caller judges the answer inside it)."""
         try:
             target, client_headers = _client_parts(request)
         except UnicodeEncodeError:
@@ -136,9 +172,8 @@ class Upstream:
         ]
         try:
             async with self._exchange(base_url, request.method, target, headers, request.body, timeout_seconds,
-                                      send_deadline=True) as (status, answer_headers, raw):  # fmt: skip
-                # judged before the connection is kept: a stale answer's connection is closed
-                return await judge(request.request_id, status, raw, _header(answer_headers, _MODEL_VERSION))
+                                      send_deadline=True) as answer:  # fmt: skip
+                yield answer
         except RequestNotSent:
             if _sendable(request.method, target, client_headers):
                 raise
@@ -148,8 +183,8 @@ class Upstream:
         """`wanted`: tell the host a request here has waited long for it (gateway.md § Several gateways)."""
         base_url, target = _split_target(url)
         headers = [(_TOKEN, self._token), *([(_WANTED, b"1")] if wanted else [])]
-        async with self._exchange(base_url, "GET", target, headers, b"", timeout_seconds) as (status, _, body):
-            return HealthAnswer(status, body)
+        async with self._exchange(base_url, "GET", target, headers, b"", timeout_seconds) as answer:
+            return HealthAnswer(answer.status, answer.body)
 
     @asynccontextmanager
     async def _exchange(
@@ -162,8 +197,8 @@ class Upstream:
         timeout_seconds: float,
         *,
         send_deadline: bool = False,
-    ) -> AsyncIterator[_Answer]:
-        """One exchange, `(status, headers, body)`; `timeout_seconds` bounds all of it, connecting
+    ) -> AsyncIterator[RawAnswer]:
+        """One exchange, its answer; `timeout_seconds` bounds all of it, connecting
         included. The connection is kept when the block exits normally, closed otherwise.
         `send_deadline`: tell the host what remains of the timeout once connected."""
         origin = _origin(base_url)
@@ -173,7 +208,7 @@ class Upstream:
             with trio.move_on_at(deadline):
                 connection = await self._connect(origin)
             if connection is None:
-                raise WorkerFailure(FailureKind.CONNECT, f"connect timeout after {timeout_seconds:g}s")
+                raise ConnectError(f"connect timeout after {timeout_seconds:g}s")
         if send_deadline:  # what is left of it after connecting (a TLS handshake takes some)
             remaining = deadline_milliseconds(max(deadline - trio.current_time(), 0.0))
             headers = [*headers, (_REQUEST_TIMEOUT_MS, str(remaining).encode())]
@@ -187,18 +222,15 @@ class Upstream:
         try:
             with trio.move_on_at(deadline):
                 answer = await connection.exchange(head, body)
-        except (AnswerTooLarge, AmbiguousFraming) as error:
-            connection.close()
-            raise WorkerFailure(FailureKind.UNUSABLE_BODY, str(error)) from None
         except (h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
             connection.close()
-            raise WorkerFailure(FailureKind.CLOSED, reason(error)) from None
-        except BaseException:  # cancelled (the client left): the host must see the close
+            raise ConnectionClosed(reason(error)) from None
+        except BaseException:  # too large, framed twice, cancelled (the client left): the host must see the close
             connection.close()
             raise
         if answer is None:
             connection.close()
-            raise WorkerFailure(FailureKind.TIMEOUT, f"no complete answer in {timeout_seconds:g}s")
+            raise UpstreamTimeout(f"no complete answer in {timeout_seconds:g}s")
         try:
             yield answer
         except BaseException:
@@ -217,29 +249,32 @@ class Upstream:
         return None
 
     def _keep(self, origin: _Origin, connection: _Connection) -> None:
-        if not connection.start_next_cycle() or sum(map(len, self._idle.values())) >= self._keepalive_connections:
+        if (
+            not connection.start_next_cycle()
+            or sum(map(len, self._idle.values())) >= self._limits.keepalive_connections
+        ):
             connection.close()
             return
         self._idle.setdefault(origin, []).append(connection)
 
     async def _connect(self, origin: _Origin) -> _Connection:
         if origin.scheme not in ("http", "https"):
-            raise WorkerFailure(FailureKind.CONNECT, f"unsupported scheme {origin.scheme!r}")
+            raise ConnectError(f"unsupported scheme {origin.scheme!r}")
         try:
             socket_stream = await trio.open_tcp_stream(origin.hostname, origin.port)
         except OSError as error:  # refused, unreachable, no such host
-            raise WorkerFailure(FailureKind.CONNECT, reason(error)) from None
+            raise ConnectError(reason(error)) from None
         if origin.scheme == "http":
-            return _Connection(socket_stream, socket_stream)
+            return _Connection(socket_stream, socket_stream, self._limits)
         tls = trio.SSLStream(socket_stream, self._ssl_context, server_hostname=origin.hostname)
         try:
             await tls.do_handshake()
         except BaseException as error:
             socket_stream.socket.close()
             if isinstance(error, (trio.BrokenResourceError, ssl.SSLError, OSError)):
-                raise WorkerFailure(FailureKind.CONNECT, reason(error)) from None
+                raise ConnectError(reason(error)) from None
             raise
-        return _Connection(tls, socket_stream)
+        return _Connection(tls, socket_stream, self._limits)
 
 
 @dataclass(frozen=True)
@@ -272,14 +307,15 @@ def _split_target(url: str) -> tuple[str, bytes]:
 class _Connection:
     """One HTTP/1.1 connection to a worker: one exchange at a time, request in one write."""
 
-    def __init__(self, stream: trio.abc.Stream, socket_stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.abc.Stream, socket_stream: trio.SocketStream, limits: UpstreamLimits) -> None:
         self.stream = stream
+        self._limits = limits
         self.socket_stream = socket_stream
         self._protocol = h11.Connection(h11.CLIENT)
         self._idle_since = trio.current_time()
         self._write_failed = False
 
-    async def exchange(self, head: h11.Request, body: bytes) -> _Answer:
+    async def exchange(self, head: h11.Request, body: bytes) -> RawAnswer:
         events = (head, h11.Data(data=body), h11.EndOfMessage())
         try:
             await self.stream.send_all(b"".join(self._protocol.send(event) or b"" for event in events))  # one write
@@ -297,10 +333,10 @@ class _Connection:
             elif isinstance(event, h11.Data):
                 chunks.append(event.data)
                 received += len(event.data)
-                if received > MAX_ANSWER_BYTES:
-                    raise AnswerTooLarge(f"answer over {MAX_ANSWER_BYTES} bytes")
+                if received > self._limits.max_answer_bytes:
+                    raise AnswerTooLarge(f"answer over {self._limits.max_answer_bytes} bytes")
             elif isinstance(event, h11.EndOfMessage):
-                return status, headers, b"".join(chunks)
+                return RawAnswer(status, headers, b"".join(chunks))
             elif isinstance(event, h11.ConnectionClosed):
                 raise h11.RemoteProtocolError("the worker closed the connection before its answer")
 
@@ -323,7 +359,7 @@ class _Connection:
     async def reusable(self) -> bool:
         """Idle for less than the keep-alive expiry, nothing unread on it and the worker has
         not closed it (a closed socket reads as readable; so do bytes it sent unasked)."""
-        if trio.current_time() - self._idle_since >= KEEPALIVE_EXPIRY_SECONDS:
+        if trio.current_time() - self._idle_since >= self._limits.keepalive_expiry_seconds:
             return False
         if self.socket_stream.socket.is_readable():
             return False
@@ -350,12 +386,6 @@ def deadline_milliseconds(timeout_seconds: float) -> int:
     return math.floor(round(timeout_seconds * 1000, 6))
 
 
-def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> str | None:
-    """The last value of header `name` (lower-case), None when the answer has none."""
-    values = [value for key, value in headers if key == name]
-    return values[-1].decode("latin-1") if values else None
-
-
 def _client_parts(request: ForwardRequest) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """The target and headers that carry what the client sent; UnicodeEncodeError when a
     part is not Latin-1."""
@@ -372,11 +402,6 @@ def _sendable(method: str, target: bytes, headers: list[tuple[bytes, bytes]]) ->
     except h11.LocalProtocolError:
         return False
     return True
-
-
-class AmbiguousFraming(Exception):
-    """An answer with both Content-Length and Transfer-Encoding (RFC 9112 § 6.3: it may be
-    smuggling; its end cannot be trusted, so neither can what follows it)."""
 
 
 def _framed_twice(response: h11.Response) -> bool:

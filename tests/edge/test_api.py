@@ -24,10 +24,10 @@ from edge.admission.idempotency import open_idempotency
 from edge.app import create_app
 from edge.gateway import Gateway, build_gateway
 from edge.pool.dispatch import IMPATIENT_FRACTION, LEASE_RECHECK_SECONDS
-from edge.pool.failures import FailureKind, WorkerAnswer, WorkerBusy, WorkerFailure, WorkerRefusal
+from edge.pool.errors import ConnectionClosed, UpstreamTimeout
 from edge.pool.host_leases import HostLeased
 from edge.pool.pool import ProbeResult
-from edge.pool.upstream import ForwardRequest
+from edge.pool.upstream import ForwardRequest, RawAnswer
 from shared.contract import MSG_BACKEND_BUSY, MSG_BACKEND_UNAVAILABLE, Code, envelope
 from tests.edge.conftest import PHOTO, PHOTO_BODY, REQUEST_LOG_FIELDS, WORKERS, bring_online, make_settings
 from tests.fakes.fake_worker import PNG_BASE64
@@ -51,37 +51,38 @@ class FakeUpstream:
         self.overlaps = 0
         self.delay = dict.fromkeys(WORKERS, 0.0)  # seconds before any behaviour
 
-    async def forward(self, url: str, request: ForwardRequest, timeout: float) -> WorkerAnswer:
+    @asynccontextmanager
+    async def forward(self, url: str, request: ForwardRequest, timeout: float) -> AsyncIterator[RawAnswer]:
         self.forwards.append((url, request))
         self.overlaps += url in self.active
         self.active.add(url)
         try:
             await trio.sleep(self.delay[url])
-            return await self._answer(self.behaviour[url], request, timeout)
+            answer = await self._answer(self.behaviour[url], request, timeout)
         finally:
             self.active.discard(url)
+        yield answer  # judged by the gateway's policy, as a real answer is
 
-    async def _answer(self, behaviour: str, request: ForwardRequest, timeout: float) -> WorkerAnswer:
+    async def _answer(self, behaviour: str, request: ForwardRequest, timeout: float) -> RawAnswer:
         data: dict = {"echo_path": request.target}
         if behaviour == "slow":
             await trio.sleep(1)
         elif behaviour == "hang":
             await trio.sleep(timeout)
-            raise WorkerFailure(FailureKind.TIMEOUT, "no answer")
+            raise UpstreamTimeout("no answer")
         elif behaviour == "http500":
-            raise WorkerFailure(FailureKind.BAD_STATUS, "HTTP 500")
+            return RawAnswer(500, (), b"<html>error</html>")
         elif behaviour == "closed":
-            raise WorkerFailure(FailureKind.CLOSED, "connection reset")
+            raise ConnectionClosed("connection reset")
         elif behaviour == "refuse431":
-            raise WorkerRefusal(431)
+            return RawAnswer(431, (), b"")
         elif behaviour == "busy":  # another gateway's job runs there
-            raise WorkerBusy
+            return RawAnswer(503, (), b'{"code": 1007, "message": "busy", "busy": true}')
         elif behaviour == "ok_image":
             data["mask_image_base64"] = png_base64()
         elif behaviour == "bad_image":
             data["mask_image_base64"] = "bm90IGEgcG5n"
-        body = envelope(Code.OK, request.request_id, data)
-        return WorkerAnswer(json.dumps(body).encode(), body)
+        return RawAnswer(200, (), json.dumps(envelope(Code.OK, request.request_id, data)).encode())
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import trio
 import trio.testing
 
 from edge.pool.dispatch import IMPATIENT_FRACTION, LEASE_RECHECK_SECONDS, Busy, Dispatcher, EarlyRefusal, Unavailable
-from edge.pool.failures import WorkerBusy
+from edge.pool.errors import WorkerBusy
 from edge.pool.host_leases import HostLeased, Turn
 from edge.pool.pool import FREE_CONFIRM_SECONDS, Pool, ProbeResult
 from edge.pool.scheduling import SchedulingPolicy

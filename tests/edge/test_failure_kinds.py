@@ -9,6 +9,8 @@ The fake hosts answer exactly what a GPU host sends (`shared.contract.failure` o
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,19 +23,18 @@ from prometheus_client import generate_latest
 from edge.app import create_app
 from edge.audit import queries
 from edge.gateway import Gateway, build_gateway
+from edge.pool.errors import BadStatus, HostFailed
 from edge.pool.failures import (
     ACTED_ON,
     KIND_RULES,
     FailureNumbers,
     HostAction,
-    HostFailed,
     RetryPolicy,
     WorkerAnswer,
-    WorkerFailure,
     judge,
 )
 from edge.pool.pool import ProbeResult
-from edge.pool.upstream import ForwardRequest
+from edge.pool.upstream import ForwardRequest, RawAnswer
 from shared.contract import (
     Code,
     ContractError,
@@ -115,17 +116,17 @@ def host_answer(kind: ErrorType, request_id: str = "r1", code: Code = Code.SYSTE
 @pytest.mark.parametrize("kind", sorted(ACTED_ON))
 async def test_a_1007_naming_a_kind_acted_on_is_a_host_failure(kind: ErrorType) -> None:
     with pytest.raises(HostFailed) as raised:
-        await judge("r1", 200, host_answer(kind))
+        await judge("r1", RawAnswer(200, (), host_answer(kind)))
     assert raised.value.kind is kind
     assert raised.value.answer.envelope["data"] == {"error_type": kind.value}
 
 
 async def test_a_host_not_ready_names_its_kind_on_its_503() -> None:
     with pytest.raises(HostFailed) as raised:
-        await judge("r1", 503, host_answer(ErrorType.MODEL_LOAD_FAILED))
+        await judge("r1", RawAnswer(503, (), host_answer(ErrorType.MODEL_LOAD_FAILED)))
     assert raised.value.kind is ErrorType.MODEL_LOAD_FAILED
-    with pytest.raises(WorkerFailure):  # a 503 naming no kind: a broken host, as before
-        await judge("r1", 503, json.dumps(envelope(Code.SYSTEM_ERROR, "r1")).encode())
+    with pytest.raises(BadStatus):  # a 503 naming no kind: a broken host, as before
+        await judge("r1", RawAnswer(503, (), json.dumps(envelope(Code.SYSTEM_ERROR, "r1")).encode()))
 
 
 @pytest.mark.parametrize(
@@ -137,7 +138,7 @@ async def test_a_host_not_ready_names_its_kind_on_its_503() -> None:
     ],
 )
 async def test_internal_unknown_or_no_kind_is_passed_on_as_before(raw: bytes) -> None:
-    answer = await judge("r1", 200, raw)
+    answer = await judge("r1", RawAnswer(200, (), raw))
     assert answer.raw == raw
 
 
@@ -146,7 +147,7 @@ async def test_internal_unknown_or_no_kind_is_passed_on_as_before(raw: bytes) ->
 
 class KindHosts:
     """Fake hosts by URL: each answers its scripted kinds in turn, then successes; every
-    forward is recorded with its (virtual) time, and its answer judged by the real `judge`."""
+    forward is recorded with its (virtual) time; the gateway judges its answer (the real `judge`)."""
 
     def __init__(self) -> None:
         self.scripts: dict[str, list[ErrorType]] = {url: [] for url in WORKERS}
@@ -155,17 +156,18 @@ class KindHosts:
     def jobs_of(self, index: int) -> list[float]:
         return [at for url, at in self.jobs if url == WORKERS[index]]
 
-    async def forward(self, url: str, request: ForwardRequest, timeout: float) -> WorkerAnswer:
+    @asynccontextmanager
+    async def forward(self, url: str, request: ForwardRequest, timeout: float) -> AsyncIterator[RawAnswer]:
         self.jobs.append((url, trio.current_time()))
         await trio.sleep(0.1)  # a model run
         script = self.scripts[url]
-        if not script:
-            body = envelope(Code.OK, request.request_id, {"worker": url})
-            return await judge(request.request_id, 200, json.dumps(body).encode())
-        kind = script.pop(0)
-        not_ready = kind in (ErrorType.MODEL_LOAD_FAILED, ErrorType.MODEL_NOT_LOADED)
-        code = Code.UNSUPPORTED_IMAGE if kind is ErrorType.INPUT_REJECTED else Code.SYSTEM_ERROR
-        return await judge(request.request_id, 503 if not_ready else 200, host_answer(kind, request.request_id, code))
+        if script:
+            kind = script.pop(0)
+            not_ready = kind in (ErrorType.MODEL_LOAD_FAILED, ErrorType.MODEL_NOT_LOADED)
+            code = Code.UNSUPPORTED_IMAGE if kind is ErrorType.INPUT_REJECTED else Code.SYSTEM_ERROR
+            yield RawAnswer(503 if not_ready else 200, (), host_answer(kind, request.request_id, code))
+        else:
+            yield RawAnswer(200, (), json.dumps(envelope(Code.OK, request.request_id, {"worker": url})).encode())
 
 
 @pytest.fixture

@@ -13,8 +13,9 @@ import pytest
 import trio
 from hypercorn.config import Config
 
-from edge.pool.failures import FailureKind, WorkerFailure
-from edge.pool.upstream import ForwardRequest, Upstream, tls_holds_bytes
+from edge.pool.errors import ConnectError
+from edge.pool.failures import forwarded
+from edge.pool.upstream import ForwardRequest, Upstream, UpstreamLimits, tls_holds_bytes
 from tests.fakes.fake_worker import FakeWorker, create_app
 from tests.fakes.raw_host import Misbehaviour, RawHost
 from tests.fakes.tls import TlsFiles, tls_files
@@ -42,7 +43,7 @@ async def https_worker(worker_tls: TlsFiles) -> AsyncIterator[str]:
 
 
 async def test_worker_signed_by_the_configured_ca_is_verified(https_worker: str, worker_tls: TlsFiles) -> None:
-    upstream = Upstream(TOKEN, keepalive_connections=2, ca_file=str(worker_tls.ca_file))
+    upstream = Upstream(TOKEN, UpstreamLimits(keepalive_connections=2), ca_file=str(worker_tls.ca_file))
     try:
         answer = await upstream.probe(https_worker + "/health", PROBE_TIMEOUT_SECONDS)
     finally:
@@ -55,21 +56,22 @@ async def test_unverifiable_certificate_is_a_connect_failure_not_a_hang(
     https_worker: str, tmp_path: Path, ca: str
 ) -> None:
     ca_file = str(tls_files(tmp_path / "other", "other").ca_file) if ca == "other CA" else ""
-    upstream = Upstream(TOKEN, keepalive_connections=2, ca_file=ca_file)
+    upstream = Upstream(TOKEN, UpstreamLimits(keepalive_connections=2), ca_file=ca_file)
     started = trio.current_time()
     try:
-        with pytest.raises(WorkerFailure) as failure:
+        with pytest.raises(ConnectError):
             await upstream.probe(https_worker + "/health", PROBE_TIMEOUT_SECONDS)
     finally:
         await upstream.aclose()
-    assert failure.value.kind is FailureKind.CONNECT
     assert trio.current_time() - started < PROBE_TIMEOUT_SECONDS  # refused by the handshake, not timed out
 
 
 async def test_the_failure_names_the_certificate_problem(https_worker: str, tmp_path: Path) -> None:
-    upstream = Upstream(TOKEN, keepalive_connections=2, ca_file=str(tls_files(tmp_path, "other").ca_file))
+    upstream = Upstream(
+        TOKEN, UpstreamLimits(keepalive_connections=2), ca_file=str(tls_files(tmp_path, "other").ca_file)
+    )
     try:
-        with pytest.raises(WorkerFailure) as failure:
+        with pytest.raises(ConnectError) as failure:
             await upstream.probe(https_worker + "/health", PROBE_TIMEOUT_SECONDS)
     finally:
         await upstream.aclose()
@@ -89,13 +91,13 @@ async def test_an_unsolicited_response_over_tls_never_reaches_the_next_client(
     server.load_cert_chain(worker_tls.certfile, worker_tls.keyfile)
     host = RawHost(misbehaviour, tls=server)
     url = await host.start(nursery)
-    upstream = Upstream(TOKEN, keepalive_connections=2, ca_file=str(worker_tls.ca_file))
+    upstream = Upstream(TOKEN, UpstreamLimits(keepalive_connections=2), ca_file=str(worker_tls.ca_file))
     answered = []
     try:
         for number in range(8):
             later_write = host.later_write_done
             request = ForwardRequest("POST", "/api/v1/hair/measure", "", b"{}", None, f"client-{number}", "127.0.0.1")
-            answered.append((await upstream.forward(url, request, 5)).envelope["request_id"])
+            answered.append((await forwarded(upstream, url, request, 5)).envelope["request_id"])
             if misbehaviour is Misbehaviour.SECOND_RESPONSE_LATER:
                 await later_write.wait()
     finally:

@@ -34,7 +34,7 @@ from edge.pool.failures import judge as judge_answer
 from edge.pool.pool import UNKNOWN_VERSION
 from edge.pool.prober import Prober
 from edge.pool.prober import judge as judge_probe
-from edge.pool.upstream import HealthAnswer
+from edge.pool.upstream import HealthAnswer, RawAnswer
 from edge.pool.versions import REMINDER_SECONDS, MixedVersions
 from shared.contract import HEADER_MODEL_VERSION, Code, envelope
 from shared.model_version import analysis_version
@@ -88,7 +88,8 @@ def test_a_probe_keeps_the_version_a_host_reports_when_it_is_one(body: bytes, ve
 @pytest.mark.parametrize(("header", "kept"), [(OLD, OLD), (None, None), ("a\tb", None)])
 async def test_an_answer_keeps_its_hosts_version_when_it_is_one(header: str | None, kept: str | None) -> None:
     raw = json.dumps(envelope(Code.OK, "r1", {})).encode()
-    assert (await judge_answer("r1", 200, raw, header)).model_version == kept
+    headers = [] if header is None else [(HEADER_MODEL_VERSION.lower().encode(), header.encode())]
+    assert (await judge_answer("r1", RawAnswer(200, headers, raw))).model_version == kept
 
 
 # -- a gateway in front of real fake hosts ------------------------------------------------------

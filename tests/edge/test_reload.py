@@ -20,7 +20,7 @@ from edge.gateway import Gateway, build_gateway
 from edge.main import _reload
 from edge.pool.prober import Prober
 from edge.pool.scheduling import SchedulingPolicy
-from edge.pool.upstream import ForwardRequest
+from edge.pool.upstream import ForwardRequest, Timeouts
 from edge.reload import EDGE_SETTINGS, LIVE, RESTART, apply_settings
 from edge.web.server import GatewayConfig
 from shared.contract import Code
@@ -166,6 +166,17 @@ async def test_the_shutdown_grace_follows_reloaded_request_timeouts(tmp_path: Pa
     assert parts.listener.graceful_timeout == 90, "SIGTERM lets the longest request, as now configured, finish"
     apply_settings(*parts, reloaded(tmp_path, max_header_bytes=20_000))
     assert parts.listener.h11_max_incomplete_size > 20_000
+
+
+async def test_a_reload_hands_the_forward_service_its_timeouts_whole(tmp_path: Path, parts, monkeypatch) -> None:
+    told: list[tuple] = []
+    monkeypatch.setattr(parts.gateway.api, "reconfigure", lambda *args, **kwargs: told.append(args))
+    apply_settings(
+        *parts,
+        reloaded(tmp_path, dispatch={"request_timeout_seconds": 7, "slow_request_timeout_seconds": 90}),
+    )
+    ((_images, _policy, timeouts),) = told
+    assert timeouts == Timeouts(request_seconds=7, slow_request_seconds=90)
 
 
 # --- a reload reaches each component it configures (edge.reload pushes; none reads settings itself)
