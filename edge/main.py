@@ -28,7 +28,8 @@ from edge.observe.metrics import metrics_app
 from edge.pool.prober import Prober
 from edge.reload import reload_settings
 from edge.shared_state import redis_client
-from edge.web.server import GatewayConfig
+from edge.web.server import GatewayConfig, GatewayH11Protocol
+from shared.http_server import install
 from shared.logs import configure_logging
 from shared.secrets_file import SecretsSource, is_header_safe
 from shared.settings import ENV_SHARED_PASSWORD, Settings, SettingsError, load_settings
@@ -121,6 +122,7 @@ async def serve(
     background tasks (the prober's first round before anything listens), then the public
     listener and the metrics listener. Stopping runs the other way round.
     """
+    install(GatewayH11Protocol)  # Hypercorn HTTP/1.1-only and contained, before any listener opens
     stopping = trio.Event()
     edge = settings.edge
     async with redis_client(edge.shared_state.redis_url) as redis:

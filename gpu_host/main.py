@@ -44,7 +44,7 @@ from gpu_host.connections import close_idle_connections_on_shutdown
 from gpu_host.model_process import ModelProcess
 from gpu_host.protocol import ChildConfig, ChildEntry
 from gpu_host.version import host_model_version
-from shared.http_server import http1_only
+from shared.http_server import http1_only, install
 from shared.logs import configure_logging
 from shared.secrets_file import SecretsSource
 from shared.settings import ENV_ACCEPT_PASSWORDS, GpuHostSettings, Settings, SettingsError, load_settings
@@ -103,7 +103,7 @@ def child_config(settings: Settings) -> ChildConfig:
 
 
 def hypercorn_config(host: GpuHostSettings, bind: str) -> HypercornConfig:
-    config = http1_only(HypercornConfig())  # and HTTP/2 refused, a failing connection contained
+    config = http1_only(HypercornConfig())  # TLS offers HTTP/1.1 alone; serve() installs the rest
     config.bind = [bind]
     # A SIGTERM must not cut a request short: the longest one may run its inference to the
     # timeout, then wait for ComfyUI to its own.
@@ -151,6 +151,7 @@ async def serve(
 ) -> None:
     """The host's one nursery: signals, the model supervisor, Hypercorn; returns once stopped.
     `workflow`: the ComfyUI graph, used when `gpu_host.comfyui_url` is set."""
+    install()  # Hypercorn HTTP/1.1-only and contained, before it serves
     host = settings.gpu_host
     model = ModelProcess(
         child_config(settings),

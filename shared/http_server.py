@@ -51,10 +51,13 @@ connection's handling ends that connection, never the process.
 
 Hypercorn has no setting or hook for these protocol decisions nor for the task a
 connection runs in: `HTTP1Protocol` replaces `H11Protocol._check_protocol` and
-`_send_error_response` (and reads h11's unparsed bytes in place), and the two
-classes are installed (at import) where Hypercorn looks them up for each connection
-(`hypercorn.protocol.H11Protocol`, `hypercorn.trio.run.TCPServer`). Hypercorn is pinned
-exactly in pyproject.toml; tests/shared/test_http_server.py fails when a name moves.
+`_send_error_response` (and reads h11's unparsed bytes in place), and `install()` puts the
+two classes where Hypercorn looks them up for each connection
+(`hypercorn.protocol.H11Protocol`, `hypercorn.trio.run.TCPServer`). Importing this module
+changes nothing: each service's `serve()` calls `install()` before Hypercorn runs, so a
+service is HTTP/1.1-only because it says so, not because of what it happens to import.
+Hypercorn, h11 and trio are pinned exactly in pyproject.toml; every private name of theirs
+used here is listed in tests/test_framework_pins.py, which fails when one moves.
 """
 
 from __future__ import annotations
@@ -192,7 +195,7 @@ class _ServerConnection(h11.Connection):
 def _unparsed_request_line(connection: h11.Connection) -> bytes:
     # h11 has no peek at what it holds unparsed (`trailing_data` copies all of it, for each
     # request of a pipeline): its buffer is read in place, up to the first line's end (h11 is
-    # pinned exactly; tests/shared/test_http_server.py checks these names)
+    # pinned exactly; tests/test_framework_pins.py checks these names)
     data: bytearray = connection._receive_buffer._data
     end = data.find(b"\n", 0, REQUEST_LINE_PEEK_BYTES)
     return bytes(data[: end if end >= 0 else REQUEST_LINE_PEEK_BYTES])
@@ -562,8 +565,24 @@ def _first_leaf(error: BaseException) -> BaseException:
     return error
 
 
-# Where Hypercorn looks the classes up: `ProtocolWrapper` for each HTTP/1.1 connection,
-# `worker_serve` for each accepted one. The gateway installs its own subclass of
-# `HTTP1Protocol` after this (`edge.web.server`).
-hypercorn.protocol.H11Protocol = HTTP1Protocol  # type: ignore[misc]
-hypercorn.trio.run.TCPServer = ContainedTCPServer  # type: ignore[misc]
+def install(protocol: type[HTTP1Protocol] = HTTP1Protocol) -> None:
+    """Hypercorn serves with this module's classes from now on, in this process: `protocol`
+    for each HTTP/1.1 connection, `ContainedTCPServer` for each accepted one. Each service's
+    `serve()` calls it before Hypercorn runs; calling it again changes nothing.
+
+    Hypercorn has no setting for either class: `ProtocolWrapper` and `worker_serve` look them
+    up in their modules' globals for each connection, so this is process-wide. The gateway
+    installs its subclass (`edge.web.server.GatewayH11Protocol`), which behaves as its base
+    on any other listener; one process that serves both (the tests) keeps it whatever the
+    order of the calls."""
+    hypercorn.protocol.H11Protocol = _protocol_to_install(hypercorn.protocol.H11Protocol, protocol)  # type: ignore[misc]
+    hypercorn.trio.run.TCPServer = ContainedTCPServer  # type: ignore[misc]
+
+
+def _protocol_to_install(installed: type[H11Protocol], wanted: type[HTTP1Protocol]) -> type[H11Protocol]:
+    """The more derived of the two; two unrelated ones are a conflict nothing could serve both."""
+    if issubclass(installed, wanted):
+        return installed
+    if issubclass(installed, HTTP1Protocol) and not issubclass(wanted, installed):
+        raise RuntimeError(f"{installed.__qualname__} is installed already: {wanted.__qualname__} cannot be too")
+    return wanted

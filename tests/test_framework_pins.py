@@ -6,7 +6,8 @@ release changes what is checked here before it changes the gateway silently.
 
 After an upgrade, a failure names what to re-read: adapt our override to the new code,
 then record the new parameters or source digest in `PINNED`. An override of a framework's
-private name that is not in `PINNED` fails too: pin it here when you add it."""
+method, or a use of a private name of a framework or of trio, that is not listed here
+(`PINNED`, `READ`) fails too: pin it here when you add it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import hashlib
 import importlib
 import importlib.metadata
 import inspect
+import re
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +29,13 @@ import hypercorn.trio
 import hypercorn.trio.run
 import hypercorn.utils
 import pytest
+import trio
+import trio.testing
 from hypercorn.config import Config
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
 from quart.wrappers.request import Body, Request
+from quart_schema.openapi import OpenAPIProvider
 from quart_trio.wrappers.request import TrioBody, TrioRequest
 from quart_trio.wrappers.response import TrioFileBody
 
@@ -37,8 +43,8 @@ from tests.test_lock import APPLICATION, read_lock
 
 REPO = Path(__file__).resolve().parents[1]
 OUR_PACKAGES = ("edge", "gpu_host", "shared", "cluster")
-FRAMEWORKS = ("hypercorn", "quart", "quart_trio", "h11", "werkzeug")  # import names
-DISTRIBUTIONS = ("hypercorn", "quart", "quart-trio", "h11", "werkzeug")
+FRAMEWORKS = ("hypercorn", "quart", "quart_trio", "quart_schema", "h11", "werkzeug", "trio")  # import names
+DISTRIBUTIONS = ("hypercorn", "quart", "quart-trio", "quart-schema", "h11", "werkzeug", "trio")
 
 
 @dataclass(frozen=True)
@@ -110,7 +116,53 @@ PINNED = [
         ("self",),
         why="HTTP1Protocol waits for a body its answer left unread before recycling (shared/http_server.py)",
     ),
+    Pin(
+        H11Protocol,
+        "handle",
+        ("self", "event"),
+        "3b56e067447488df",
+        why="HTTP1Protocol.handle counts the bytes and reads of each event, then hands it on; while a "
+        "refused body drains it takes the bytes itself: it relies on this reading a RawData through "
+        "_handle_events and a Closed ending the stream",
+    ),
+    Pin(
+        H11Protocol,
+        "stream_send",
+        ("self", "event"),
+        "56a36254a368d71a",
+        why="HTTP1Protocol.stream_send calls it, then starts a drain at the answer's EndBody: it relies on "
+        "this writing the answer's end and recycling through _maybe_recycle",
+    ),
+    Pin(
+        H11Protocol,
+        "_close_stream",
+        ("self",),
+        "378930655d7bb41a",
+        why="HTTP1Protocol._maybe_recycle calls it to end the app's stream before its body is drained",
+    ),
+    # h11's server connection (shared/http_server.py)
+    Pin(
+        h11.Connection,
+        "next_event",
+        ("self",),
+        why="_ServerConnection keeps the request line, the head and h11's error around it",
+    ),
     # Hypercorn's TCP connection (shared/http_server.py)
+    Pin(
+        TCPServer,
+        "run",
+        ("self",),
+        "fd34b021d1a86c98",
+        why="ContainedTCPServer.run calls it and contains what escapes: it relies on this closing the "
+        "stream on every way out",
+    ),
+    Pin(
+        TCPServer,
+        "protocol_send",
+        ("self", "event"),
+        "225856426bff7be0",
+        why="ContainedTCPServer.protocol_send replaces its writes (bounded, counted) and hands it the rest",
+    ),
     Pin(
         TCPServer,
         "_close",
@@ -129,6 +181,32 @@ PINNED = [
     ),
     Pin(Body, "set_complete", ("self",), why="GatewayBody extends it"),
     Pin(TrioRequest, "get_data", ("self", "cache", "as_text", "parse_form_data"), why="GatewayRequest replaces it"),
+    # quart-schema's OpenAPI provider (edge/web/openapi.py, its `openapi_provider_class` hook)
+    Pin(
+        OpenAPIProvider,
+        "generate_rules",
+        ("self",),
+        why="ContractDocument keeps the rules it yields to the business endpoints",
+    ),
+    Pin(OpenAPIProvider, "generate_methods", ("self", "rule"), why="ContractDocument replaces it: POST alone"),
+    Pin(
+        OpenAPIProvider,
+        "build_request_body",
+        ("self", "model", "source"),
+        why="ContractDocument replaces it: both media types of each body",
+    ),
+    Pin(
+        OpenAPIProvider,
+        "build_response_object",
+        ("self", "model", "headers_model"),
+        why="ContractDocument replaces it: the answer headers and a real example answer",
+    ),
+    Pin(
+        OpenAPIProvider,
+        "operation_id",
+        ("self", "method", "path", "func"),
+        why="ContractDocument replaces it: the id `operation_id(...)` set",
+    ),
     # Hypercorn's serving functions below its public `serve` (gpu_host/main.py)
     Pin(
         None,
@@ -145,6 +223,51 @@ PINNED = [
 ]
 
 
+def _ssl_stream() -> trio.SSLStream[trio.abc.Stream]:
+    return trio.SSLStream(trio.testing.memory_stream_pair()[0], ssl.create_default_context(), server_hostname="x")
+
+
+def _h11_server() -> h11.Connection:
+    return h11.Connection(h11.SERVER)
+
+
+def _quart_body() -> Body:
+    return Body(None, 10)
+
+
+@dataclass(frozen=True)
+class Read:
+    """A private attribute of a framework's (or trio's) object that our code reads or writes in
+    place, where the framework has no public way: `probe` builds such an object."""
+
+    name: str
+    probe: Callable[[], object]
+    why: str
+
+
+READ = [
+    # trio's TLS stream (edge/pool/upstream.py, tls_holds_bytes): whether a kept-alive
+    # connection to a worker already holds bytes, which a cancelled receive cannot tell
+    Read("_ssl_object", _ssl_stream, why="decrypted bytes the last receive left: its pending()"),
+    Read("_incoming", _ssl_stream, why="a whole record read off the socket, not yet decrypted: its pending"),
+    # h11's unparsed bytes, read in place (shared/http_server.py): h11 has no peek
+    Read("_receive_buffer", _h11_server, why="_ServerConnection's request line and unparsed_bytes"),
+    Read("_data", lambda: _h11_server()._receive_buffer, why="the receive buffer's bytearray"),
+    # Quart's request body (edge/web/http.py, GatewayBody; its kinds checked below)
+    Read("_data", _quart_body, why="the body's bytes, appended to and read by GatewayBody"),
+    Read("_complete", _quart_body, why="set by GatewayBody once the body is whole"),
+    Read("_has_data", _quart_body, why="set by GatewayBody as bytes arrive"),
+    Read("_must_raise", _quart_body, why="GatewayBody's refusal, raised to the reader"),
+    Read("_max_content_length", _quart_body, why="the limit GatewayBody refuses past"),
+]
+# Private names of the standard library the code uses: no framework's, outside this file
+STANDARD_LIBRARY = {
+    "_exit": "os._exit, the process's end without cleanup (gpu_host/failure_kinds.py)",
+    "_Hash": "hashlib._Hash, in an annotation only (edge/admission/idempotency.py)",
+    "_value2member_map_": "Enum's value lookup (shared/contract.py)",
+}
+
+
 def _digest(function: Callable[..., Any]) -> str:
     return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
 
@@ -156,6 +279,18 @@ def test_each_pinned_name_exists_with_the_parameters_and_body_it_was_written_aga
     assert parameters == pin.parameters, f"{pin.label} now takes {parameters} ({pin.why})"
     if pin.source is not None:
         assert _digest(pin.target) == pin.source, f"{pin.label} changed: re-read it ({pin.why})"
+
+
+@pytest.mark.parametrize("read", READ, ids=lambda read: f"{read.probe.__name__}.{read.name}")
+def test_each_private_attribute_read_in_place_exists(read: Read) -> None:
+    assert hasattr(read.probe(), read.name), f"{read.name} is gone ({read.why})"
+
+
+def test_tls_holds_bytes_reads_what_trio_keeps_there() -> None:
+    # edge/pool/upstream.py calls `_ssl_object.pending()` and reads `_incoming.pending`
+    stream = _ssl_stream()
+    assert isinstance(stream._incoming, ssl.MemoryBIO) and stream._incoming.pending == 0
+    assert isinstance(stream._ssl_object, ssl.SSLObject) and stream._ssl_object.pending() == 0
 
 
 def test_the_frameworks_installed_are_the_locked_versions_these_pins_were_written_against() -> None:
@@ -251,13 +386,18 @@ _NOT_OVERRIDES = {
 }
 
 
-def test_every_override_of_a_frameworks_private_name_is_pinned_here() -> None:
+def _framework_bases(cls: type) -> list[type]:
+    return [base for base in cls.__mro__[1:] if base.__module__.partition(".")[0] in FRAMEWORKS]
+
+
+def test_every_override_of_a_frameworks_method_is_pinned_here() -> None:
+    # public ones too: HTTP1Protocol.handle relies on what Hypercorn's does as much as on a private name
     pinned = {(pin.owner, pin.name) for pin in PINNED if pin.owner is not None}
     unpinned = []
     for cls in _our_classes_on_frameworks():
-        framework_bases = [base for base in cls.__mro__[1:] if base.__module__.partition(".")[0] in FRAMEWORKS]
-        for name in vars(cls):
-            if not name.startswith("_") or name in _NOT_OVERRIDES:
+        framework_bases = _framework_bases(cls)
+        for name, value in vars(cls).items():
+            if name in _NOT_OVERRIDES or not (name.startswith("_") or inspect.isfunction(value)):
                 continue
             owner = next((base for base in framework_bases if name in vars(base)), None)
             if owner is not None and (owner, name) not in pinned:
@@ -272,4 +412,62 @@ def test_the_walk_finds_the_known_overrides() -> None:
     assert {
         "edge.web.server.GatewayH11Protocol",
         "edge.web.http.GatewayBody",
+        "edge.web.openapi.ContractDocument",
+        "shared.http_server.HTTP1Protocol",
+        "shared.http_server.ContainedTCPServer",
     } <= names
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _trees() -> list[ast.Module]:
+    return [
+        ast.parse(path.read_text(), filename=str(path))
+        for package in OUR_PACKAGES
+        for path in sorted((REPO / package).rglob("*.py"))
+    ]
+
+
+def _private_names_of_others(trees: list[ast.Module]) -> set[str]:
+    """Private attribute names our code reads that it never defines (a def, a class, an
+    assignment): someone else's, such as `stream._ssl_object` on trio's SSLStream."""
+    used: set[str] = set()
+    defined: set[str] = set()
+    for node in (node for tree in trees for node in ast.walk(tree)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Attribute) and _is_private(node.attr):
+            (defined if isinstance(node.ctx, ast.Store) else used).add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            defined.add(node.id)
+    return used - defined
+
+
+def _private_names_inherited(cls: type) -> set[str]:
+    """The private names our subclass of a framework's class uses on itself that it does not
+    define, and that its framework bases' code does: theirs, such as Quart's `self._data`."""
+    tree = ast.parse(inspect.getsource(cls).strip())  # stripped: a nested class is indented
+    names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and _is_private(node.attr)}
+    ours = {name for klass in cls.__mro__ if klass not in _framework_bases(cls) for name in vars(klass)}
+    sources = "\n".join(inspect.getsource(base) for base in _framework_bases(cls) if base is not object)
+    return {name for name in names - ours if re.search(rf"\b{name}\b", sources)}
+
+
+def _private_names_of_frameworks_used() -> set[str]:
+    inherited = (_private_names_inherited(cls) for cls in _our_classes_on_frameworks())
+    return _private_names_of_others(_trees()).union(*inherited) - set(STANDARD_LIBRARY)
+
+
+def test_every_private_name_of_a_framework_or_of_trio_the_code_uses_is_listed_here() -> None:
+    listed = {pin.name for pin in PINNED} | {read.name for read in READ}
+    unlisted = sorted(_private_names_of_frameworks_used() - listed)
+    assert not unlisted, "pin each in PINNED or READ (tests/test_framework_pins.py): " + ", ".join(unlisted)
+
+
+def test_the_grep_finds_the_known_private_names() -> None:
+    # the check above is only as good as its grep
+    assert {"_ssl_object", "_incoming", "_receive_buffer", "_data", "_handle_events", "_close_stream"} <= (
+        _private_names_of_frameworks_used()
+    )

@@ -14,7 +14,9 @@ decision Hypercorn takes before the app is asked — `100 Continue`.
   gateway's protocol (`GatewayH11Protocol`) withholds it, so that the client reads
   the 1003 instead of sending megabytes to be dropped.
 - HTTP/1.1 only, and a failing connection contained: `shared.http_server`, whose
-  protocol this one extends. An answer is written as Hypercorn writes it.
+  protocol this one extends; `edge.main.serve` installs it (`shared.http_server.install`)
+  before Hypercorn runs; importing this module changes nothing. An answer is written as
+  Hypercorn writes it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import h11
-import hypercorn.protocol
 from hypercorn.config import Config
 
 from shared.http_server import HTTP1Protocol, http1_only
@@ -99,10 +100,3 @@ def withholds_continue(headers: Iterable[tuple[bytes, bytes]], body_limit: int) 
         if name == b"content-length" and value.isdigit():
             return int(value) > body_limit
     return False
-
-
-# Hypercorn has no setting for its HTTP/1.1 protocol class; `ProtocolWrapper` looks the
-# name up here for each connection (`shared.http_server` installed its base class there).
-# The subclass behaves as Hypercorn's own on any other listener (the metrics one, the GPU
-# host's, the tests' fakes in one process).
-hypercorn.protocol.H11Protocol = GatewayH11Protocol  # type: ignore[misc]

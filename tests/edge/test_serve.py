@@ -24,6 +24,7 @@ from edge.web.server import GatewayConfig, GatewayH11Protocol
 from shared.contract import Code, envelope
 from shared.http_server import HTTP1Protocol
 from tests.edge.conftest import PHOTO, PHOTO_BODY, make_settings
+from tests.shared.http_attacks import PREFACE, SETTINGS_FRAME, exchange, hypercorns_own_classes
 
 # One free port per test process (a fixed one clashed when two runs of the suite met).
 GATEWAY_PORT = free_port()
@@ -328,8 +329,23 @@ def test_the_gateway_listener_offers_http_1_1_alone_and_its_protocol_overrides_e
     # they must still be the ones its protocol calls where it sends `100 Continue`
     config = GatewayConfig(make_settings(tmp_path).edge)
     assert config.alpn_protocols == ["http/1.1"]
-    assert issubclass(GatewayH11Protocol, HTTP1Protocol) and hypercorn.protocol.H11Protocol is GatewayH11Protocol
+    assert issubclass(GatewayH11Protocol, HTTP1Protocol)
     assert {"_create_stream", "_send_h11_event"} <= set(H11Protocol._handle_events.__code__.co_names)
+
+
+async def test_the_gateways_serve_installs_its_http_1_1_only_protocol_itself(
+    tmp_path: Path, worker: InProcessWorker, monkeypatch
+) -> None:
+    # as in a process that imported nothing that could install it: serve() must (edge.main)
+    hypercorns_own_classes(monkeypatch)
+    worker.health_open.set()
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve, settings_for(tmp_path, worker), stop.wait)
+        preface = await exchange(GATEWAY_PORT, PREFACE + SETTINGS_FRAME)
+        stop.set()
+    assert (preface.status, preface.closed) == (505, True)
+    assert hypercorn.protocol.H11Protocol is GatewayH11Protocol
 
 
 BIG_ANSWER_BYTES = 24 * 1024 * 1024  # more than loopback's socket buffers hold

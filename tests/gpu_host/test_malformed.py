@@ -17,7 +17,15 @@ from tests.fakes.tls import tls_files
 from tests.gpu_host.conftest import MEASURE, TOKEN, WAIT_SECONDS, auth
 from tests.gpu_host.fake_child import scripted
 from tests.gpu_host.inprocess import host_settings, running_host
-from tests.shared.http_attacks import ATTACKS, PREFACE, SETTINGS_FRAME, exchange, read_answer, with_token
+from tests.shared.http_attacks import (
+    ATTACKS,
+    PREFACE,
+    SETTINGS_FRAME,
+    exchange,
+    hypercorns_own_classes,
+    read_answer,
+    with_token,
+)
 
 HEALTH = f"GET /health HTTP/1.1\r\nHost: h\r\nX-Internal-Token: {TOKEN}\r\n\r\n".encode()
 
@@ -33,6 +41,16 @@ async def test_every_attack_is_answered_as_the_table_says_and_the_host_serves_on
         assert not host.stopped.is_set()
     assert wrong == {}
     assert not [r for r in caplog.records if r.exc_info or r.levelname == "ERROR"]
+
+
+async def test_the_hosts_serve_installs_the_http_1_1_only_server_itself(tmp_path: Path, monkeypatch) -> None:
+    # as in a process that imported nothing that could install it: serve() must (gpu_host.main)
+    hypercorns_own_classes(monkeypatch)
+    async with running_host(tmp_path) as host:
+        preface = await exchange(host.port, PREFACE + SETTINGS_FRAME)
+        upgrade = await exchange(host.port, with_token(ATTACKS[1].request, TOKEN))  # h2c, good settings
+    assert (preface.status, preface.closed) == (505, True)
+    assert (upgrade.status, upgrade.informational) == (200, ())  # served in HTTP/1.1, no 101
 
 
 async def test_tls_offers_only_http_1_1_and_refuses_the_http_2_preface(tmp_path: Path) -> None:

@@ -14,7 +14,12 @@ import ssl
 from dataclasses import dataclass
 
 import h11
+import hypercorn.protocol
+import hypercorn.trio.run
+import pytest
 import trio
+from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.trio.tcp_server import TCPServer
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS_FRAME = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
@@ -189,6 +194,13 @@ async def _receive(stream: trio.abc.Stream) -> bytes:
         return bytes(await stream.receive_some(65536))
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         return b""  # a reset: the connection is gone
+
+
+def hypercorns_own_classes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hypercorn's own classes where it looks them up, as in a process where no service's
+    `serve()` has run (`shared.http_server.install`); what was there is put back after the test."""
+    monkeypatch.setattr(hypercorn.protocol, "H11Protocol", H11Protocol)
+    monkeypatch.setattr(hypercorn.trio.run, "TCPServer", TCPServer)
 
 
 def with_token(request: bytes, token: str) -> bytes:

@@ -7,6 +7,8 @@ import contextlib
 import inspect
 import itertools
 import logging
+import subprocess
+import sys
 import tomllib
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -29,7 +31,7 @@ from cluster.launcher import REPO_ROOT
 from shared import http_server
 from shared.http_server import ContainedTCPServer, HTTP1Protocol, http1_only
 from shared.logs import FailureLog
-from tests.shared.http_attacks import exchange, read_answers
+from tests.shared.http_attacks import PREFACE, SETTINGS_FRAME, exchange, hypercorns_own_classes, read_answers
 
 OK = b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n"
 
@@ -42,6 +44,7 @@ def test_hypercorn_is_the_pinned_version_whose_names_are_overridden() -> None:
 def test_the_overridden_names_are_where_hypercorn_looks_them_up() -> None:
     # ProtocolWrapper instantiates `H11Protocol` from its module for each connection,
     # worker_serve hands each accepted one to `TCPServer` from its own, awaiting it runs `run`
+    http_server.install()
     assert "H11Protocol" in ProtocolWrapper.__init__.__code__.co_names
     assert issubclass(hypercorn.protocol.H11Protocol, HTTP1Protocol)
     assert "TCPServer" in hypercorn.trio.run.worker_serve.__code__.co_names
@@ -58,6 +61,55 @@ def test_the_overridden_names_are_where_hypercorn_looks_them_up() -> None:
     assert "app_put" in HTTPStream.handle.__code__.co_names
     assert list(inspect.signature(H11Protocol._check_protocol).parameters) == ["self", "event"]
     assert HTTP1Protocol._check_protocol is not H11Protocol._check_protocol
+
+
+def test_importing_the_services_patches_nothing() -> None:
+    # in a fresh process: this one has run install() (the tests' servers, the services' serve())
+    check = (
+        "import hypercorn.protocol, hypercorn.trio.run\n"
+        "from hypercorn.protocol.h11 import H11Protocol\n"
+        "from hypercorn.trio.tcp_server import TCPServer\n"
+        "import shared.http_server, edge.web.server, edge.main, gpu_host.main\n"
+        "assert hypercorn.protocol.H11Protocol is H11Protocol, hypercorn.protocol.H11Protocol\n"
+        "assert hypercorn.trio.run.TCPServer is TCPServer, hypercorn.trio.run.TCPServer\n"
+    )
+    run = subprocess.run([sys.executable, "-c", check], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_install_is_idempotent_and_keeps_the_more_derived_protocol(monkeypatch: pytest.MonkeyPatch) -> None:
+    hypercorns_own_classes(monkeypatch)
+
+    class Derived(HTTP1Protocol):
+        pass
+
+    class Unrelated(HTTP1Protocol):
+        pass
+
+    http_server.install()
+    http_server.install()
+    assert hypercorn.protocol.H11Protocol is HTTP1Protocol and hypercorn.trio.run.TCPServer is ContainedTCPServer
+    http_server.install(Derived)
+    http_server.install()  # a service that serves with the base, in the same process: the subclass stays
+    assert hypercorn.protocol.H11Protocol is Derived
+    with pytest.raises(RuntimeError, match="Derived is installed already"):
+        http_server.install(Unrelated)
+    assert hypercorn.protocol.H11Protocol is Derived
+
+
+async def test_a_server_hypercorn_runs_before_install_speaks_http_2_and_after_it_refuses_it(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # what the services' serve path tests (tests/gpu_host/test_malformed.py,
+    # tests/edge/test_serve.py) tell apart: Hypercorn's own answer to the preface, and ours
+    hypercorns_own_classes(monkeypatch)
+    port, stop = await serving(nursery, app, install=False)
+    spoken = await exchange(port, PREFACE + SETTINGS_FRAME)
+    http_server.install()
+    refused = await exchange(port, PREFACE + SETTINGS_FRAME)  # a new connection takes what is installed
+    stop.set()
+    assert spoken.status is None  # HTTP/2 frames, which an HTTP/1.1 client cannot read
+    assert (refused.status, refused.closed) == (505, True)
 
 
 def test_tls_offers_http_1_1_alone() -> None:
@@ -78,9 +130,14 @@ async def app(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-async def serving(nursery: trio.Nursery, served: Callable[..., Awaitable[None]]) -> tuple[int, trio.Event]:
-    """`served` on a loopback port through Hypercorn with `shared.http_server`: the port, and
-    the event that stops it."""
+async def serving(
+    nursery: trio.Nursery, served: Callable[..., Awaitable[None]], *, install: bool = True
+) -> tuple[int, trio.Event]:
+    """`served` on a loopback port through Hypercorn with `shared.http_server` (installed, as
+    each service's serve() does, unless `install` is False): the port, and the event that
+    stops it."""
+    if install:
+        http_server.install()
     config = http1_only(Config())
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
