@@ -338,7 +338,7 @@ def fit_decision(answers: Sequence[Answer], summary: str = "") -> Decision:
     for a in numbered:
         assert a.candidate is not None and a.candidate.base_band_mm
         status = "ok" if trust.says_yes(a.candidate.evidence.trust) else "uncertain"
-        scores[status].append(max(0.0, (a.error_mm or 0.0) - 0.0) / max(a.candidate.base_band_mm, 1e-6))
+        scores[status].append((a.error_mm or 0.0) / max(a.candidate.base_band_mm, 1e-6))
     quantile = {status: max(1.0, _conformal(values)) for status, values in scores.items()}
     floor = {"ok": 0.0, "uncertain": OK_WITHIN_MM}
     return Decision(bald=bald, trust=trust, band_quantile=quantile, band_floor_mm=floor, fitted_on=summary)

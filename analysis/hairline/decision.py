@@ -75,9 +75,6 @@ class Evidence:
     bald: Mapping[str, float]
     trust: Mapping[str, float] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, dict[str, float]]:
-        return {"bald": dict(self.bald), "trust": dict(self.trust)}
-
 
 @dataclass(frozen=True)
 class Candidate:
