@@ -88,7 +88,9 @@ PINNED = [
         H11Protocol,
         "_send_h11_event",
         ("self", "event"),
-        why="GatewayH11Protocol drops the `100 Continue` it withholds there, then calls it",
+        "5e40283daa303ec7",
+        why="HTTP1Protocol replaces it (shared/http_server.py): an answer's head is written with its body, "
+        "one write per answer; GatewayH11Protocol drops the `100 Continue` it withholds there, then calls it",
     ),
     Pin(
         H11Protocol,
