@@ -71,7 +71,10 @@ BALD_REGULARISATION = 10.0
 # (`decision.TRUST_FEATURES`) the out-of-fold ranking put its first wrong answer after 109
 # right ones, with these four after 118 (and its second after 137, not 111).
 TRUST_MODEL_FEATURES = ("views_agree", "log_mm_per_px", "disagreement_mm", "gate_notes")
-COPIES = ("mirrored", "0.5x", "1.5x", "jpeg q40", "blonde", "top cropped", "beige scarf", "blue scarf")
+COPIES = ("mirrored", "0.5x", "1.5x", "jpeg q40", "blonde", "top cropped", "beige scarf", "blue scarf", "turned")
+# A photo turned 180° is refused as upside down (1008), or as no face where the mesh does not
+# find one that way up (1005): either tells the user what to do.
+TURNED_CODES = (1008, 1005)
 UPSIDE_DOWN = "倒置"  # the pose refusal's word for an upside-down face
 KINDS = ("hairline", "no_hairline", "occluded", "rejected")
 
@@ -85,7 +88,7 @@ class Answer:
     kind: str
     truth_row: float | None  # the trichion row in this image's pixels
     tolerance_px: float | None
-    expect_code: int | None
+    expect_codes: tuple[int, ...]  # the refusals that answer it right (none: it is measured)
     refused: int | None = None  # the refusal's code
     refusal: str = ""
     mm_per_px: float = math.nan
@@ -164,7 +167,7 @@ def trace_answer(
         kind=label["kind"],
         truth_row=None if row is None else row * scale - cut,
         tolerance_px=None if tolerance is None else tolerance * scale,
-        expect_code=label.get("expect_code"),
+        expect_codes=tuple(label.get("expect_codes", [label["expect_code"]] if "expect_code" in label else [])),
     )
     try:
         traced = trace(rgb, models, limits)
@@ -195,6 +198,10 @@ def extract(photos: Path, with_copies: bool, log: Callable[[str], None] = print)
             if with_copies and label["kind"] != "rejected":
                 for name, image, scale, cut in copies_of(rgb, traced, label):
                     answers.append(trace_answer(image, models, label, name, scale, cut)[0])
+            if with_copies and label["kind"] != "rejected":
+                turned = {**label, "kind": "rejected", "expect_codes": TURNED_CODES, "trichion_row": None}
+                upside_down = np.ascontiguousarray(rgb[::-1, ::-1])
+                answers.append(trace_answer(upside_down, models, turned, "turned", 1.0, 0.0)[0])
             if with_copies and label["kind"] == "hairline" and traced is not None:
                 covered = {**label, "kind": "occluded", "trichion_row": None, "tolerance_px": None}
                 for name, image in covered_copies(rgb, traced):
@@ -416,7 +423,7 @@ class Report:
     @property
     def wrong_refusals(self) -> list[Outcome]:
         """A refusal photo not refused with its code, or an upright face called upside down."""
-        wrong = [o for o in self.of("rejected") if o.answer.refused != o.answer.expect_code]
+        wrong = [o for o in self.of("rejected") if o.answer.refused not in o.answer.expect_codes]
         return wrong + [o for o in self.outcomes if o.answer.kind != "rejected" and UPSIDE_DOWN in o.answer.refusal]
 
     def row(self, title: str) -> str:

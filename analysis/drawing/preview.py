@@ -52,9 +52,9 @@ FEATHER_MM = 2.5  # blend width at the top of the fill, above the old edge zone
 # differently: the blend between them was a step of its own); at 3.5 mm <= 1.47x on all.
 # That step is as large as the lighting between the two skins differs: where it differs more
 # than the old edge's own contrast (skin under the old edge against the hair above it), the
-# blend widens by as much, up to UNDER_EDGE_MAX_MM (statham_big: the skin under his stubble
-# rim is 82 L darker than the forehead it lands on, twice his edge's contrast; at 3.5 mm the
-# new edge was 1.58x his old one's, at 6.9 mm 1.09x).
+# blend widens by as much, up to UNDER_EDGE_MAX_MM (a stubble rim: the skin under it is
+# 82 L darker than the forehead it lands on, twice the edge's contrast; at 3.5 mm the new
+# edge was 1.58x the old one's, at 6.9 mm 1.09x).
 UNDER_EDGE_MM = 3.5
 UNDER_EDGE_MAX_MM = 8.0
 SKIN_SAMPLES_MM = (0.5, 1.0, 1.5, 2.0)  # below a line: the skin the blend runs over
@@ -85,20 +85,20 @@ MIN_DROP_PX = 0.5  # a plan lowering the line by less than this changes nothing
 COLUMN_STEP_PX = 1.0
 # The hair is moved by a smooth, sub-pixel drop in a rotated frame: every pixel is resampled
 # between four source pixels. Bilinear resampling averages them, a low-pass filter on detail
-# one or two pixels wide, which is what strands are in a small photo (rose_leslie, 2 px/mm:
+# one or two pixels wide, which is what strands are in a small photo (at 2 px/mm:
 # the band kept 0.69 of the hair's high-frequency energy, 1.0 moved by whole pixels).
 # Lanczos (8x8 taps) keeps that detail (0.92-1.02) without the staircase of whole-pixel moves.
 RESAMPLING = cv2.INTER_LANCZOS4
 # Each repeat of the hair strip carries the strip's strands (detail finer than TREND_MM, the
 # sigma of the photo's low-pass) on the colour the hair has at the top of the strip moved
 # once: the strip's own trend (lighter at its front, darker at its top) repeated was a
-# stripe every repeat (deepface_img1's deep drop: bands 3-4 mm apart).
+# stripe every repeat (on a deep drop: bands 3-4 mm apart).
 TREND_MM = 1.0
 # From the first repeat on, that colour is the hair's alone (not the trend, which mixes in
 # what lies beside the hair) and smoothed across columns over JITTER_MM (the repeats' own
 # columns wander that far): held from a single point per column, the colour is the same all
 # the way down the band, so any difference between neighbouring columns ran down it as a
-# vertical stripe (statham_big: his strip is a rim of stubble at the head's outline, and
+# vertical stripe (a strip that is a rim of stubble at the head's outline, where
 # that point's trend ran from stubble to half wall from column to column).
 _SEED = 17  # of the edge pattern and the repeats' columns
 
@@ -116,7 +116,7 @@ def grow_preview(
     `rgb` is the analysed photo (H, W, 3) uint8, `segmentation` its masks (same size),
     `hairline` the detected one, `design` the planned or marked line (image px)."""
     # only hair inside the head's outline is lent: a hair network that paints the background
-    # beyond a stubble rim as hair (statham_big) would lend the wall, repeated as stripes
+    # beyond a stubble rim as hair would lend the wall, repeated as stripes
     hair = segmentation.hair & segmentation.person
     if not has_hairline(hairline) or not hair.any():
         return None

@@ -46,7 +46,7 @@ TEXT_BACKGROUND = (0, 0, 0)
 BACKING_OPACITY = 0.6  # the photo shows through the labels' backing
 
 # libvips' PNG encoder (libspng + zlib-ng), deflate level 1 and the UP filter. At 12 MP on a
-# 2-core EPYC: the benchmark's smooth upscaled astronaut 115 ms and 11.5 MB (SUB: 120 ms,
+# 2-core EPYC: the benchmark's smooth upscaled photo 115 ms and 11.5 MB (SUB: 120 ms,
 # 13 MB; OpenCV's libpng at level 1: 470 ms, 6.5 MB); real photos cost 14-18 ms/MP and come
 # out at 54-57 % of the raw pixels (SUB: 16-19 ms/MP, 59-66 %). Level 0 (stored) would be
 # 60 ms and 36 MB, but every megabyte of PNG costs the host ~5 ms again in base64 JSON and

@@ -25,7 +25,13 @@ _CROP_FACE_BOXES = 2.5
 _MIN_CROP_PX = 32
 _DETECTION_SIDE_PX = 1280
 _MESH_SIDE_PX = 2048
-_UPRIGHT_CHECK_SIDE_PX = 512  # the detector works at 192 px: a larger crop only costs time
+# The orientation check: the short-range detector (trained on faces that fill its 128 px
+# input) on a crop this many face boxes wide, the way it was trained to see a face.
+_UPRIGHT_CROP_FACE_BOXES = 1.6
+_UPRIGHT_CHECK_SIDE_PX = 512  # the detector works at 128 px: a larger crop only costs time
+# How much more face-like (detector confidence) the turned crop must read, in both views, for
+# the face to be called upside down: a refusal needs a clear preference, not a tie's noise.
+UPSIDE_DOWN_MARGIN = 0.05
 
 _MSG_NO_FACE = "未检测到人脸：请上传一张清晰的正脸照片，脸部完整、无遮挡且光线充足"
 _MSG_MULTIPLE_FACES = "检测到多张人脸：请上传只有一个人、正对镜头的单人照片"
@@ -42,6 +48,9 @@ class FaceMeshDetector:
             static_image_mode=True, refine_landmarks=True, max_num_faces=2, min_detection_confidence=0.5
         )
         self._full_range = mp.solutions.face_detection.FaceDetection(model_selection=1, min_detection_confidence=0.5)
+        # a confidence floor near 0, so that the orientation check compares two scores, not a
+        # score with the 0 of "below the floor"
+        self._short_range = mp.solutions.face_detection.FaceDetection(model_selection=0, min_detection_confidence=0.01)
 
     def detect(self, rgb: np.ndarray) -> Face:
         """The one face in an RGB uint8 (H, W, 3) image, landmarks in pixels."""
@@ -70,30 +79,34 @@ class FaceMeshDetector:
         return Face(landmarks=landmarks, image_width=width, image_height=height)
 
     def upside_down(self, rgb: np.ndarray, face: Face) -> bool:
-        """Whether `face` is upside down in `rgb`. The mesh and the detector both fit an
-        upright face to an upside-down one (biden2 turned 180°: roll read −2.6°, the forehead
-        on the chin), so their landmarks cannot tell; the detector's confidence can: on a
-        crop around the face, the face the right way up scores higher than the same crop
-        turned 180°. One reading of the score is noisy near a tie (a bald head scores alike
-        either way up; willis_white mirrored read 0.75 / 0.76), so the crop and its mirror
-        image are two views, and both must find the turned crop more face-like: an upright
-        face is never refused on one view's noise (docs/analysis_science.md § Upside down)."""
-        left, top, right, bottom = _crop_around(mesh_box(face.points, 0), rgb.shape)
+        """Whether `face` is upside down in `rgb`. The mesh and the detectors both fit an
+        upright face to an upside-down one (the forehead traced on the chin, roll read near
+        0), so their landmarks cannot tell; a detector's confidence can: on a crop around the
+        face, the face the right way up scores higher than the same crop turned 180°. The
+        short-range detector on a tight crop reads this cleanly where the full-range one on a
+        loose crop did not (an upright face with glasses and a slight roll read upside down
+        by both its views); the crop and its mirror image are two views, and both must prefer
+        the turned crop by UPSIDE_DOWN_MARGIN (docs/analysis_science.md § Upside down)."""
+        left, top, right, bottom = _crop_around(mesh_box(face.points, 0), rgb.shape, _UPRIGHT_CROP_FACE_BOXES)
         crop = np.ascontiguousarray(rgb[top:bottom, left:right])
-        scale = _shrink_scale(crop, _UPRIGHT_CHECK_SIDE_PX)
-        crop = _resized(crop, scale)
+        crop = _resized(crop, _shrink_scale(crop, _UPRIGHT_CHECK_SIDE_PX))
         views = (crop, np.ascontiguousarray(crop[:, ::-1]))
-        return all(self._best_score(np.ascontiguousarray(view[::-1, ::-1])) > self._best_score(view) for view in views)
+        return all(self._turned_preference(view) > UPSIDE_DOWN_MARGIN for view in views)
 
-    def _best_score(self, rgb: np.ndarray) -> float:
+    def _turned_preference(self, crop: np.ndarray) -> float:
+        """The short-range detector's confidence on `crop` turned 180° minus on `crop` itself."""
+        return self._short_range_score(np.ascontiguousarray(crop[::-1, ::-1])) - self._short_range_score(crop)
+
+    def _short_range_score(self, rgb: np.ndarray) -> float:
         return max(
-            (float(detection.score[0]) for detection in self._full_range.process(rgb).detections or []), default=0.0
+            (float(detection.score[0]) for detection in self._short_range.process(rgb).detections or []), default=0.0
         )
 
     def close(self) -> None:
         """Release the MediaPipe graphs; the detector cannot be used afterwards."""
         self._mesh.close()
         self._full_range.close()
+        self._short_range.close()
 
     def _meshes(self, rgb: np.ndarray) -> list[np.ndarray]:
         """(478, 3) pixel landmarks of each face the mesh finds (at most 2)."""
@@ -189,11 +202,12 @@ def _resized(rgb: np.ndarray, scale: float) -> np.ndarray:
     return cv2.resize(rgb[: size[1] * factor, : size[0] * factor], size, interpolation=cv2.INTER_AREA)
 
 
-def _crop_around(box: Box, shape: tuple[int, ...]) -> tuple[int, int, int, int]:
-    """left, top, right, bottom of a square around a face box, clipped to the image."""
+def _crop_around(box: Box, shape: tuple[int, ...], face_boxes: float = _CROP_FACE_BOXES) -> tuple[int, int, int, int]:
+    """left, top, right, bottom of a square `face_boxes` face boxes wide around a face box,
+    clipped to the image."""
     height, width = shape[:2]
     centre_x, centre_y = box.left + box.width / 2, box.top + box.height / 2
-    half = _CROP_FACE_BOXES * max(box.width, box.height) / 2
+    half = face_boxes * max(box.width, box.height) / 2
     left, top = max(0, int(centre_x - half)), max(0, int(centre_y - half))
     right, bottom = min(width, int(np.ceil(centre_x + half))), min(height, int(np.ceil(centre_y + half)))
     return left, top, right, bottom

@@ -33,9 +33,9 @@ from ..types import Face, Pose
 
 _DATA = Path(__file__).parent.parent / "data"  # analysis/data
 CANONICAL_VERTEX_COUNT = 468
-# The canonical model's pitch of a face looking at the camera: the median over the nine
-# frontal real photos at hand (astronaut, Grace Hopper and 7 labelled photos; tom_cruise's
-# visibly bowed head left out) was +5.7° as taken and +5.9° mirrored, range −0.9…+7.8°; a
+# The canonical model's pitch of a face looking at the camera: the median over nine
+# frontal real photos (a visibly bowed head left out) was +5.7° as taken and +5.9°
+# mirrored, range −0.9…+7.8°; a
 # fit of x and y only (the mesh's depth ignored) also reads positive (median +7.1°), so it
 # is the model's frame, not the mesh's depth estimate. Rounded: the photos' spread is ±4°.
 FRONTAL_PITCH_DEGREES = 6.0
@@ -98,8 +98,8 @@ def rotation_to_pose(rotation: np.ndarray) -> Pose:
     """Angles of R = Rz(roll) · Rx(pitch) · Ry(yaw), in degrees: the head turned (yaw) and
     nodded (pitch) in its own upright frame, then tilted in the image plane (roll, about the
     camera's axis). Tilting the photo then changes roll alone. (The order Rx · Ry · Rz, with
-    roll innermost, reads a tilted head's nod partly as yaw: the astronaut turned 30° in the
-    image read yaw −1° → +3.9°, a frontal head tilted 16° with a 15° nod ~6° of false yaw.)"""
+    roll innermost, reads a tilted head's nod partly as yaw: a frontal photo turned 30° in
+    the image read yaw −1° → +3.9°, a frontal head tilted 16° with a 15° nod ~6° of false yaw.)"""
     pitch = math.asin(float(np.clip(rotation[2, 1], -1.0, 1.0)))
     yaw = math.atan2(-rotation[2, 0], rotation[2, 2])
     roll = math.atan2(-rotation[0, 1], rotation[1, 1])

@@ -33,22 +33,20 @@ ABOVE_MESH_TOP = 0.02  # face heights the trichion must clear landmark 10 by
 MAX_BAND_HAIR = 0.30  # share of the forehead band (brows .. mesh top) labelled hair
 FRINGE_TO_BROWS_MM = 5.0  # a fringe edge this close to the brows hides the whole forehead
 # a photo pixel larger than this is half the 3 mm a confident answer must hold: the face is
-# too small in the photo for one (deepface_img37 at half size, 8 px iris: a 9.1 ΔE/px
-# "sharp" edge snapped 3.2 mm off)
+# too small in the photo for one (an 8 px iris: a 9.1 ΔE/px "sharp" edge snapped 3.2 mm off)
 MAX_OK_MM_PER_PX = 1.5
 QUANTISATION_PX = 0.5  # working px
 # median absolute deviation of the midline edge about its own straight line that means
 # "ragged". The MAD, not half the inter-quartile range: the trichion is a median, and a
-# centre parting filling a quarter of the window (rose_leslie) breaks the IQR (3.1 mm) but
-# not the MAD (1.8 mm) or the median. About the line, not the median: hair swept to one
-# side tilts a clean line across the window (deepface_img22: 10 mm from end to end, MAD
-# about the median 2.8 mm).
+# centre parting filling a quarter of the window breaks the IQR (3.1 mm) but not the MAD
+# (1.8 mm) or the median. About the line, not the median: hair swept to one side tilts a
+# clean line across the window (10 mm from end to end, MAD about the median 2.8 mm).
 SPREAD_MM = 2.0
 # image-edge check of the midline point (edge_profile): snap only to a sharp edge <= 3 mm
 # away whose left and right halves of the window agree; sharpness in ΔE per working px
 # (measured: dense hair 10-24, sparse/stubble 5-7). Where the mask and a sharp image edge
-# disagreed by 1-3 mm (tom_cruise, rose_leslie, the astronaut; lighter front hairs left out
-# of the mask), the image edge was within 0.8 mm of the label in every case, mirrored and
+# disagreed by 1-3 mm (three photos; lighter front hairs left out of the mask), the image
+# edge was within 0.8 mm of the label in every case, mirrored and
 # rescaled 0.7-1.5x too; the 7 mm jumps of analysis.md came from soft edges.
 MAX_SNAP_MM, SHARP_EDGE = 3.0, 9.0
 # two views of one line agree within this (the window's halves; a crossing and the forehead's top)
@@ -56,9 +54,9 @@ VIEWS_AGREE_MM = MAX_SNAP_MM / 2
 # A sharp crossing above the mask edge says the mask took in pixels of the skin's side. Where
 # the forehead's skin does not reach up to the crossing either (its top more than
 # VIEWS_AGREE_MM below it), mask and forehead both place hair where the crossing places skin:
-# the crossing is the upper edge of a band of a third colour, not the hairline (deepface_img7
-# with its whole mask painted white: the paint's edge, 2.5 mm above the fine brown hairs the
-# mask and the skin agree on, `ok` 4.5 mm off). The lenient forehead errs towards skin, so
+# the crossing is the upper edge of a band of a third colour, not the hairline (a copy with
+# its whole mask painted white: the paint's edge, 2.5 mm above the fine brown hairs the mask
+# and the skin agree on, `ok` 4.5 mm off). The lenient forehead errs towards skin, so
 # when even it says "not skin" two views outvote one; the other way round (skin above a
 # crossing under the mask) sparse hair passing the skin test is common on right answers.
 # hair the mask leaves out between the clear forehead and the mask edge (blonde hair under
@@ -67,13 +65,13 @@ VIEWS_AGREE_MM = MAX_SNAP_MM / 2
 # (measured: 14-17 mm on those two photos, <= 2.9 mm on every other labelled hairline)
 UNMASKED_GAP_MM = 5.0
 # the other way round: the forehead's skin runs this far up into the mask (sparse or
-# see-through hair over skin; on a sharp edge too: deepface_img33 mirrored, a sharp crossing
+# see-through hair over skin; on a sharp edge too: a sparse tuft mirrored, a sharp crossing
 # under skin 8-10 mm into the mask, `ok` 5.2 mm low; the right sharp answers with as much
-# skin were where the forehead's model takes the hair for skin, deepface_img43, or 6.7-6.8 mm,
-# img62 blonde/white). On a soft edge the line is then anywhere between the two
+# skin were where the forehead's model takes the hair for skin, or 6.7-6.8 mm on light
+# copies). On a soft edge the line is then anywhere between the two
 # (measured on the soft edges, photos and mirrored copies: 1.7-3.0 mm where mask and
 # crossing were within 2.6 mm of the label, 7.7-9.9 mm on a tuft and on slicked-back
-# hair, the mask 2.4-5.4 mm low; 4.5-4.7 mm on deepface_img16 with the mask on the label).
+# hair, the mask 2.4-5.4 mm low; 4.5-4.7 mm on one photo with the mask on the label).
 SKIN_INTO_MASK_MM = 6.0
 # a soft edge is trusted only if the forehead's skin also ends no further than this below
 # the mask edge: non-skin left out of the mask there is baby hairs or stubble, where the
@@ -85,16 +83,16 @@ SKIN_BELOW_MASK_MM = 3.0
 AGREE_MM = 1.0
 # hair close to skin colour: a trained network's mask (not colour models) and the image's
 # crossing this close, the window's halves agreeing, are two independent views of one line
-# (biden2's thin white hair: 0.2-1.5 mm apart on the photo and its mirrored and rescaled
-# copies, the middle 0.1-1.2 mm from the label)
+# (thin white hair: 0.2-1.5 mm apart on the photo and its mirrored and rescaled copies,
+# the middle 0.1-1.2 mm from the label)
 LOW_CONTRAST_AGREE_MM = 1.5
 # ... and only a crossing the eye can see, about two just-noticeable differences: a faint
-# strip of shine ending at a wrong mask edge makes a crossing there too (biden2's white
-# hair: 8-11 on the photo and every copy; such a strip in a table test: 4)
+# strip of shine ending at a wrong mask edge makes a crossing there too (thin white hair:
+# 8-11 on the photo and every copy; such a strip in a table test: 4)
 MIN_LOW_CONTRAST_CROSSING_DE = 8.0
 # ... whose skin-to-hair ramp is a line, not a gradient over the forehead: light hair
-# painted over a dark head (a robustness copy, deepface_img4 blonde) ramped over 30.6 mm
-# and its middle sat 5.5 mm below the label; biden2's thin white hair ramps over 12.5 mm
+# painted over a dark head (a blonde robustness copy) ramped over 30.6 mm and its middle
+# sat 5.5 mm below the label; thin white hair ramps over 12.5 mm
 LOW_CONTRAST_MAX_RAMP_MM = 20.0
 # shape thresholds, mm of temple recession (temples above the trichion level)
 RECEDING_MM, M_SHAPE_MM, ROUNDED_MM, PEAK_MM = 20.0, 6.0, -6.0, 3.0
@@ -143,8 +141,8 @@ def judge(
         return settled(NOTE_FRINGE_TO_BROWS)
     if fringe and trichion_v * mm_per_work_px < MIN_FOREHEAD_MM:
         # the edge lies where no adult's hairline is (the < 40 mm gate): the forehead number
-        # would be the fringe's, a claim about a forehead the photo does not show (the
-        # astronaut: 19.8 mm "uncertain" before)
+        # would be the fringe's, a claim about a forehead the photo does not show (a
+        # fringe's edge read as a 19.8 mm forehead, "uncertain", before)
         return settled(NOTE_FRINGE_COVERS)
 
     gates = _gate_notes(trace, face, hair, trichion_v, mesh_top_v, mm_per_work_px, fringe)
@@ -260,7 +258,7 @@ def _image_edge_check(
         top = forehead.top(share)
         # skin that "ends" below landmark 10 (which sits on the forehead, under any hairline
         # the gates accept) is a crease, a shadow or JPEG blocks, not the hairline seen from
-        # below: the third view is lost (tom_cruise at JPEG q40: 35 mm below the line)
+        # below: the third view is lost (a JPEG q40 copy: 35 mm below the line)
         return None if top is None or top > face.points[LandmarkId.MESH_TOP][1] else top
 
     clear_top = forehead_top(FOREHEAD_SHARE)
@@ -342,7 +340,7 @@ def weigh_edges(
     - A sharp crossing that disagrees otherwise (> MAX_SNAP_MM away, split halves): the
       crossing, the band reaching back to the mask. A parting or a gap in the mask pulls
       the mask's median up; the image's own sharp edge was the nearer of the two on every
-      such photo (deepface_img46, middle part: 3.1 mm against the mask's 6.5 mm).
+      such photo (a middle parting: 3.1 mm against the mask's 6.5 mm).
     - Any answer trusted above, when a band of a third colour lies on the hair side of the
       crossing (`EdgeProfile.third_colour_px`): not trusted, the band reaching the band's
       top, the point unchanged (`_trusted`)."""

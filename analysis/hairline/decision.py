@@ -8,14 +8,16 @@ two logistic models and the quantiles of a split-conformal band, each fitted and
 held out (docs/analysis_science.md § The decision).
 
 - **Bald** (`no_hairline`): the probability that the top of the head is bare scalp, from the
-  colour of the top of the head against the face's own skin, its texture against the
-  cheeks', the hair network's confidence there, and how much of the midline shows a mask
-  edge at all. Claimed only at or above the fitted threshold (no training photo with hair
-  or a covering reached it held out).
+  colour of the top of the head against the face's own skin, the share of it that colour
+  explains, its texture against the cheeks' and the hair network's confidence there
+  (`BALD_FEATURES`). Claimed only at or above the fitted threshold (no training photo with
+  hair reached it, held out or in sample).
 - **Trust** (`ok`): the probability that the trichion is within the label's tolerance (at
-  least 3 mm), from the agreement of the mask edge, the image's crossing and the clear
-  forehead, the crossing's sharpness and contrast, the edge's spread, the pixel size and the
-  plausibility gates. `ok` at or above the fitted threshold, `uncertain` below.
+  least 3 mm). Tracing measures every feature of `TRUST_FEATURES`; the file names the few
+  the model reads (today whether the mask edge, the image's crossing and the clear forehead
+  agree, the pixel size, the views' disagreement and the plausibility gates failed: more
+  features scored worse held out on 67 photos). `ok` at or above the fitted threshold,
+  `uncertain` below.
 - **Band**: `uncertainty_mm` is the position-and-scale term of the trace times the
   conformal quantile of |error| / that term for answers of the same status: it covers the
   truth on >= 90 % of held-out answers.

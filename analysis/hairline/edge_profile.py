@@ -38,11 +38,11 @@ LIGHT_HAIR_FOREHEAD_SHARE = 0.9
 # band of a third colour: roots of another colour, a shadow, a dye's rim. Such a band has
 # two edges, and either could be where the hair meets the skin. Measured: at most 0.07 on
 # every dark-haired photo and its mirrored, rescaled and JPEG copies. On light hair
-# (biden2, contrast ~10 ΔE) the profile's own noise reaches 0.09 where the answer was right.
-# On 510 answers from the 34 photos (also brightened, darkened and rolled) it never fires.
-# The hair network's mask dyed light gives 0.14-0.19, because the original's fade below the
-# mask is left undyed (lacamoire, deepface_img19 blonde: `ok` 3.5 and 4.0 mm under the
-# label at the band's lower edge).
+# (contrast ~10 ΔE) the profile's own noise reaches 0.09 where the answer was right.
+# On 510 answers from the first 34 photos (also brightened, darkened and rolled) it never
+# fires. The hair network's mask dyed light gives 0.14-0.19, because the original's fade
+# below the mask is left undyed (two blonde copies `ok` 3.5 and 4.0 mm under the label at
+# the band's lower edge).
 HAIR_SIDE_T = 0.75
 THIRD_COLOUR_SHARE = 0.12
 
@@ -89,7 +89,7 @@ def midline_edge_profile(
     crossing = row + (t[row] - 0.5) / (t[row] - t[row + 1])
     # over the 3 px around the crossing; at least the fall across the crossing's own pixel,
     # which is positive by construction (a ragged profile made the 3 px slope negative:
-    # a "ramp" of 856838 mm and a band to match, deepface_img54 recoloured white)
+    # a "ramp" of 856838 mm and a band to match, on a copy recoloured white)
     slope = max((t[row - 1] - t[row + 2]) / 3.0, t[row] - t[row + 1])
     return EdgeProfile(
         crossing_row=float(crossing),
@@ -151,8 +151,8 @@ class ClearForehead:
     def takes_hair_for_skin(self, lab: np.ndarray, edge_row: float, face: Face) -> bool:
         """Whether the model passes the hair just above the mask edge as often as the strip
         it was fitted on: then it cannot tell the two apart, and `top` cannot see where the
-        hair starts (deepface_img43's grey-toned photo: all of its dark hair passes, on the
-        photo and every copy, and the clear forehead "runs" 15-45 mm up into it; on the
-        other sharp edges 0.80-0.93 of the hair passed, of the strip 0.95-1.0)."""
+        hair starts (a grey-toned photo: all of its dark hair passes, on the photo and every
+        copy, and the clear forehead "runs" 15-45 mm up into it; on the other sharp edges
+        0.80-0.93 of the hair passed, of the strip 0.95-1.0)."""
         pixels = lab[_hair_rows(edge_row, face)][:, self.columns]
         return pixels.size > 0 and bool((self.model.distance(pixels) < FOREHEAD_DISTANCE).mean() >= self.strip_passes)

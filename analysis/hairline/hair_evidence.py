@@ -31,7 +31,7 @@ from .scalp import TopOfHead, top_of_head
 LOW_CONTRAST_DELTA_E = 40.0
 HAT_FRACTION = 0.30
 
-# the colour test reads light hair in a dim photo as skin (biden2's white hair at 0.7x the
+# the colour test reads light hair in a dim photo as skin (white hair at 0.7x the
 # exposure: ΔE 28.7 -> 22.3 from the cheeks): the note says how to get a real answer
 NOTE_HAT = "帽子遮挡了发际线，请摘帽后重拍"
 NOTE_LOW_CONTRAST = "发色与肤色接近（浅色、花白或稀疏头发），发际线位置不确定"

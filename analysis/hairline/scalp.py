@@ -10,8 +10,8 @@ three views say skin:
   a scalp is skin. The measure is the mean absolute high-pass of lightness (L minus its
   Gaussian blur, `TEXTURE_SIGMA_PX` working px) over those pixels, divided by the same over
   the cheek and nose-bridge disks. Measured on the 34 labelled photos: the three bald heads
-  0.64-0.88; every haired head whose top reads skin-coloured 1.2 (biden2's thin white hair)
-  to 2.45 (openface_adams' red hair 2.35), the others higher still;
+  0.64-0.88; every haired head whose top reads skin-coloured 1.2 (thin white hair) to 2.45
+  (red hair 2.35), the others higher still;
 - the hair network (when there is one): it is not sure of hair there, mean probability
   under `NETWORK_SURE` (bald heads 0.30-0.55, its scalp ring; the light-haired heads the
   colour test calls skin 0.96-1.00).
@@ -20,8 +20,8 @@ red, white, grey) and close to the skin's colour: hair, low contrast (`light_hai
 hairline checks decide how far to trust its edge.
 And the top of the head must be in the photo: where the head outline runs along the
 photo's top edge over most of the central columns (`CUT_SHARE`), the region "just inside
-the outline" is whatever the frame's edge cuts through (forehead skin under curls,
-openface_lennon-1), not the top of the head: no claim of baldness can be read from it.
+the outline" is whatever the frame's edge cuts through (forehead skin under curls), not
+the top of the head: no claim of baldness can be read from it.
 """
 
 from __future__ import annotations
