@@ -34,6 +34,7 @@ import trio.testing
 from hypercorn.config import Config
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import TrioSingleTask
 from quart.wrappers.request import Body, Request
 from quart_schema.openapi import OpenAPIProvider
 from quart_trio.wrappers.request import TrioBody, TrioRequest
@@ -172,6 +173,35 @@ PINNED = [
         "bc73c4ae25a1ceec",
         why="ContainedTCPServer._close calls it under the write lock (one closer, never beside a write): "
         "it must not take that lock itself",
+    ),
+    Pin(
+        TCPServer,
+        "_idle_timeout",
+        ("self",),
+        "210ce1014d98e1cb",
+        why="KeepAliveTimer does what it does (closes an idle connection at keep_alive_timeout, or at once "
+        "when the server stops) with one task per connection",
+    ),
+    Pin(
+        TCPServer,
+        "_initiate_server_close",
+        ("self",),
+        "7c1b548a65adc8b1",
+        why="KeepAliveTimer closes an idle connection with it, as _idle_timeout does",
+    ),
+    Pin(
+        TrioSingleTask,
+        "restart",
+        ("self", "task_group", "action"),
+        "0170ab8e4418dc0e",
+        why="KeepAliveTimer takes its place as TCPServer.idle_task: restarted at each answer's end",
+    ),
+    Pin(
+        TrioSingleTask,
+        "stop",
+        ("self",),
+        "044ad384dfd2f565",
+        why="KeepAliveTimer takes its place as TCPServer.idle_task: stopped at each request",
     ),
     # Quart's request body (edge/web/http.py)
     Pin(

@@ -31,7 +31,14 @@ from cluster.launcher import REPO_ROOT
 from shared import http_server
 from shared.http_server import ContainedTCPServer, HTTP1Protocol, http1_only
 from shared.logs import FailureLog
-from tests.shared.http_attacks import PREFACE, SETTINGS_FRAME, exchange, hypercorns_own_classes, read_answers
+from tests.shared.http_attacks import (
+    PREFACE,
+    SETTINGS_FRAME,
+    exchange,
+    hypercorns_own_classes,
+    read_answer,
+    read_answers,
+)
 
 OK = b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n"
 
@@ -288,3 +295,65 @@ async def test_pipelining_connections_do_not_starve_another_clients_request(nurs
     stop.set()
     assert answered == [PIPELINED] * PIPELINES  # each pipelined request still answered, in time
     assert sorted(meanwhile)[1] <= 4 * http_server.PIPELINED_AT_ONCE, meanwhile
+
+
+KEEP_ALIVE_SECONDS = 0.3
+
+
+async def slow_app(scope, receive, send) -> None:
+    """`/slow` answers after twice the keep-alive timeout; anything else at once, as `app`."""
+    if scope["type"] == "http" and scope["path"] == "/slow":
+        await trio.sleep(2 * KEEP_ALIVE_SECONDS)
+    await app(scope, receive, send)
+
+
+async def test_a_connection_is_closed_once_idle_for_the_keep_alive_timeout_never_while_busy(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # KeepAliveTimer keeps Hypercorn's timer (TCPServer._idle_timeout) with one task per
+    # connection: a request running past the deadline is answered and its connection kept;
+    # idle past it, the connection is closed
+    monkeypatch.setattr(Config, "keep_alive_timeout", KEEP_ALIVE_SECONDS)
+    port, stop = await serving(nursery, slow_app)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(OK)
+        await trio.sleep(KEEP_ALIVE_SECONDS / 2)  # idle time, not enough to close
+        await stream.send_all(OK.replace(b"/ok", b"/slow") + OK)
+        answers = await read_answers(stream, 3)
+        started_idle = trio.current_time()
+        with trio.fail_after(5):
+            left = await stream.receive_some(1024)
+        idle_for = trio.current_time() - started_idle
+    stop.set()
+    assert [(a.status, a.body) for a in answers] == [(200, b"ok")] * 3
+    assert left == b""  # closed by the server
+    assert KEEP_ALIVE_SECONDS * 0.8 <= idle_for <= KEEP_ALIVE_SECONDS + 1
+
+
+async def test_a_stopping_server_closes_an_idle_connection_at_once(nursery: trio.Nursery) -> None:
+    port, stop = await serving(nursery, app)  # the keep-alive timeout: Hypercorn's 5 s
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(OK)
+        assert (await read_answer(stream)).status == 200
+        stop.set()
+        with trio.fail_after(2):
+            assert await stream.receive_some(1024) == b""
+
+
+async def test_an_answer_is_one_write(nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    # its head, body and end in one write: one loopback delivery, one wake-up of its client
+    writes: list[bytes] = []
+    original = ContainedTCPServer._write_bounded
+
+    async def counted(self: ContainedTCPServer, data: bytes) -> bool:
+        writes.append(data)
+        return await original(self, data)
+
+    monkeypatch.setattr(ContainedTCPServer, "_write_bounded", counted)
+    port, stop = await serving(nursery, app)
+    answer = await exchange(port, OK)
+    stop.set()
+    assert (answer.status, answer.body) == (200, b"ok")
+    assert len(writes) == 1 and writes[0].startswith(b"HTTP/1.1 200 ") and writes[0].endswith(b"\r\n\r\nok")
