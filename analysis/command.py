@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from shared.contract import URL_SUFFIX, Code, ContractError, failure, new_request_id, url_key_for
+from shared.contract.bodies import parse_options
 from shared.logs import configure_logging
-from shared.options import parse_options
 from shared.settings import AnalysisSettings, SettingsError, load_settings
 
 EXIT_OK, EXIT_SYSTEM_ERROR, EXIT_BAD_INPUT = 0, 1, 2

@@ -1,9 +1,10 @@
-"""One entry point per GPU endpoint: image bytes + parsed options in, the `data` dict out.
+"""One entry point per analysed endpoint: image bytes + parsed options in, the `data` dict out.
 
-The GPU host's model process calls `run_endpoint`; `hairgate analyze` calls it in-process.
-Checks run in the order of gpu_host.md: decode (1003/1002/1004) -> face count
-(1005/1006) -> pose (1008) -> analysis. Options were validated by `shared.options.parse_options`
-before (1001); only what needs the decoded image (mark points inside it) is checked here.
+Each is registered under its name in the endpoint registry (`@handles`, `HANDLERS`): the GPU
+host's model process calls `run_endpoint`; `hairgate analyze` calls it in-process. Checks
+run in the order of gpu_host.md: decode (1003/1002/1004) -> face count (1005/1006) -> pose
+(1008) -> analysis. Options were validated by `shared.contract.bodies.parse_options` before
+(1001); only what needs the decoded image (mark points inside it) is checked here.
 
 Returned dicts are plain JSON values: images are base64 PNG strings under keys ending in
 `_base64` (the gateway turns them into `_url`s), grown images come from the built-in
@@ -26,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from shared.contract import GENERATOR_PREVIEW, MSG_ANSWER_TOO_LARGE, MSG_NO_HAIRLINE_TO_LOWER, Code, ContractError
-from shared.options import INPAINT_MASK_KEY, INPAINT_MASK_OPTION
+from shared.contract import endpoints as registry
+from shared.contract.hop import INPAINT_MASK_KEY, INPAINT_MASK_OPTION
 from shared.settings import AnalysisSettings
 
 from .drawing import designs, preview, render
@@ -62,6 +64,42 @@ class FrontalFace:
     face: Face
     pose: Pose
     past_limit_degrees: float = 0.0
+
+
+# -- the handler table: one entry per endpoint of the registry the analysis answers ----------
+
+Run = Callable[[np.ndarray, Models, dict[str, Any], AnalysisSettings], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Handler:
+    """The analysis of one endpoint, and how many pictures of the photo's size it draws for
+    its options (a grown picture, or the inpainting mask ComfyUI draws it from, counts as one)."""
+
+    run: Run
+    pictures: Callable[[dict[str, Any]], int]
+
+
+HANDLERS: dict[str, Handler] = {}
+
+
+def handles(name: str, pictures: Callable[[dict[str, Any]], int]) -> Callable[[Run], Run]:
+    """Registers the decorated function as the analysis of the registry's endpoint `name`
+    (`shared.contract.endpoints`; ValueError for a name it does not know)."""
+
+    def register(run: Run) -> Run:
+        HANDLERS[registry.endpoint(name).name] = Handler(run, pictures)
+        return run
+
+    return register
+
+
+def _one(options: dict[str, Any]) -> int:
+    return 1
+
+
+def _none(options: dict[str, Any]) -> int:
+    return 0
 
 
 def _round(value: float, digits: int = 1) -> float:
@@ -177,6 +215,7 @@ def _hairline_data(hairline: Hairline) -> dict[str, Any]:
     }
 
 
+@handles("measure", pictures=_one)
 def measure(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: AnalysisSettings) -> dict[str, Any]:
     """Endpoint 1."""
     found = analyse(rgb, models, limits)
@@ -228,6 +267,7 @@ def _plan_caption(design: designs.Design) -> str:
     return f"plan {design.name}: drop {drop}"
 
 
+@handles("grow", pictures=lambda options: 2 * len(options["plans"]))  # each plan drawn, and grown
 def grow(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: AnalysisSettings) -> dict[str, Any]:
     """Endpoint 2: one drawn plan per requested plan, each with its grown picture."""
     found = analyse(rgb, models, limits)
@@ -258,6 +298,7 @@ def _check_points_inside(points: list[list[float]], width: int, height: int) -> 
             )
 
 
+@handles("mark", pictures=lambda options: 2)  # the hairline drawn, and grown
 def mark(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: AnalysisSettings) -> dict[str, Any]:
     """Endpoint 3: the user's polyline, or the detected hairline lowered by `drop_mm`."""
     height, width = rgb.shape[:2]
@@ -280,6 +321,7 @@ def mark(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: Analy
     return data
 
 
+@handles("hairline", pictures=lambda options: len(options["styles"]))
 def hairline(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: AnalysisSettings) -> dict[str, Any]:
     """Endpoint 5: one image per requested style."""
     found = analyse(rgb, models, limits)
@@ -298,6 +340,7 @@ def hairline(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: A
     }
 
 
+@handles("mask", pictures=_one)
 def mask(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: AnalysisSettings) -> dict[str, Any]:
     """Endpoint 6: the hair mask (255/0, input size) and the share of the image it covers.
     Only the subject's hair (analysis.md § Rendering): a cap's band the segmenter took for
@@ -345,32 +388,11 @@ def special_points(
     return special_points_of(face)
 
 
+@handles("special-points", pictures=_none)
 def _special_points_endpoint(
     rgb: np.ndarray, models: Models, options: dict[str, Any], limits: AnalysisSettings
 ) -> dict[str, Any]:
     return special_points(rgb, models.detector, limits)
-
-
-Handler = Callable[[np.ndarray, Models, dict[str, Any], AnalysisSettings], dict[str, Any]]
-
-HANDLERS: dict[str, Handler] = {
-    "measure": measure,
-    "grow": grow,
-    "mark": mark,
-    "hairline": hairline,
-    "mask": mask,
-    "special-points": _special_points_endpoint,
-}
-
-
-def pictures_drawn(endpoint: str, options: dict[str, Any]) -> int:
-    """How many pictures of the photo's size `endpoint` draws for `options` (a grown
-    picture, or the inpainting mask ComfyUI draws it from, counts as one)."""
-    if endpoint == "grow":
-        return 2 * len(options["plans"])  # the plan drawn, and the photo grown to it
-    if endpoint == "hairline":
-        return len(options["styles"])
-    return {"measure": 1, "mark": 2, "mask": 1}.get(endpoint, 0)
 
 
 def check_answer_size(
@@ -379,7 +401,7 @@ def check_answer_size(
     """1004 before anything is drawn when the answer's pictures would pass
     `limits.max_answer_megapixels`: one legal 52 MP /grow drew six ~73 MB PNGs, an answer
     over 512 MiB that took the host (and, retried, a second one) out of the pool."""
-    count = pictures_drawn(endpoint, options)
+    count = HANDLERS[endpoint].pictures(options)
     megapixels = count * width * height / 1e6
     if megapixels > limits.max_answer_megapixels:
         message = MSG_ANSWER_TOO_LARGE.format(
@@ -398,4 +420,4 @@ def run_endpoint(
         raise ValueError(f"unknown endpoint {endpoint!r}; known: {', '.join(HANDLERS)}") from None
     rgb = decode_image(image, limits)
     check_answer_size(endpoint, options, rgb.shape[1], rgb.shape[0], limits)
-    return handler(rgb, models, options, limits)
+    return handler.run(rgb, models, options, limits)

@@ -13,6 +13,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from shared.contract.endpoints import ENDPOINTS
+
 # sub-command -> module whose `run(args) -> int` executes it
 _COMMANDS = {
     "edge": "edge.main",
@@ -21,8 +23,6 @@ _COMMANDS = {
     "dev": "cluster.dev",
     "audit": "edge.audit.command",
 }
-
-ENDPOINTS = ("measure", "grow", "mark", "hairline", "mask", "special-points")
 
 
 def _add_service_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     analyze = commands.add_parser("analyze", help="run the analysis of one endpoint on a photo, in-process")
     analyze.add_argument("photo", help="path of a JPEG, PNG or WebP photo")
-    analyze.add_argument("--endpoint", choices=ENDPOINTS, default="measure")
+    analyze.add_argument(
+        "--endpoint", choices=[endpoint.name for endpoint in ENDPOINTS.values() if endpoint.analysed], default="measure"
+    )
     analyze.add_argument(
         "--out", default=None, help="folder for the PNG images (default: a new temporary folder, named on stderr)"
     )

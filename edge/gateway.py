@@ -37,8 +37,8 @@ from edge.pool.host_leases import build_host_leases
 from edge.pool.pool import Pool, Thresholds
 from edge.pool.scheduling import SchedulingPolicy
 from edge.pool.upstream import Timeouts, Upstream, UpstreamLimits
-from edge.web.api_routes import API_PATHS
 from edge.web.entrance import Entrance
+from shared.contract.endpoints import api_paths
 from shared.model_version import analysis_version
 from shared.secrets_file import SecretsSource
 from shared.settings import AnalysisSettings, Settings
@@ -114,7 +114,7 @@ def build_gateway(
     dispatcher = Dispatcher(pool, **dispatch_options(settings), host_leases=host_leases)
     upstream = upstream or Upstream(settings.auth.shared_password, upstream_limits(settings), ca_file=edge.pool.ca_file)
     file_threads = trio.CapacityLimiter(FILE_THREADS)
-    metrics = GatewayMetrics(version("hairgate"), known_paths=API_PATHS)
+    metrics = GatewayMetrics(version("hairgate"), known_paths=api_paths())
     metrics.watch_pool(lambda: pool_gauges(pool, _queue_length(dispatcher), dispatcher.counters))
     audit = build_audit(settings, metrics)
     api = ApiService(
@@ -128,7 +128,7 @@ def build_gateway(
         audit=audit,
         host_leases=host_leases,
     )
-    stats = RequestStats(known_paths=API_PATHS)
+    stats = RequestStats(known_paths=api_paths())
     metrics.classify = stats.classify = api.is_slow  # read per record: a reload of slow_paths applies at once
     request_log = RequestLog(
         edge.request_log, edge.request_log_max_bytes, observers=(stats.record, metrics.observe_request)

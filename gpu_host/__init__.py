@@ -16,5 +16,5 @@ child process that alone imports torch and mediapipe.
     admin.py          the host's admin routes
     metrics.py        the host's Prometheus metrics
     wanted.py         another gateway waits for this host (/health's "wanted")
-(The request bodies are parsed by `shared.uploads`, which both services import.)
+(The request bodies are parsed by `shared.contract.uploads`, which both services import.)
 """

@@ -7,7 +7,7 @@ at once and `/health` says `loading` meanwhile.
 
 A business request runs: its deadline (`X-Request-Timeout-Ms` minus
 `DEADLINE_MARGIN_SECONDS`; under `MIN_REQUEST_TIMEOUT_MS` given: 1007 at once) -> read the
-body -> `shared.uploads.read_request` (1001 -> 1003 -> 1002, the gateway's own checks
+body -> `shared.contract.uploads.read_request` (1001 -> 1003 -> 1002, the gateway's own checks
 again) -> the model process, without waiting: a host already running a job answers 503
 busy at once -> for grow and mark with ComfyUI configured, ComfyUI draws the grown images
 from the child's inpainting masks. The model call and the ComfyUI wait end by the deadline.
@@ -44,7 +44,6 @@ from gpu_host.wanted import HostWanted
 from shared.contract import (
     API_PREFIX,
     BUSY_KEY,
-    GPU_ENDPOINT_PATHS,
     HEADER_ERROR_TYPE,
     HEADER_EXECUTION_ID,
     HEADER_HOST_WANTED,
@@ -72,9 +71,10 @@ from shared.contract import (
     request_id_from_header,
     success,
 )
-from shared.options import GENERATING_ENDPOINTS, INPAINT_MASK_KEY, INPAINT_MASK_OPTION
+from shared.contract.endpoints import ENDPOINTS, AnsweredBy, answered_by
+from shared.contract.hop import INPAINT_MASK_KEY, INPAINT_MASK_OPTION
+from shared.contract.uploads import max_body_bytes, read_request
 from shared.settings import AnalysisSettings
-from shared.uploads import max_body_bytes, read_request
 
 log = logging.getLogger("gpu_host.app")
 
@@ -142,8 +142,10 @@ def create_app(
     if tokens is not None:
         admin.register(app, tokens)
 
-    for path, endpoint in GPU_ENDPOINT_PATHS.items():
-        app.add_url_rule(path, endpoint=endpoint, view_func=partial(_business, endpoint, host), methods=["POST"])
+    for endpoint in answered_by(AnsweredBy.GPU_HOST):  # the registry's: shared.contract.endpoints
+        app.add_url_rule(
+            endpoint.path, endpoint=endpoint.name, view_func=partial(_business, endpoint.name, host), methods=["POST"]
+        )
 
     @app.after_request
     async def name_the_model(response: Response) -> Response:
@@ -345,7 +347,7 @@ async def _run(endpoint: str, host: _Host, request_id: str, deadline: float) -> 
     # A thread is waited for through a cancellation: a gateway that left during the check
     # is seen here, before the model's slot is taken for nobody.
     await trio.lowlevel.checkpoint()
-    generates = endpoint in GENERATING_ENDPOINTS
+    generates = ENDPOINTS[endpoint].slow  # the slow endpoints are those that grow hair
     options = checked.options
     if generates and host.comfyui is not None:
         options = {**options, INPAINT_MASK_OPTION: True}  # masks for ComfyUI instead of previews

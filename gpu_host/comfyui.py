@@ -30,8 +30,8 @@ import httpx
 import trio
 
 from shared.contract import GENERATOR_COMFYUI
+from shared.contract.hop import INPAINT_MASK_KEY
 from shared.logs import FailureLog
-from shared.options import INPAINT_MASK_KEY
 from shared.settings import SettingsError
 
 log = logging.getLogger("gpu_host.comfyui")

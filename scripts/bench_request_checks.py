@@ -4,7 +4,7 @@ after a change, in one run.
 
     scripts/bench_request_checks.py [--runs 300] [--body-mb 2] [--client-requests 200] [--before REV]
 
-(1) In-process, `shared.uploads.check_request` (the gateway's check) on bodies of about
+(1) In-process, `shared.contract.uploads.check_request` (the gateway's check) on bodies of about
     `--body-mb` MB: a valid multipart JPEG upload, the same as JSON base64, and refusals (a
     bad field with a large image; a non-image; an image over a lowered limit); and
     `read_request` (the host's, which decodes the whole base64).
@@ -40,9 +40,9 @@ from werkzeug.datastructures import FileStorage, MultiDict  # noqa: E402
 from werkzeug.test import encode_multipart  # noqa: E402
 
 from shared.contract import ContractError  # noqa: E402
+from shared.contract.uploads import check_request, read_request  # noqa: E402
 from shared.percentiles import percentile  # noqa: E402
 from shared.settings import AnalysisSettings  # noqa: E402
-from shared.uploads import check_request, read_request  # noqa: E402
 
 GROW = "/api/v1/hair/grow"
 LIMITS = AnalysisSettings()

@@ -47,7 +47,7 @@ from analysis.endpoints import analyse, run_endpoint
 from analysis.models import Models, load_models
 from analysis.types import LandmarkId
 from scripts.bench_preview import DEFAULT_PHOTOS, grown_photos
-from shared.options import parse_options
+from shared.contract.bodies import parse_options
 from shared.settings import AnalysisSettings
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"

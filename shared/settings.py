@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from shared.contract.endpoints import ENDPOINTS
+
 ENV_SHARED_PASSWORD = "HAIRGATE_SHARED_PASSWORD"
 ENV_ACCEPT_PASSWORDS = "HAIRGATE_ACCEPT_PASSWORDS"
 ENV_AUDIT_POSTGRES_DSN = "HAIRGATE_AUDIT_POSTGRES_DSN"
@@ -80,7 +82,7 @@ class DispatchSettings(_Section):
     queue_wait_seconds: PositiveSeconds = 30
     max_queue_wait_seconds: PositiveSeconds = 590
     request_timeout_seconds: PositiveSeconds = 60
-    slow_paths: tuple[str, ...] = ("/api/v1/hair/grow", "/api/v1/hair/mark")
+    slow_paths: tuple[str, ...] = Field(default_factory=lambda: tuple(e.path for e in ENDPOINTS.values() if e.slow))
     slow_request_timeout_seconds: PositiveSeconds = 180
     retry_on_failure: bool = True
     max_retries: int = Field(1, ge=0)

@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from shared import contract, options
+from shared import contract
+from shared.contract import fields
+from shared.contract.endpoints import ENDPOINTS
 from shared.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,13 +122,12 @@ def test_the_api_reference_quotes_the_messages_a_client_acts_on() -> None:
 
 def test_the_api_reference_documents_every_endpoint_field_and_value() -> None:
     text = _text(API)
-    paths = [*contract.GPU_ENDPOINT_PATHS, "/api/v1/face/features", "/api/v1/face/special-points"]
-    for path in paths:
+    for path in (endpoint.path for endpoint in ENDPOINTS.values()):
         assert f"`POST {path}`" in text and f"{path}" in text.split(f"`POST {path}`", 1)[1], path
-    for value in (*options.GENDERS, *options.PLANS, *options.STYLES):
+    for value in (*fields.GENDERS, *fields.PLANS, *fields.STYLES):
         assert f"`{value}`" in text, value
-    assert f"0–{options.MAX_DROP_MM:g}" in text
-    assert f"{options.MIN_HAIRLINE_POINTS}–{options.MAX_HAIRLINE_POINTS} points" in text
+    assert f"0–{fields.MAX_DROP_MM:g}" in text
+    assert f"{fields.MIN_HAIRLINE_POINTS}–{fields.MAX_HAIRLINE_POINTS} points" in text
     for header in (
         contract.HEADER_REQUEST_ID,
         contract.HEADER_IDEMPOTENCY_KEY,
@@ -150,18 +151,15 @@ def _field_rows(section: str) -> dict[str, list[str]]:
 
 def test_the_api_reference_field_tables_are_the_models() -> None:
     """Each endpoint's table lists exactly its model's fields, whether each is required, and
-    every value an enum field takes (shared/models.py, the source of /openapi.json)."""
+    every value an enum field takes (shared/contract/fields.py, the source of /openapi.json)."""
     from typing import get_args
 
-    from edge.web.openapi import OPERATIONS
-    from shared import models
-
     text = _text(API)
-    for operation in OPERATIONS:
-        section = text.split(f"`POST {operation.path}`", 1)[1].split("\n## ", 1)[0]
+    for endpoint in ENDPOINTS.values():
+        section = text.split(f"`POST {endpoint.path}`", 1)[1].split("\n## ", 1)[0]
         rows = _field_rows(section)
-        model = models.FIELDS[operation.endpoint]
-        assert set(rows) == {"image", *model.model_fields}, operation.path
+        model = endpoint.fields
+        assert set(rows) == {"image", *model.model_fields}, endpoint.path
         assert rows.pop("image")[1] == "yes"
         for name, (_, required, values) in rows.items():
             field = model.model_fields[name]
@@ -171,7 +169,7 @@ def test_the_api_reference_field_tables_are_the_models() -> None:
             while get_args(literal) and not all(isinstance(arg, str) for arg in get_args(literal)):
                 literal = next(arg for arg in get_args(literal) if get_args(arg) or isinstance(arg, type))
             for value in (arg for arg in get_args(literal) if isinstance(arg, str)):
-                assert f"`{value}`" in values, f"{operation.path} {name}: {value}"
+                assert f"`{value}`" in values, f"{endpoint.path} {name}: {value}"
 
 
 def test_the_api_reference_states_the_limits_of_the_shipped_settings() -> None:

@@ -2,7 +2,8 @@
 both services run) below everything; `analysis` on it; the two services on those and never
 on each other; `cluster` (the `hairgate` command and the launcher) on top. Within edge/ and
 analysis/ their own layout tests hold the rooms (tests/edge/test_layout.py,
-tests/analysis/test_layout.py)."""
+tests/analysis/test_layout.py). The contract (`shared/contract/`) reads nothing of ours but
+itself and the settings."""
 
 from __future__ import annotations
 
@@ -52,3 +53,28 @@ def test_every_package_imports_only_the_packages_below_it() -> None:
 def test_the_check_sees_an_import_string() -> None:
     module = REPO / "cluster" / "cli.py"
     assert {"edge", "gpu_host", "analysis"} <= _imported_packages(module)
+
+
+# The contract is one package that stands alone: of ours it reads only itself and the
+# settings (the limits its checks take), never a service.
+CONTRACT_MAY_IMPORT = ("shared.contract", "shared.settings")
+
+
+def _imported_modules(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_the_contract_imports_only_itself_and_the_settings() -> None:
+    outside = [
+        f"{path.relative_to(REPO)} imports {module}"
+        for path in sorted((REPO / "shared" / "contract").rglob("*.py"))
+        for module in _imported_modules(path)
+        if module.partition(".")[0] in MAY_IMPORT and not module.startswith(CONTRACT_MAY_IMPORT)
+    ]
+    assert not outside, "\n".join(outside)

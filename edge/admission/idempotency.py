@@ -44,9 +44,9 @@ from edge.admission.idempotency_stores import (
     StoredResponse,
 )
 from shared.contract import MSG_IDEMPOTENCY_KEY_INVALID, Code, ContractError
+from shared.contract.uploads import multipart_parts
 from shared.logs import FailureLog
 from shared.settings import IdempotencySettings
-from shared.uploads import multipart_parts
 
 __all__ = [
     "Idempotency",

@@ -45,8 +45,8 @@ from shared.contract import (
     envelope,
 )
 from shared.contract import failure as failure_envelope
+from shared.contract.uploads import check_request
 from shared.settings import AnalysisSettings
-from shared.uploads import check_request
 
 log = logging.getLogger("edge.api")
 

@@ -2,7 +2,7 @@
 
 Each job takes the client's buffered body and Content-Type and does everything CPU-bound
 off the gateway's event loop, in the GPU host's order and with its messages: the upload
-(1001/1003, `shared.uploads`), decoding (1002/1003/1004, `analysis.image_input`), one
+(1001/1003, `shared.contract.uploads`), decoding (1002/1003/1004, `analysis.image_input`), one
 frontal face (1005/1006/1008). Parsing a 2 MB multipart body alone costs ~4-8 ms, too much
 for the loop that answers `/monitor`.
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shared.contract import Code, ContractError
+from shared.contract.uploads import read_request
 from shared.settings import AnalysisSettings
-from shared.uploads import read_request
 
 if TYPE_CHECKING:
     import numpy as np

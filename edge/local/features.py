@@ -17,71 +17,26 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import re
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import httpx
 import trio
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from edge.local import face_jobs
 from edge.local.face_workers import FaceWorkers
 from edge.local.local_answer import LocalAnswer, answered, refused
 from shared.contract import MSG_FEATURES_NOT_CONFIGURED, MSG_FEATURES_UNAVAILABLE, Code, ContractError
+from shared.contract.answers import SUMMARY_MAX_CHARS, FaceFeatures
 from shared.settings import AnalysisSettings, FeaturesSettings
 
 log = logging.getLogger("edge.features")
 
 SCHEMA_NAME = "face_features"
-SUMMARY_MAX_CHARS = 200
 ATTEMPTS = 2  # an answer that fails validation is asked for once more
 # An upstream outage or rate limit lasts longer than a busy CPU.
 RETRY_AFTER_SECONDS = 10
 NOT_CONFIGURED_RETRY_AFTER_SECONDS = 3600
-_CJK = re.compile(r"[\u4e00-\u9fff]")
-
-
-def _text(value: str) -> str:
-    # A validator, not `min_length`: strict schemas of some providers refuse length keywords.
-    value = value.strip()
-    if not value:
-        raise ValueError("must not be empty")
-    return value
-
-
-def _chinese_summary(value: str) -> str:
-    value = _text(value)
-    if len(value) > SUMMARY_MAX_CHARS:
-        raise ValueError(f"longer than {SUMMARY_MAX_CHARS} characters")
-    if not _CJK.search(value):
-        raise ValueError("not Chinese")
-    return value
-
-
-Text = Annotated[str, AfterValidator(_text)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Skin(_Strict):
-    tone: Literal["fair", "light", "medium", "tan", "dark"] = Field(description="肤色深浅")
-    condition: Text = Field(description="皮肤状况，简短中文描述")
-
-
-class FaceFeatures(_Strict):
-    """What the LLM must answer (contract.md endpoint 4, less `model`, which the gateway adds)."""
-
-    face_shape: Literal["oval", "round", "square", "heart", "oblong", "diamond", "triangle"] = Field(description="脸型")
-    skin: Skin
-    hair_density: Literal["dense", "normal", "thinning", "sparse", "bald"] = Field(description="发量/头发密度")
-    hair_color: Text = Field(description="发色，简短中文描述")
-    summary: Annotated[str, AfterValidator(_chinese_summary)] = Field(
-        description=f"面部特征总结，中文，不超过 {SUMMARY_MAX_CHARS} 字"
-    )
-
-
 _PROMPT = (
     "你是一名面部形象分析师。请观察照片中的人脸，按给定的 JSON 结构回答：脸型、肤色与皮肤状况、"
     f"发量、发色，以及不超过 {SUMMARY_MAX_CHARS} 字的中文总结。只描述照片中可见的特征，不做医学诊断。"

@@ -30,12 +30,13 @@ from ddsketch import LogCollapsingLowestDenseDDSketch
 
 from edge.observe.request_log import RequestRecord
 from edge.pool.scheduling import QUEUE_CLASSES, all_fast, queue_class
-from shared.contract import GPU_ENDPOINT_PATHS, Code
+from shared.contract import Code
+from shared.contract.endpoints import AnsweredBy, answered_by
 from shared.percentiles import percentiles
 
 OTHER_PATHS = "other"
-# The gateway passes every `/api/` route it serves (`edge.web.api_routes.API_PATHS`).
-DEFAULT_KNOWN_PATHS = frozenset(GPU_ENDPOINT_PATHS)
+# The gateway passes every `/api/` route it serves (`shared.contract.endpoints.api_paths`).
+DEFAULT_KNOWN_PATHS = frozenset(endpoint.path for endpoint in answered_by(AnsweredBy.GPU_HOST))
 NO_CODE = "none"  # a response that carried no envelope code
 EXACT_SAMPLES = 2048  # per path and window: beyond this, the sketch answers
 _RELATIVE_ACCURACY = 0.01

@@ -1,11 +1,12 @@
 """The `/api/` blueprint: the business endpoints, each a Quart route taking POST only.
 
-The GPU endpoints (`GPU_ENDPOINT_PATHS`) are checked, queued and forwarded by
-`ApiService` (`edge.forwarding.service`); endpoints 4 and 99 are answered by the gateway itself
-(`edge.local`). Around every one: the rate limit before the body (`before_the_body` in
-`edge.web.refusals`), the body limit and timeouts (`GatewayRequest`), the Idempotency-Key
-(`Admission.around`), the request-log line (`edge.web.request_logging`). A wrong method or an
-unknown path gets its envelope from the app's error handlers (`edge.web.refusals`).
+Built from the endpoint registry (`shared.contract.endpoints`): the GPU hosts' endpoints are
+checked, queued and forwarded by `ApiService` (`edge.forwarding.service`); those the gateway
+answers itself (endpoints 4 and 99, `edge.local`) by their handler in `LOCAL_ANSWERS`.
+Around every one: the rate limit before the body (`before_the_body` in `edge.web.refusals`),
+the body limit and timeouts (`GatewayRequest`), the Idempotency-Key (`Admission.around`), the
+request-log line (`edge.web.request_logging`). A wrong method or an unknown path gets its
+envelope from the app's error handlers (`edge.web.refusals`).
 """
 
 from __future__ import annotations
@@ -21,30 +22,35 @@ from edge.exchange import ApiResponse, Exchange, encode
 from edge.local.local_answer import LocalAnswer
 from edge.pool.upstream import ForwardRequest
 from edge.web.http import JSON, GatewayRequest, current_gateway_request, exchange_of
-from shared.contract import GPU_ENDPOINT_PATHS, Code
+from shared.contract import Code
+from shared.contract.endpoints import AnsweredBy, Endpoint, answered_by
 
 if TYPE_CHECKING:
     from edge.gateway import Gateway
 
-SPECIAL_POINTS_PATH = "/api/v1/face/special-points"  # endpoint 99
-FEATURES_PATH = "/api/v1/face/features"  # endpoint 4
-API_PATHS = (*GPU_ENDPOINT_PATHS, SPECIAL_POINTS_PATH, FEATURES_PATH)  # every business route: the metric labels
-
 Handle = Callable[["Gateway", Exchange], Awaitable[ApiResponse]]
 LocalEndpoint = Callable[[bytes, "str | None", str], Awaitable[LocalAnswer]]
 
+# endpoint -> the gateway's own answer to it, for each endpoint the registry says the gateway answers
+LOCAL_ANSWERS: dict[str, Callable[[Gateway], LocalEndpoint]] = {
+    "special-points": lambda gateway: gateway.special_points.answer,
+    "features": lambda gateway: gateway.features.answer,
+}
+
 
 def api_blueprint(gateway: Gateway) -> Blueprint:
+    """A POST route per endpoint of the registry: the GPU hosts' first, then the gateway's."""
     api = Blueprint("api", __name__)
-    for path, endpoint in GPU_ENDPOINT_PATHS.items():
-        api.add_url_rule(path, endpoint, partial(_business, gateway, _forwarded), methods=["POST"])
-    answered_here = {
-        SPECIAL_POINTS_PATH: ("special_points", lambda: gateway.special_points.answer),
-        FEATURES_PATH: ("features", lambda: gateway.features.answer),
-    }
-    for path, (endpoint, local) in answered_here.items():
-        api.add_url_rule(path, endpoint, partial(_business, gateway, partial(_answered_here, local)), methods=["POST"])
+    for endpoint in answered_by(AnsweredBy.GPU_HOST):
+        _route(api, endpoint, partial(_business, gateway, _forwarded))
+    for endpoint in answered_by(AnsweredBy.GATEWAY):
+        local = partial(LOCAL_ANSWERS[endpoint.name], gateway)
+        _route(api, endpoint, partial(_business, gateway, partial(_answered_here, local)))
     return api
+
+
+def _route(api: Blueprint, endpoint: Endpoint, view: Callable[[], Awaitable[QuartResponse]]) -> None:
+    api.add_url_rule(endpoint.path, endpoint.operation_id, view, methods=["POST"])
 
 
 async def _business(gateway: Gateway, handle: Handle) -> QuartResponse:
@@ -82,8 +88,8 @@ async def _forwarded(gateway: Gateway, exchange: Exchange) -> ApiResponse:
 
 
 async def _answered_here(endpoint: Callable[[], LocalEndpoint], gateway: Gateway, exchange: Exchange) -> ApiResponse:
-    """Endpoints 4 and 99, run by the gateway itself (never a GPU host, never a pool slot),
-    with the gateway's own model version."""
+    """An endpoint the gateway answers itself (4 and 99): never a GPU host, never a pool
+    slot; with the gateway's own model version."""
     gateway.audit.executing(exchange.execution_id)
     answer = await endpoint()(exchange.body, exchange.header(b"content-type"), exchange.request_id)
     return ApiResponse.of_envelope(

@@ -1,7 +1,7 @@
 """`GET /openapi.json` and `GET /docs`: the public contract as an OpenAPI 3.1 document.
 
-The document is generated from the models both services validate with (`shared.models`),
-never written beside them (contract.md § The contract as a document). quart-schema builds it,
+The document is generated from the endpoint registry and the models both services validate
+with (`shared.contract`), never written beside them (contract.md § The contract as a document). quart-schema builds it,
 through its public hooks: its `document_*` decorators mark each business route with its
 fields model, headers and answer, and `ContractDocument` (its `openapi_provider_class` hook:
 the methods it documents as overridable) keeps the document to the business endpoints,
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -35,10 +34,8 @@ from quart_schema.openapi import QUART_SCHEMA_OPERATION_ID_ATTRIBUTE, Info, Open
 from quart_schema.validation import DataSource
 from werkzeug.routing.rules import Rule
 
-from edge.web.api_routes import FEATURES_PATH, SPECIAL_POINTS_PATH
 from edge.web.entrance import DocumentFacts, Entrance
 from shared.contract import (
-    GPU_ENDPOINT_PATHS,
     HEADER_ALTERNATIVE_ENDPOINT,
     HEADER_CURRENT_LOAD,
     HEADER_ERROR_TYPE,
@@ -53,15 +50,11 @@ from shared.contract import (
     ErrorType,
     RetryAdvice,
 )
-from shared.models import (
-    DATA,
-    FIELDS,
-    FORM_BODIES,
-    IMAGE_FIELD,
-    JSON_BODIES,
-    answer_model,
-    bound_coordinates,
-)
+from shared.contract.bodies import form_body, json_body
+from shared.contract.endpoints import ENDPOINTS, AnsweredBy, Endpoint, endpoint_at
+from shared.contract.envelope import answer_model
+from shared.contract.fields import IMAGE_FIELD
+from shared.contract.schema import bound_coordinates
 
 if TYPE_CHECKING:
     from edge.gateway import Gateway
@@ -81,55 +74,6 @@ _SWAGGER_FILES = frozenset(
     }
 )
 _EXAMPLES = json.loads((Path(__file__).with_name("openapi_examples.json")).read_text(encoding="utf-8"))
-
-
-@dataclass(frozen=True)
-class Operation:
-    """One business endpoint as the document shows it."""
-
-    path: str
-    endpoint: str  # shared.models' name for it
-    summary: str
-    description: str
-
-
-OPERATIONS = (
-    Operation(
-        "/api/v1/hair/measure",
-        "measure",
-        "1 · measure: the hairline, forehead and facial thirds",
-        "An annotated photo, the hairline with its status (ok, uncertain, no_hairline, occluded) and band, "
-        "the thirds in millimetres (calibrated by the iris).",
-    ),
-    Operation(
-        "/api/v1/hair/grow",
-        "grow",
-        "2 · grow: transplant plans, each drawn and grown",
-        "One result per plan, in the order asked; grown_image_url null with generator null when nothing "
-        "could be grown. Slow with ComfyUI (~18 s).",
-    ),
-    Operation(
-        "/api/v1/hair/mark",
-        "mark",
-        "3 · mark: a hairline of your choosing, drawn and grown",
-        "Exactly one of hairline_points (3–1000 points inside the photo) and drop_mm (0–40).",
-    ),
-    Operation(
-        FEATURES_PATH,
-        "features",
-        "4 · features: a structured description of the face (vision LLM)",
-        "Runs on the gateway; not configured: 1007 面部特征分析未配置 with Retry-After: 3600.",
-    ),
-    Operation("/api/v1/hair/hairline", "hairline", "5 · hairline: candidate hairline designs, one per style", ""),
-    Operation("/api/v1/hair/mask", "mask", "6 · mask: the hair segmentation as a PNG", ""),
-    Operation(
-        SPECIAL_POINTS_PATH,
-        "special-points",
-        "99 · special-points: named facial key points",
-        "Runs on the gateway's CPU: answers even when no GPU host is online.",
-    ),
-)
-assert {operation.path for operation in OPERATIONS} >= set(GPU_ENDPOINT_PATHS)
 
 
 def _no_default(schema: dict[str, Any]) -> None:
@@ -262,7 +206,7 @@ class ContractDocument(OpenAPIProvider):
     """quart-schema's provider, narrowed and completed through its overridable methods."""
 
     def generate_rules(self) -> Any:
-        documented = {operation.path for operation in OPERATIONS}
+        documented = {endpoint.path for endpoint in ENDPOINTS.values()}
         return (rule for rule in super().generate_rules() if rule.rule in documented)
 
     def generate_methods(self, rule: Rule) -> Any:
@@ -270,8 +214,8 @@ class ContractDocument(OpenAPIProvider):
 
     def build_request_body(self, model: Any, source: DataSource) -> tuple[dict[str, Any], dict[str, Any]]:
         """`model`: the endpoint's `Fields`; its JSON and multipart bodies both."""
-        json_ref, json_components = _component(JSON_BODIES[model])
-        form_ref, form_components = _component(FORM_BODIES[model])
+        json_ref, json_components = _component(json_body(model))
+        form_ref, form_components = _component(form_body(model))
         encoding: dict[str, Any] = {IMAGE_FIELD: {"contentType": "image/jpeg, image/png, image/webp"}}
         if "hairline_points" in model.model_fields:
             encoding["hairline_points"] = {"contentType": "application/json"}  # the polyline as JSON text
@@ -340,9 +284,9 @@ class Document:
     def build(self, facts: DocumentFacts) -> dict[str, Any]:
         headers = request_headers(facts.key_header)
         for rule in self._app.url_map.iter_rules():
-            operation = next((op for op in OPERATIONS if op.path == rule.rule), None)
-            if operation is not None:
-                _document(self._app.view_functions[rule.endpoint], operation, headers)
+            endpoint = endpoint_at(rule.rule)
+            if endpoint is not None:
+                _document(self._app.view_functions[rule.endpoint], endpoint, headers)
         extension = QuartSchema(
             info=_info(),
             servers=[Server(url=facts.public_base_url)],
@@ -356,23 +300,14 @@ class Document:
         return document
 
 
-def _document(view: Any, operation: Operation, headers: type[BaseModel]) -> None:
+def _document(view: Any, endpoint: Endpoint, headers: type[BaseModel]) -> None:
     """quart-schema's decorators, applied to the registered view (a partial: no name, no doc)."""
-    fields = FIELDS[operation.endpoint]
-    data = DATA.get(operation.endpoint) or _features_data()
-    document_request(fields, source=DataSource.JSON)(view)
+    document_request(endpoint.fields, source=DataSource.JSON)(view)
     document_headers(headers)(view)
-    document_response(answer_model(data), 200, AnswerHeaders)(view)
-    operation_id(operation.endpoint.replace("-", "_"))(view)
-    view.__doc__ = f"{operation.summary}\n{operation.description}"
-    tag(["face" if "/face/" in operation.path else "hair"])(view)
-
-
-def _features_data() -> type[BaseModel]:
-    """Endpoint 4's `data`: the checked LLM answer plus the model that gave it."""
-    from edge.local.features import FaceFeatures
-
-    return create_model("FeaturesData", __base__=FaceFeatures, model=(str, Field(description="the configured model")))
+    document_response(answer_model(endpoint.data), 200, AnswerHeaders)(view)
+    operation_id(endpoint.operation_id)(view)
+    view.__doc__ = f"{endpoint.summary}\n{endpoint.description}"
+    tag(["hair" if endpoint.answered_by is AnsweredBy.GPU_HOST else "face"])(view)
 
 
 def openapi_blueprint(app: Quart, gateway: Gateway) -> Blueprint:

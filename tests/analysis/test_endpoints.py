@@ -30,7 +30,7 @@ from analysis.hairline.hair_evidence import NOTE_HAT
 from analysis.models import Models, load_models
 from analysis.types import Face, Hairline, LandmarkId, Pose
 from shared.contract import Code, ContractError
-from shared.options import parse_options
+from shared.contract.bodies import parse_options
 from shared.settings import AnalysisSettings
 
 from .conftest import ASTRONAUT_LIFTED_ROW, SPECIAL_POINT_NAMES

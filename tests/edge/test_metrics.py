@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from edge.observe.metrics import GatewayMetrics, PoolGauges, metrics_app, pool_gauges
 from edge.pool.dispatch import DispatchCounters
 from edge.pool.pool import Pool, ProbeResult
-from edge.web.api_routes import API_PATHS
+from shared.contract.endpoints import api_paths
 from tests.edge.test_stats import GROW, MEASURE, entry
 
 SPEC_NAMES = {  # gateway.md § Metrics, as exposed (counters carry _total)
@@ -100,18 +100,18 @@ async def test_only_metrics_is_served() -> None:
 async def test_path_labels_are_the_known_endpoints_whatever_arrives_first() -> None:
     # 35 junk /api/ paths before the first real request used to take every label (the
     # first 32 paths seen), so the real endpoints counted as "other" until a restart
-    metrics = GatewayMetrics(version="0.1.0", known_paths=API_PATHS)
+    metrics = GatewayMetrics(version="0.1.0", known_paths=api_paths())
     metrics.watch_pool(lambda: PoolGauges(up=(), busy=(), queue_length=0))
     for number in range(35):
         metrics.observe_request(entry(path=f"/api/v1/probe/{number}"))
     for junk in ("/api/\x00nul", "/api/\ufffd\ufffd", "/api/a\nb"):  # NUL, undecodable bytes, a newline
         metrics.observe_request(entry(path=junk))
-    for path in API_PATHS:
+    for path in api_paths():
         metrics.observe_request(entry(path=path))
     text = (await scrape(metrics)).text
     got = samples(text)
     counts = {dict(labels)["path"]: value for (name, labels), value in got.items() if name == "hairgate_requests_total"}
-    assert counts == {**dict.fromkeys(API_PATHS, 1), "other": 38}
+    assert counts == {**dict.fromkeys(api_paths(), 1), "other": 38}
     assert "\x00" not in text and "\ufffd" not in text
     assert all(line.isprintable() for line in text.splitlines())
 

@@ -1,5 +1,6 @@
 """`GET /openapi.json` and `GET /docs` on the gateway: a valid OpenAPI 3.1 document generated
-from shared.models, built once, with its page's files served by the gateway (no CDN)."""
+from the endpoint registry and shared.contract's models, built once, with its page's files
+served by the gateway (no CDN)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ from openapi_spec_validator import validate
 from edge.app import create_app
 from edge.gateway import build_gateway
 from edge.web import openapi
-from shared import models
-from shared.contract import GPU_ENDPOINT_PATHS, Code
-from shared.models import envelope_errors
+from shared.contract import Code, fields
+from shared.contract.endpoints import ENDPOINTS
+from shared.contract.envelope import answer_model, envelope_errors
 from tests.edge.conftest import make_settings
 
-BUSINESS_PATHS = {*GPU_ENDPOINT_PATHS, "/api/v1/face/special-points", "/api/v1/face/features"}
+BUSINESS_PATHS = {endpoint.path for endpoint in ENDPOINTS.values()}
 
 
 async def _document(client: httpx.AsyncClient) -> dict[str, Any]:
@@ -72,30 +73,27 @@ async def test_the_fields_in_the_document_are_the_models(client: httpx.AsyncClie
     schemas = (await _document(client))["components"]["schemas"]
     mark = schemas["MarkJson"]
     assert (
-        mark["properties"]["drop_mm"]["anyOf"][0] | {"maximum": models.MAX_DROP_MM, "minimum": 0}
+        mark["properties"]["drop_mm"]["anyOf"][0] | {"maximum": fields.MAX_DROP_MM, "minimum": 0}
         == mark["properties"]["drop_mm"]["anyOf"][0]
     )
     points = mark["properties"]["hairline_points"]["anyOf"][0]
-    assert (points["minItems"], points["maxItems"]) == (models.MIN_HAIRLINE_POINTS, models.MAX_HAIRLINE_POINTS)
+    assert (points["minItems"], points["maxItems"]) == (fields.MIN_HAIRLINE_POINTS, fields.MAX_HAIRLINE_POINTS)
     assert len(mark["oneOf"]) == 2  # exactly one of hairline_points and drop_mm
-    assert schemas["GrowJson"]["properties"]["plans"]["anyOf"][0]["items"]["enum"] == list(models.PLANS)
-    assert schemas["HairlineForm"]["properties"]["styles"]["items"]["enum"] == list(models.STYLES)
+    assert schemas["GrowJson"]["properties"]["plans"]["anyOf"][0]["items"]["enum"] == list(fields.PLANS)
+    assert schemas["HairlineForm"]["properties"]["styles"]["items"]["enum"] == list(fields.STYLES)
     gender = schemas["MeasureJson"]["properties"]["gender"]["anyOf"]
-    assert gender[0]["enum"] == list(models.GENDERS)  # the preferred spelling first, then the legacy text
+    assert gender[0]["enum"] == list(fields.GENDERS)  # the preferred spelling first, then the legacy text
     assert gender[1]["type"] == "string" and "legacy" in gender[1]["description"]
     codes = schemas["Refusal"]["properties"]["code"]["enum"]
     assert [0, *codes] == [int(code) for code in Code]
 
 
 def test_every_example_is_an_answer_its_model_accepts() -> None:
-    answers = {
-        "Features": openapi._features_data(),
-        **{model.__name__.removesuffix("Data"): model for model in models.DATA.values()},
-    }
+    answers = {endpoint.data.__name__.removesuffix("Data"): endpoint.data for endpoint in ENDPOINTS.values()}
     assert set(openapi._EXAMPLES) == set(answers)
     for name, examples in openapi._EXAMPLES.items():
         for example in examples.values():
-            models.answer_model(answers[name]).model_validate(example)
+            answer_model(answers[name]).model_validate(example)
 
 
 @pytest.mark.parametrize("max_long_side_px", [8192, 4000])

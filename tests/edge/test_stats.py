@@ -10,8 +10,9 @@ import pytest
 
 from edge.observe.request_log import RequestRecord
 from edge.observe.stats import EXACT_SAMPLES, OTHER_PATHS, RequestStats
-from edge.web.api_routes import API_PATHS as KNOWN
+from shared.contract.endpoints import api_paths
 
+KNOWN = api_paths()
 START = 1_796_112_000.0  # 2026-12-01T08:00:00Z
 MEASURE = "/api/v1/hair/measure"
 GROW = "/api/v1/hair/grow"

@@ -36,7 +36,7 @@ from gpu_host.child import answer_requests, prepare_child_process
 from gpu_host.failure_kinds import simulated_exception
 from gpu_host.protocol import ChildConfig, Infer, LoadFailed, Ready
 from shared.contract import GENERATOR_PREVIEW, Code, ContractError, ErrorType
-from shared.options import INPAINT_MASK_KEY, INPAINT_MASK_OPTION
+from shared.contract.hop import INPAINT_MASK_KEY, INPAINT_MASK_OPTION
 
 FAKE_DEVICE = "cpu"
 FAKE_SEGMENTER = "fake"

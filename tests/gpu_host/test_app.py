@@ -14,13 +14,13 @@ import trio
 
 from shared.contract import (
     BUSY_KEY,
-    GPU_ENDPOINT_PATHS,
     HEADER_HOST_WANTED,
     HEADER_MODEL_VERSION,
     MSG_BACKEND_UNAVAILABLE,
     MSG_HOST_BUSY,
     WANTED_KEY,
 )
+from shared.contract.endpoints import AnsweredBy, answered_by
 from shared.secrets_file import SecretsSource
 from shared.settings import ENV_ACCEPT_PASSWORDS, token_fingerprint
 from tests.gpu_host.conftest import (
@@ -43,7 +43,7 @@ WAIT = WAIT_SECONDS
 # -- auth ---------------------------------------------------------------------------------
 
 ROUTES = [("GET", "/health"), ("GET", "/metrics"), ("POST", "/api/v1/hair/unknown")] + [
-    ("POST", path) for path in GPU_ENDPOINT_PATHS
+    ("POST", endpoint.path) for endpoint in answered_by(AnsweredBy.GPU_HOST)
 ]
 
 

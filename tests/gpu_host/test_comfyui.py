@@ -25,8 +25,8 @@ from gpu_host.comfyui import (
     placeholders_in,
     seed_for,
 )
+from shared.contract.hop import INPAINT_MASK_KEY
 from shared.logs import FailureLog
-from shared.options import INPAINT_MASK_KEY
 from shared.settings import SettingsError
 from tests.fakes.fake_comfyui import PAINT, FakeComfyUI, serve_fake_comfyui
 

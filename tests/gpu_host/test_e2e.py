@@ -23,7 +23,7 @@ from skimage import data
 from cluster.launcher import REPO_ROOT, Process, Service, free_ports, hairgate_argv
 from cluster.launcher import start as start_process
 from shared.contract import HEADER_TOKEN
-from shared.models import envelope_errors
+from shared.contract.envelope import envelope_errors
 from tests.analysis.images import encode
 from tests.gpu_host.processes import (
     STARTUP_DEADLINE_SECONDS,

@@ -20,7 +20,7 @@ from gpu_host.comfyui import ComfyUIClient, load_workflow, placeholders_in
 from gpu_host.model_process import ModelProcess
 from gpu_host.protocol import ChildConfig
 from shared.contract import GENERATOR_COMFYUI, GENERATOR_PREVIEW
-from shared.options import INPAINT_MASK_KEY
+from shared.contract.hop import INPAINT_MASK_KEY
 from shared.settings import AnalysisSettings
 from tests.fakes.fake_comfyui import PAINT, FakeComfyUI, serve_fake_comfyui
 from tests.gpu_host.conftest import auth, fake_model, image_file, serving

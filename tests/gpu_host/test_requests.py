@@ -1,7 +1,7 @@
 """Request bodies through the GPU host app: multipart and JSON, the contract's validation
 order (1001 before 1003 before 1002 before the child), request ids, and envelopes for errors
 outside the handlers. A real spawned fake child answers whatever gets through. The rules
-themselves are `shared.uploads`' (tests/shared/test_uploads.py); these show the host applies them."""
+themselves are `shared.contract.uploads`' (tests/shared/test_uploads.py); these show the host applies them."""
 
 from __future__ import annotations
 

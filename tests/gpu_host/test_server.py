@@ -75,7 +75,7 @@ def test_web_process_modules_never_include_torch_or_mediapipe() -> None:
 import sys
 from gpu_host import admin, app, auth, comfyui, connections, main, metrics, model_process, protocol, supervisor, version
 from gpu_host.auth import TokenGuard
-from shared import uploads
+from shared.contract import uploads
 from shared.settings import Settings
 settings = Settings()
 model = model_process.ModelProcess(

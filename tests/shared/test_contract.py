@@ -1,10 +1,12 @@
-"""The wire contract: envelope shape, request ids, the image-key naming rule."""
+"""The wire contract: envelope shape (built and modelled), request ids, the image-key naming rule."""
 
 import pytest
 
 from shared.contract import (
+    ENVELOPE_KEYS,
     Code,
     ContractError,
+    ErrorType,
     envelope,
     failure,
     is_envelope,
@@ -12,6 +14,7 @@ from shared.contract import (
     success,
     url_key_for,
 )
+from shared.contract.envelope import envelope_errors
 
 
 def test_success_envelope_shape():
@@ -64,3 +67,17 @@ def test_bad_client_request_id_replaced(value):
 )
 def test_url_key_rule(key, expected):
     assert url_key_for(key) == expected
+
+
+@pytest.mark.parametrize("code", list(Code))
+def test_the_envelope_built_is_the_envelope_modelled(code: Code) -> None:
+    """`envelope()`'s dicts and `answer_model`'s models are one shape: every code the builder
+    makes (a named 1007 included) is an answer the document allows."""
+    data = {"mask_image_url": "https://gateway.test/static/annotations/m.png", "hair_area_ratio": 0.2}
+    built = (
+        success("r", data)
+        if code is Code.OK
+        else failure(ContractError(code, error_type=ErrorType.CUDA_OOM if code is Code.SYSTEM_ERROR else None), "r")
+    )
+    assert set(built) == ENVELOPE_KEYS
+    assert envelope_errors("mask", built) is None

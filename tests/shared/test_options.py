@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from shared.contract import Code, ContractError
-from shared.options import parse_options
+from shared.contract.bodies import parse_options
 
 
 def _rejects(endpoint: str, fields: dict[str, Any], field_name: str) -> ContractError:
@@ -137,7 +137,7 @@ def test_unknown_endpoint_is_a_programming_error() -> None:
 def test_importing_options_loads_no_heavy_library() -> None:
     """The gateway and the GPU host's web process import this module: it must not pull numpy/torch/mediapipe."""
     code = (
-        "import sys, shared.uploads;"
+        "import sys, shared.contract.uploads;"
         " print(sorted(m for m in ('numpy', 'torch', 'mediapipe', 'cv2') if m in sys.modules))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
@@ -148,7 +148,7 @@ def test_choices_match_the_analysis_types() -> None:
     from typing import get_args
 
     from analysis import types
-    from shared import options
+    from shared.contract import fields
 
-    assert options.PLANS == types.PLANS and options.STYLES == types.STYLES
-    assert get_args(types.Gender) == options.GENDERS
+    assert fields.PLANS == types.PLANS and fields.STYLES == types.STYLES
+    assert get_args(types.Gender) == fields.GENDERS

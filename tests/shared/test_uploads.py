@@ -1,4 +1,4 @@
-"""shared.uploads: one set of request checks for the gateway (`check_request`) and the GPU
+"""shared.contract.uploads: one set of request checks for the gateway (`check_request`) and the GPU
 host (`read_request`), on raw body bytes and a Content-Type."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from werkzeug.test import encode_multipart
 
 from shared.contract import MSG_UNSUPPORTED_IMAGE_FORMAT, Code, ContractError
+from shared.contract.uploads import check_request, max_body_bytes, read_request
 from shared.settings import AnalysisSettings
-from shared.uploads import check_request, max_body_bytes, read_request
 
 LIMITS = AnalysisSettings(max_image_bytes=64 * 1024)
 JPEG = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + b"j" * 100
@@ -154,8 +154,10 @@ def test_endpoint_names_and_paths_are_both_accepted_and_anything_else_is_a_bug()
     body = as_json({"image_base64": b64(PNG)})
     check_request("special-points", *body, LIMITS)
     check_request("mask", *body, LIMITS)
-    with pytest.raises(ValueError):
-        check_request("/api/v1/face/features", *body, LIMITS)
+    check_request("/api/v1/face/features", *body, LIMITS)  # every path of the registry
+    for unknown in ("/api/v1/hair/nothing", "nothing"):
+        with pytest.raises(ValueError):
+            check_request(unknown, *body, LIMITS)
 
 
 def test_the_largest_image_fits_the_body_limit_as_base64() -> None:

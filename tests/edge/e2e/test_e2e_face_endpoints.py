@@ -16,7 +16,7 @@ import trio
 from PIL import Image
 from skimage import data
 
-from shared.models import envelope_errors
+from shared.contract.envelope import envelope_errors
 from tests.edge.e2e.harness import Cluster, measure, wait_until
 from tests.fakes.fake_llm import VALID_FEATURES, FakeLLM, serve_fake_llm
 

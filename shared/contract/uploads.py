@@ -8,7 +8,8 @@ give the same code and message for the same request.
 Two spellings of one request (contract.md § Requests): multipart/form-data with the file in
 `image`, or JSON with `image_base64` (standard base64, optional `data:image/...;base64,`
 prefix). Checks run in the contract's order and stop at the first failure:
-1. the body parses and every field is valid, the image's presence included (1001: `shared.models`);
+1. the body parses and every field is valid, the image's presence included (1001:
+   `shared.contract.bodies`);
 2. the image's byte size (1003, read from the base64 length before anything is decoded);
 3. the base64 itself (1001: it is a field; the host only, see below);
 4. the magic bytes: JPEG, PNG or WebP (1002). Whether the file decodes is the model
@@ -33,14 +34,11 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.http import parse_options_header
 from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder, NeedData
 
-from shared.contract import (
-    GPU_ENDPOINT_PATHS,
-    MSG_IMAGE_TOO_LARGE,
-    MSG_UNSUPPORTED_IMAGE_FORMAT,
-    Code,
-    ContractError,
-)
-from shared.models import IMAGE_FIELD, MSG_NO_IMAGE, validate_form, validate_json
+from shared.contract.bodies import parse_options, validate_json
+from shared.contract.codes import Code, ContractError
+from shared.contract.endpoints import endpoint_at
+from shared.contract.fields import IMAGE_FIELD, MSG_NO_IMAGE
+from shared.contract.messages import MSG_IMAGE_TOO_LARGE, MSG_UNSUPPORTED_IMAGE_FORMAT
 from shared.settings import AnalysisSettings
 
 # Room for the non-image fields around the largest allowed image in a body; also the most
@@ -84,9 +82,9 @@ def check_request(path_or_endpoint: str, body: bytes, content_type: str | None, 
     """The gateway's check: ContractError (1001, 1003 or 1002, the first that applies)
     when the GPU host would refuse this request before running the model; else None.
 
-    `path_or_endpoint`: a public path (`/api/v1/hair/grow`) or an endpoint name (`grow`,
-    `special-points`); ValueError for anything else (a programming error). Pure CPU,
-    ~0.3-0.7 ms for a 2 MB body (scripts/bench_request_checks.py)."""
+    `path_or_endpoint`: an endpoint's path (`/api/v1/hair/grow`) or name (`grow`,
+    `special-points`) in the registry; ValueError for anything else (a programming error).
+    Pure CPU, ~0.3-0.7 ms for a 2 MB body (scripts/bench_request_checks.py)."""
     upload, _ = read_fields(endpoint_of(path_or_endpoint), body, content_type)
     if upload.image_file is not None:
         _check_size(len(upload.image_file), limits.max_image_bytes)
@@ -107,19 +105,20 @@ def read_request(endpoint: str, body: bytes, content_type: str | None, limits: A
 
 
 def endpoint_of(path_or_endpoint: str) -> str:
-    return GPU_ENDPOINT_PATHS.get(path_or_endpoint, path_or_endpoint)
+    found = endpoint_at(path_or_endpoint)
+    return path_or_endpoint if found is None else found.name
 
 
 def read_fields(endpoint: str, body: bytes, content_type: str | None) -> tuple[Upload, dict[str, Any]]:
     """Step 1 of every check: the body by its Content-Type, the image's presence and the
-    endpoint's options (`shared.models`); 1001 for the first thing wrong."""
+    endpoint's options (`shared.contract.bodies`); 1001 for the first thing wrong."""
     mimetype, parameters = parse_options_header(content_type or "")
     mimetype = mimetype.lower()
     if mimetype == "multipart/form-data":
         upload = _parse_multipart(body, parameters.get("boundary", ""))
         if not upload.has_image:
             raise ContractError(Code.INVALID_PARAMETER, MSG_NO_IMAGE)
-        return upload, validate_form(endpoint, upload.fields)
+        return upload, parse_options(endpoint, upload.fields)
     if mimetype == "application/json" or mimetype.endswith("+json"):
         options, encoded = validate_json(endpoint, body)
         return Upload(fields={}, image_base64=encoded), options

@@ -1,5 +1,6 @@
-"""shared.models: the contract's fields as models — every field's refusal in both spellings,
-the message it names, repeated multipart fields, and the JSON Schema agreeing with the models."""
+"""shared.contract.fields, refusals, schema and bodies: the contract's fields as models — every
+field's refusal in both spellings, the message it names, repeated multipart fields, and the
+JSON Schema agreeing with the models."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import jsonschema
 import pytest
 from werkzeug.datastructures import MultiDict
 
-from shared import models
-from shared.contract import Code, ContractError
+from shared.contract import Code, ContractError, bodies, refusals
+from shared.contract.endpoints import ENDPOINTS
+from shared.contract.fields import IMAGE_BASE64_FIELD, MarkFields, _number_text
 
-IMAGE = "/9j/4AAQSkZJRg=="  # any non-empty text: its content is shared.uploads' check
+IMAGE = "/9j/4AAQSkZJRg=="  # any non-empty text: its content is shared.contract.uploads' check
 
 # (endpoint, field, bad JSON value, bad form text, the message: today's, naming the field)
 REFUSALS = [
@@ -32,7 +34,7 @@ REFUSALS = [
 
 
 def _json(endpoint: str, document: Any) -> dict[str, Any]:
-    return models.validate_json(endpoint, json.dumps(document).encode())[0]
+    return bodies.validate_json(endpoint, json.dumps(document).encode())[0]
 
 
 def _refused(call: Any) -> str:
@@ -43,9 +45,9 @@ def _refused(call: Any) -> str:
 
 
 def test_every_field_of_every_model_has_a_refusal_here_and_a_message() -> None:
-    fields = {name for model in models.FIELDS.values() for name in model.model_fields}
-    assert fields == {field for _, field, *_ in REFUSALS}
-    assert fields | {models.IMAGE_BASE64_FIELD} == set(models._FIELD_MESSAGES)
+    names = {name for entry in ENDPOINTS.values() for name in entry.fields.model_fields}
+    assert names == {field for _, field, *_ in REFUSALS}
+    assert names | {IMAGE_BASE64_FIELD} == set(refusals._FIELD_MESSAGES)
 
 
 @pytest.mark.parametrize(
@@ -55,7 +57,7 @@ def test_a_bad_field_is_the_same_1001_as_json_and_as_form_text(
     endpoint: str, field: str, json_value: Any, form_text: str, message: str
 ) -> None:
     assert _refused(lambda: _json(endpoint, {"image_base64": IMAGE, field: json_value})) == message
-    assert _refused(lambda: models.validate_form(endpoint, MultiDict([(field, form_text)]))) == message
+    assert _refused(lambda: bodies.parse_options(endpoint, MultiDict([(field, form_text)]))) == message
 
 
 @pytest.mark.parametrize(
@@ -73,9 +75,9 @@ def test_the_image_comes_first(document: dict[str, Any], fragment: str) -> None:
 
 
 def test_a_body_that_is_no_object_or_no_json_is_refused_as_such() -> None:
-    assert _refused(lambda: models.validate_json("mask", b"[1]")) == "请求体必须是 JSON 对象"
-    assert _refused(lambda: models.validate_json("mask", b"{oops")) == "请求体不是有效的 JSON"
-    assert _refused(lambda: models.validate_json("mask", b"[" * 100_000)) == "请求体的 JSON 嵌套过深"
+    assert _refused(lambda: bodies.validate_json("mask", b"[1]")) == "请求体必须是 JSON 对象"
+    assert _refused(lambda: bodies.validate_json("mask", b"{oops")) == "请求体不是有效的 JSON"
+    assert _refused(lambda: bodies.validate_json("mask", b"[" * 100_000)) == "请求体的 JSON 嵌套过深"
 
 
 POINTS = [[1, 2], [3, 4], [5, 6]]
@@ -112,8 +114,8 @@ def test_json_takes_the_old_spellings_as_the_form_does(
     assert _json(endpoint, {"image_base64": IMAGE, **spelt}) == expected
     form = {name: value for name, value in spelt.items() if isinstance(value, str)}
     if len(form) == len(spelt):  # the same text as multipart fields: one rule set
-        assert models.validate_form(endpoint, MultiDict(list(form.items()))) == expected
-    schema = models.JSON_BODIES[models.fields_of(endpoint)].model_json_schema()
+        assert bodies.parse_options(endpoint, MultiDict(list(form.items()))) == expected
+    schema = bodies.json_body(ENDPOINTS[endpoint].fields).model_json_schema()
     assert jsonschema.Draft202012Validator(schema).is_valid({"image_base64": IMAGE, **spelt}), (
         "the document says so too"
     )
@@ -151,15 +153,15 @@ def test_what_the_old_parser_refused_is_still_refused_and_the_document_says_so(
     endpoint: str, fields: dict[str, Any], fragment: str
 ) -> None:
     assert fragment in _refused(lambda: _json(endpoint, {"image_base64": IMAGE, **fields}))
-    schema = models.JSON_BODIES[models.fields_of(endpoint)].model_json_schema()
+    schema = bodies.json_body(ENDPOINTS[endpoint].fields).model_json_schema()
     prose = fields in SCHEMA_CANNOT_SAY  # a text's range or distinct values: its description says them
     assert jsonschema.Draft202012Validator(schema).is_valid({"image_base64": IMAGE, **fields}) == prose
 
 
 def test_a_number_text_is_refused_as_text_unless_the_pattern_takes_it() -> None:
     # `float` also reads "1_0" and Arabic-Indic digits; the pattern (the document's) decides
-    assert models._number_text("drop_mm", "1_0") == 10
-    assert models._number_text("drop_mm", "\u0665") == "\u0665"
+    assert _number_text("drop_mm", "1_0") == 10
+    assert _number_text("drop_mm", "\u0665") == "\u0665"
 
 
 @pytest.mark.parametrize(
@@ -176,7 +178,7 @@ def test_a_number_text_is_refused_as_text_unless_the_pattern_takes_it() -> None:
     ],
 )
 def test_mark_messages(fields: dict[str, Any], named: str) -> None:
-    assert named in _refused(lambda: models.validate_form("mark", fields))
+    assert named in _refused(lambda: bodies.parse_options("mark", fields))
 
 
 DROP_RANGE = "应在 0–40 毫米之间"
@@ -203,24 +205,24 @@ INSIDE_THE_PHOTO = "应在图片范围内：x 在 0 到图片宽度之间，y �
 def test_a_number_out_of_range_is_refused_with_the_range_and_the_value_given(
     fields: dict[str, Any], message: str
 ) -> None:
-    assert _refused(lambda: models.validate_form("mark", fields)) == message
+    assert _refused(lambda: bodies.parse_options("mark", fields)) == message
 
 
 def test_form_text_spellings_map_onto_the_same_values() -> None:
-    assert models.validate_form("grow", MultiDict([("plans", "standard"), ("plans", "aggressive")]))["plans"] == [
+    assert bodies.parse_options("grow", MultiDict([("plans", "standard"), ("plans", "aggressive")]))["plans"] == [
         "standard",
         "aggressive",
     ]  # repeated fields: all of them, in order
-    assert models.validate_form("grow", {"plans": '["aggressive"]', "gender": " Female "}) == {
+    assert bodies.parse_options("grow", {"plans": '["aggressive"]', "gender": " Female "}) == {
         "plans": ["aggressive"],
         "gender": "female",
     }
-    assert models.validate_form("mark", {"drop_mm": "7.5", "hairline_points": ""}) == {
+    assert bodies.parse_options("mark", {"drop_mm": "7.5", "hairline_points": ""}) == {
         "hairline_points": None,
         "drop_mm": 7.5,
     }  # an empty form field is absent
     assert (
-        models.validate_form("mark", {"drop_mm": "null", "hairline_points": "[[1,2],[3,4],[5,6]]"})["drop_mm"] is None
+        bodies.parse_options("mark", {"drop_mm": "null", "hairline_points": "[[1,2],[3,4],[5,6]]"})["drop_mm"] is None
     ), "null text is a JSON null, absent (Schemathesis' spelling of a nullable field in a form)"
     assert _json("grow", {"image_base64": IMAGE, "plans": ["aggressive"]}) == {
         "plans": ["aggressive"],
@@ -230,8 +232,8 @@ def test_form_text_spellings_map_onto_the_same_values() -> None:
 
 def test_a_single_valued_form_field_given_twice_is_refused_not_cut_to_its_first() -> None:
     twice = MultiDict([("gender", "male"), ("gender", "female")])
-    assert _refused(lambda: models.validate_form("measure", twice)) == "参数 gender 只能提供一次，收到 2 个"
-    assert "drop_mm" in _refused(lambda: models.validate_form("mark", MultiDict([("drop_mm", "1"), ("drop_mm", "2")])))
+    assert _refused(lambda: bodies.parse_options("measure", twice)) == "参数 gender 只能提供一次，收到 2 个"
+    assert "drop_mm" in _refused(lambda: bodies.parse_options("mark", MultiDict([("drop_mm", "1"), ("drop_mm", "2")])))
 
 
 MARK_CASES = [
@@ -254,7 +256,7 @@ MARK_CASES = [
 
 @pytest.mark.parametrize("fields", MARK_CASES)
 def test_the_json_schema_of_mark_accepts_exactly_what_the_model_accepts(fields: dict[str, Any]) -> None:
-    model = models.JSON_BODIES[models.MarkFields]
+    model = bodies.json_body(MarkFields)
     document = {"image_base64": IMAGE, **fields}
     schema_says = jsonschema.Draft202012Validator(model.model_json_schema()).is_valid(document)
     try:
@@ -270,7 +272,7 @@ def test_importing_the_models_loads_no_heavy_library() -> None:
     import sys
 
     code = (
-        "import sys, shared.models;"
+        "import sys, shared.contract.bodies;"
         " print(sorted(m for m in ('numpy', 'torch', 'mediapipe', 'cv2') if m in sys.modules))"
     )
     assert (
