@@ -112,7 +112,7 @@ SCHEMA_VERSION = 4
 _CREATED_ONLY = ("execution_id", "request_id", "endpoint", "created_at", "node")
 _UPDATED = [column for column in COLUMNS if column not in _CREATED_ONLY]
 _UPSERT = (
-    "INSERT INTO audit_log ({columns}) VALUES ({values}) ON CONFLICT (execution_id) DO UPDATE SET "
+    "INSERT INTO audit_log ({columns}) VALUES {values} ON CONFLICT (execution_id) DO UPDATE SET "
     + ", ".join(f"{column} = excluded.{column}" for column in _UPDATED)
     + " WHERE audit_log.node = excluded.node"  # another gateway's row: untouched (a row count of 0)
 )
@@ -200,9 +200,10 @@ class SqliteAuditStore:
             connection = self._connect()
             try:
                 with _sqlite_transaction(connection):
-                    if connection.executemany(_SQLITE_UPSERT, values).rowcount == len(values):
-                        return []
-                    return _refused(connection.cursor(), values, "?")
+                    changed = sum(
+                        connection.execute(*upsert).rowcount for upsert in _sqlite_upserts(connection, values)
+                    )
+                    return [] if changed == len(values) else _refused(connection.cursor(), values, "?")
             except (sqlite3.Error, OSError) as error:
                 self._drop()
                 raise AuditStoreError(f"SQLite {self.path}: {error}") from None
@@ -226,8 +227,20 @@ class SqliteAuditStore:
             self._drop()
 
 
-_SQLITE_UPSERT = _UPSERT.format(columns=", ".join(COLUMNS), values=", ".join("?" for _ in COLUMNS))
+_SQLITE_ROW = "({})".format(", ".join("?" for _ in COLUMNS))
 _CREATED_AT, _UPDATED_AT = COLUMNS.index("created_at"), COLUMNS.index("updated_at")
+
+
+def _sqlite_upserts(connection: sqlite3.Connection, values: list[tuple[Any, ...]]) -> Iterator[tuple[str, list[Any]]]:
+    """`values` upserted by as few statements as SQLite takes (a row is as many `?` as
+    columns): each statement is one step, around which the writer's thread gives the GIL to
+    the event loop and waits to take it back. `executemany` took a step per row, and those
+    hand-overs cost the event loop more than the rows themselves (issue 41)."""
+    rows_per_statement = connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(COLUMNS)
+    for start in range(0, len(values), rows_per_statement):
+        rows = values[start : start + rows_per_statement]
+        sql = _UPSERT.format(columns=", ".join(COLUMNS), values=", ".join([_SQLITE_ROW] * len(rows)))
+        yield sql, [value for row in rows for value in row]
 
 
 def _sqlite_values(row: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -425,7 +438,7 @@ class PostgresAuditReaders(PostgresAuditStore):
 
 _POSTGRES_UPSERT = _UPSERT.format(
     columns=", ".join(COLUMNS),
-    values=", ".join("%s::inet" if column == "client_ip" else "%s" for column in COLUMNS),
+    values="({})".format(", ".join("%s::inet" if column == "client_ip" else "%s" for column in COLUMNS)),
 )
 
 
