@@ -341,10 +341,13 @@ def print_report(args: argparse.Namespace, latency: dict, saturation: dict, ceil
          f"{args.ceiling_requests} requests", ceiling),
     ):  # fmt: skip
         print(title)
+        haproxy = results.get("haproxy")
         for name, result in results.items():
             line = f"    {name:12} {result['rps']:8.1f} req/s"
             if "of_straight" in result:
                 line += f" = {result['of_straight']:.3f} of straight, overlaps {result['overlaps']:.0f}"
+            if haproxy is not None and name.startswith("gateway"):  # issue 41's ceiling target: >= 0.45
+                line += f", {result['rps'] / haproxy['rps']:.2f} of haproxy"
             if "cpu_ms" in result:
                 line += f", {result['cpu_ms']:.2f} ms of its CPU per request"
             if "monitor_p50" in result:
