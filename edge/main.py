@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -32,6 +31,7 @@ from edge.web.server import GatewayConfig, GatewayH11Protocol
 from shared.http_server import install
 from shared.logs import configure_logging
 from shared.secrets_file import SecretsSource, is_header_safe
+from shared.serving import SignalLog, check_bind, handle_signals
 from shared.settings import ENV_SHARED_PASSWORD, Settings, SettingsError, load_settings
 
 log = logging.getLogger("edge")
@@ -99,10 +99,9 @@ def check_edge_settings(settings: Settings) -> None:
         store_kind(settings.edge.idempotency, bool(settings.edge.shared_state.redis_url), settings.audit.postgres_dsn)
     except IdempotencyUnavailable as error:
         raise SettingsError(str(error)) from None
-    for key, bind in (("edge.bind", settings.edge.bind), ("edge.metrics_bind", settings.edge.metrics_bind or "x:1")):
-        host, _, port = bind.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise SettingsError(f"{key} must be HOST:PORT, got {bind!r}")
+    check_bind("edge.bind", settings.edge.bind)
+    if settings.edge.metrics_bind:
+        check_bind("edge.metrics_bind", settings.edge.metrics_bind)
 
 
 async def serve(
@@ -149,7 +148,7 @@ async def serve(
                 app = create_app(gateway)
                 if shutdown_trigger is None:
                     on_hangup = partial(_reload, gateway, app, prober, listener, reload)
-                    await background.start(_handle_signals, stopping, on_hangup)
+                    await background.start(handle_signals, stopping, on_hangup, _SIGNAL_LOG)
                 else:
                     background.start_soon(_stop_on, shutdown_trigger, stopping)
                 async with trio.open_nursery() as server:
@@ -203,34 +202,19 @@ def _metrics_config(bind: str) -> Config:
     return config
 
 
-async def _handle_signals(
-    stopping: trio.Event,
-    on_hangup: Callable[[], Awaitable[None]],
-    *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    # SIGHUP's default action would kill the gateway and drop in-flight requests: it is
-    # always received here, and means "reload" (`systemctl reload`).
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        task_status.started()
-        async for received in signals:
-            if received == signal.SIGHUP:
-                await on_hangup()
-                continue
-            log.info("收到信号 %s，开始优雅退出", signal.Signals(received).name)
-            stopping.set()
-            return
+_SIGNAL_LOG = SignalLog(
+    log,
+    stopping="收到信号 %s，开始优雅退出",
+    reload_refused="SIGHUP：新配置无效，继续使用原配置 | %s",  # one line naming the key
+)
 
 
 async def _reload(
     gateway: Gateway, app: QuartTrio, prober: Prober, listener: GatewayConfig, reload: Callable[[], Settings] | None
 ) -> None:
+    """SIGHUP: read the settings and apply them (SettingsError: the old ones keep serving)."""
     if reload is None:
         log.warning("收到 SIGHUP：未提供配置文件，无法重新加载，已忽略")
         return
-    try:
-        await reload_settings(gateway, app, prober, listener, reload)
-    except SettingsError as error:  # one line naming the key; keep serving with the old settings
-        log.error("SIGHUP：新配置无效，继续使用原配置 | %s", error)
-        return
+    await reload_settings(gateway, app, prober, listener, reload)
     await prober.probe_all()  # new workers: probed now, not an interval from now

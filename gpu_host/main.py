@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import ssl
 import sys
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from gpu_host.version import host_model_version
 from shared.http_server import http1_only, install
 from shared.logs import configure_logging
 from shared.secrets_file import SecretsSource
+from shared.serving import SignalLog, check_bind, handle_signals
 from shared.settings import ENV_ACCEPT_PASSWORDS, GpuHostSettings, Settings, SettingsError, load_settings
 
 log = logging.getLogger("gpu_host.main")
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     reload = partial(load_settings, args.config, args.secrets)  # called again on SIGHUP
     try:
         settings = reload()
-        bind = check_bind(args.bind or settings.gpu_host.bind)
+        bind = check_bind("gpu_host.bind / --bind", args.bind or settings.gpu_host.bind)
         guard = TokenGuard(settings.auth.accept_passwords)
         workflow = load_workflow(settings.gpu_host.comfyui_workflow)
         config = hypercorn_config(settings.gpu_host, bind)
@@ -83,14 +83,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     trio.run(serve, settings, config, sockets, guard, tokens, reload, workflow)
     return 0
-
-
-def check_bind(bind: str) -> str:
-    """`HOST:PORT` with a port in 1-65535; ValueError naming the key otherwise."""
-    host, _, port = bind.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"invalid gpu_host.bind / --bind {bind!r}: expected HOST:PORT")
-    return bind
 
 
 def child_config(settings: Settings) -> ChildConfig:
@@ -181,7 +173,7 @@ async def serve(
         app = create_app(
             model, guard, settings.analysis, model_version=version.value, comfyui=comfyui, tokens=tokens, checks=checks
         )
-        await nursery.start(_handle_signals, shutdown, tokens, checks, reload)
+        await nursery.start(handle_signals, shutdown, partial(_reload, tokens, checks, reload), _SIGNAL_LOG)
         log.info(
             "GPU host starting | bind=%s tls=%s device=%s bisenet_weights=%s generator=%s tokens=%d "
             "min_free_disk_mb=%d model_version=%s (%s)",
@@ -203,30 +195,19 @@ async def serve(
     log.info("GPU host stopped")
 
 
-async def _handle_signals(
-    shutdown: trio.Event,
-    tokens: HostTokens,
-    checks: HostChecks,
-    reload: Callable[[], Settings],
-    *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        task_status.started()
-        async for signum in signals:
-            if signum == signal.SIGHUP:
-                _reload(tokens, checks, reload)
-            else:
-                log.info("%s received: stopping", signal.Signals(signum).name)
-                shutdown.set()
+_SIGNAL_LOG = SignalLog(
+    log,
+    stopping="%s received: stopping",
+    reload_refused="SIGHUP: settings not reloaded, keeping the current tokens: %s",
+)
 
 
-def _reload(tokens: HostTokens, checks: HostChecks, reload: Callable[[], Settings]) -> None:
-    """SIGHUP: what a running host can take from its settings file without a restart."""
+async def _reload(tokens: HostTokens, checks: HostChecks, reload: Callable[[], Settings]) -> None:
+    """SIGHUP: what a running host can take from its settings file without a restart
+    (SettingsError: the running tokens and threshold stay)."""
+    settings = reload()
     try:
-        settings = reload()
         tokens.reload(settings.auth.accept_passwords)
-    except (SettingsError, ValueError) as error:
-        log.error("SIGHUP: settings not reloaded, keeping the current tokens: %s", error)
-        return
+    except ValueError as error:  # no token at all: a settings file this host cannot serve with
+        raise SettingsError(str(error)) from None
     checks.set_min_free_disk_mb(settings.gpu_host.min_free_disk_mb)
