@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from quart import jsonify, request
-from quart_trio import QuartTrio
+from quart import Blueprint, jsonify, request
 
 from gpu_host.auth import TokenGuard
 from shared.contract import HEADER_REQUEST_ID, HEADER_TOKEN, Code, envelope, request_id_from_header
@@ -125,9 +124,11 @@ class HostTokens:
         self.reload(tokens)
 
 
-def register(app: QuartTrio, tokens: HostTokens) -> None:
-    """Mount `GET/POST /admin/tokens`; the app's token check must run first (before_request)."""
+def admin_blueprint(tokens: HostTokens) -> Blueprint:
+    """`GET/POST /admin/tokens`; the app's token check runs first (its before_request)."""
+    admin = Blueprint("admin", __name__, url_prefix="/admin")
 
+    @admin.route("/tokens", methods=["GET", "POST"])
     async def admin_tokens() -> Any:
         if request.method == "POST":
             try:
@@ -138,7 +139,7 @@ def register(app: QuartTrio, tokens: HostTokens) -> None:
                 return jsonify(status="refused", message=str(refusal)), refusal.status
         return jsonify(tokens=tokens.listing())
 
-    app.add_url_rule("/admin/tokens", endpoint="admin_tokens", view_func=admin_tokens, methods=["GET", "POST"])
+    return admin
 
 
 def _parsed(raw: bytes) -> Any:

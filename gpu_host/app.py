@@ -28,7 +28,7 @@ from functools import partial
 from typing import Any
 
 import trio
-from quart import Request, Response, jsonify, request
+from quart import Blueprint, Request, Response, jsonify, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
@@ -131,21 +131,10 @@ def create_app(
             tokens.authenticated(presented)  # type: ignore[arg-type]
         return None
 
-    @app.get("/health")
-    async def health() -> Any:
-        return _health_response(host, asked=request.headers.get(HEADER_HOST_WANTED) == "1")
-
-    @app.get(METRICS_PATH)
-    async def metrics() -> Any:
-        return Response(host.metrics.exposition(), content_type=METRICS_CONTENT_TYPE)
-
+    app.register_blueprint(_status_blueprint(host))
+    app.register_blueprint(_api_blueprint(host))
     if tokens is not None:
-        admin.register(app, tokens)
-
-    for endpoint in answered_by(AnsweredBy.GPU_HOST):  # the registry's: shared.contract.endpoints
-        app.add_url_rule(
-            endpoint.path, endpoint=endpoint.name, view_func=partial(_business, endpoint.name, host), methods=["POST"]
-        )
+        app.register_blueprint(admin.admin_blueprint(tokens))
 
     @app.after_request
     async def name_the_model(response: Response) -> Response:
@@ -169,6 +158,30 @@ def create_app(
         return jsonify(status=error.name.lower().replace(" ", "_")), error.code
 
     return app
+
+
+def _status_blueprint(host: _Host) -> Blueprint:
+    """`GET /health` (the gateway's probe) and `GET /metrics` (Prometheus)."""
+    status = Blueprint("status", __name__)
+
+    @status.get("/health")
+    async def health() -> Any:
+        return _health_response(host, asked=request.headers.get(HEADER_HOST_WANTED) == "1")
+
+    @status.get(METRICS_PATH)
+    async def metrics() -> Any:
+        return Response(host.metrics.exposition(), content_type=METRICS_CONTENT_TYPE)
+
+    return status
+
+
+def _api_blueprint(host: _Host) -> Blueprint:
+    """A `POST` route per endpoint the registry gives a GPU host (`shared.contract.endpoints`)."""
+    api = Blueprint("api", __name__)
+    for endpoint in answered_by(AnsweredBy.GPU_HOST):
+        view = partial(_business, endpoint.name, host)
+        api.add_url_rule(endpoint.path, endpoint=endpoint.name, view_func=view, methods=["POST"])
+    return api
 
 
 def _presented_token(incoming: Request) -> str | None:

@@ -8,7 +8,7 @@ from typing import Any
 from quart import jsonify, request
 from quart_trio import QuartTrio
 
-from gpu_host.admin import HostTokens, register
+from gpu_host.admin import HostTokens, admin_blueprint
 from gpu_host.auth import TokenGuard
 from shared.contract import HEADER_TOKEN
 
@@ -24,5 +24,5 @@ def host_app(guard: TokenGuard, tokens: HostTokens) -> QuartTrio:
         tokens.authenticated(presented)  # type: ignore[arg-type]
         return None
 
-    register(app, tokens)
+    app.register_blueprint(admin_blueprint(tokens))
     return app
