@@ -30,6 +30,8 @@ from shared.contract.bodies import parse_options
 from shared.logs import configure_logging
 from shared.settings import AnalysisSettings, SettingsError, load_settings
 
+from .errors import AnalysisError
+
 EXIT_OK, EXIT_SYSTEM_ERROR, EXIT_BAD_INPUT = 0, 1, 2
 
 log = logging.getLogger("hairgate.analyze")
@@ -146,6 +148,11 @@ def _print_json(document: Any) -> None:
     print(json.dumps(document, ensure_ascii=False, indent=2))
 
 
+def _refused(error: ContractError, request_id: str) -> int:
+    _print_json(failure(error, request_id))
+    return EXIT_SYSTEM_ERROR if error.code == Code.SYSTEM_ERROR else EXIT_BAD_INPUT
+
+
 def run(args: argparse.Namespace) -> int:
     if args.out is not None and (problem := _usable_out_folder(args.out)) is not None:
         print(f"hairgate analyze: error: --out {args.out}: {problem}", file=sys.stderr)
@@ -158,9 +165,10 @@ def run(args: argparse.Namespace) -> int:
         data = _analyse(args.endpoint, _read_photo(args.photo), options, limits, weights, device)
         _print_json(ImageWriter(args.out, f"{Path(args.photo).stem}.{args.endpoint}").publish(data))
         return EXIT_OK
+    except AnalysisError as error:
+        return _refused(ContractError.refusing(error.kind, error.message), request_id)
     except ContractError as error:
-        _print_json(failure(error, request_id))
-        return EXIT_SYSTEM_ERROR if error.code == Code.SYSTEM_ERROR else EXIT_BAD_INPUT
+        return _refused(error, request_id)
     except SettingsError as error:
         log.error("settings: %s", error)
     except Exception:

@@ -4,7 +4,8 @@ Each is registered under its name in the endpoint registry (`@handles`, `HANDLER
 host's model process calls `run_endpoint`; `hairgate analyze` calls it in-process. Checks
 run in the order of gpu_host.md: decode (1003/1002/1004) -> face count (1005/1006) -> pose
 (1008) -> analysis. Options were validated by `shared.contract.bodies.parse_options` before
-(1001); only what needs the decoded image (mark points inside it) is checked here.
+(1001); only what needs the decoded image (mark points inside it) is checked here, and a
+refusal is an `AnalysisError` (`analysis.errors`), which the caller answers.
 
 Returned dicts are plain JSON values: images are base64 PNG strings under keys ending in
 `_base64` (the gateway turns them into `_url`s), grown images come from the built-in
@@ -26,12 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from shared.contract import GENERATOR_PREVIEW, MSG_ANSWER_TOO_LARGE, MSG_NO_HAIRLINE_TO_LOWER, Code, ContractError
+from shared.contract import GENERATOR_PREVIEW, MSG_ANSWER_TOO_LARGE, MSG_NO_HAIRLINE_TO_LOWER, RefusalKind
 from shared.contract import endpoints as registry
 from shared.contract.hop import INPAINT_MASK_KEY, INPAINT_MASK_OPTION
 from shared.settings import AnalysisSettings
 
 from .drawing import designs, preview, render
+from .errors import AnalysisError
 from .face.calibration import calibrate
 from .face.landmarks import FaceMeshDetector
 from .face.pose import check_pose, estimate_pose, pose_is_stable, turned_over
@@ -292,8 +294,8 @@ def grow(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: Analy
 def _check_points_inside(points: list[list[float]], width: int, height: int) -> None:
     for index, (x, y) in enumerate(points):
         if not (0 <= x <= width and 0 <= y <= height):
-            raise ContractError(
-                Code.INVALID_PARAMETER,
+            raise AnalysisError(
+                RefusalKind.INVALID_OPTION,
                 f"参数 hairline_points 第 {index + 1} 个点 ({x:g}, {y:g}) 超出图片范围 {width}×{height}",
             )
 
@@ -310,7 +312,7 @@ def mark(rgb: np.ndarray, models: Models, options: dict[str, Any], limits: Analy
         design = designs.marked_hairline(points)
         caption = "marked hairline"
     elif not designs.has_hairline(found.hairline):
-        raise ContractError(Code.INVALID_PARAMETER, MSG_NO_HAIRLINE_TO_LOWER.format(status=found.hairline.status))
+        raise AnalysisError(RefusalKind.INVALID_OPTION, MSG_NO_HAIRLINE_TO_LOWER.format(status=found.hairline.status))
     else:
         design = designs.lowered_hairline(found.face, found.hairline, found.calibration, options["drop_mm"])
         caption = f"hairline lowered {options['drop_mm']:.1f} mm"
@@ -407,13 +409,13 @@ def check_answer_size(
         message = MSG_ANSWER_TOO_LARGE.format(
             count=count, width=width, height=height, megapixels=megapixels, limit=limits.max_answer_megapixels
         )
-        raise ContractError(Code.BAD_RESOLUTION, message)
+        raise AnalysisError(RefusalKind.BAD_RESOLUTION, message)
 
 
 def run_endpoint(
     endpoint: str, image: bytes, options: dict[str, Any], models: Models, limits: AnalysisSettings
 ) -> dict[str, Any]:
-    """Decode `image` and run `endpoint`; ContractError for anything the client must fix."""
+    """Decode `image` and run `endpoint`; AnalysisError for anything the client must fix."""
     try:
         handler = HANDLERS[endpoint]
     except KeyError:

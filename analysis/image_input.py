@@ -22,8 +22,10 @@ import numpy as np
 import simplejpeg
 from PIL import ExifTags, Image, ImageOps
 
-from shared.contract import MSG_IMAGE_TOO_LARGE, MSG_UNSUPPORTED_IMAGE_FORMAT, Code, ContractError
+from shared.contract import MSG_IMAGE_TOO_LARGE, MSG_UNSUPPORTED_IMAGE_FORMAT, RefusalKind
 from shared.settings import AnalysisSettings
+
+from .errors import AnalysisError
 
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP")
 
@@ -72,13 +74,13 @@ def check_image_size(width: int, height: int, limits: AnalysisSettings) -> None:
     """The resolution rule on the upright image: 1004 with both numbers when it is broken."""
     short_side, long_side = min(width, height), max(width, height)
     if short_side < limits.min_short_side_px:
-        raise ContractError(
-            Code.BAD_RESOLUTION,
+        raise AnalysisError(
+            RefusalKind.BAD_RESOLUTION,
             f"图片分辨率过低：最短边 {short_side}px，要求至少 {limits.min_short_side_px}px",
         )
     if long_side > limits.max_long_side_px:
-        raise ContractError(
-            Code.BAD_RESOLUTION,
+        raise AnalysisError(
+            RefusalKind.BAD_RESOLUTION,
             f"图片分辨率过高：最长边 {long_side}px，最多允许 {limits.max_long_side_px}px，请缩小后上传",
         )
 
@@ -86,9 +88,9 @@ def check_image_size(width: int, height: int, limits: AnalysisSettings) -> None:
 def _check_byte_size(size: int, limits: AnalysisSettings) -> None:
     if size > limits.max_image_bytes:
         message = MSG_IMAGE_TOO_LARGE.format(size_mb=size / 2**20, limit_mb=limits.max_image_bytes / 2**20)
-        raise ContractError(Code.TOO_LARGE, message)
+        raise AnalysisError(RefusalKind.IMAGE_TOO_LARGE, message)
     if size == 0:
-        raise ContractError(Code.UNSUPPORTED_IMAGE, "图片文件为空：请重新上传")
+        raise AnalysisError(RefusalKind.UNSUPPORTED_IMAGE, "图片文件为空：请重新上传")
 
 
 def _open_header(data: bytes) -> Image.Image:
@@ -98,39 +100,39 @@ def _open_header(data: bytes) -> Image.Image:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as bomb:  # warning: under -W error
         raise _too_many_pixels(str(bomb)) from None
     except Image.UnidentifiedImageError:
-        raise ContractError(Code.UNSUPPORTED_IMAGE, _MSG_UNSUPPORTED) from None
+        raise AnalysisError(RefusalKind.UNSUPPORTED_IMAGE, _MSG_UNSUPPORTED) from None
     except Exception:  # a damaged header raises whatever the plugin's parser hit
-        raise ContractError(Code.UNSUPPORTED_IMAGE, _MSG_CORRUPT) from None
+        raise AnalysisError(RefusalKind.UNSUPPORTED_IMAGE, _MSG_CORRUPT) from None
 
 
 def _check_pixel_count(width: int, height: int, limits: AnalysisSettings) -> None:
     megapixels = width * height / 1e6
     if megapixels > limits.max_image_megapixels:
-        raise ContractError(
-            Code.BAD_RESOLUTION,
+        raise AnalysisError(
+            RefusalKind.BAD_RESOLUTION,
             f"图片像素数过大：{width}×{height}（{megapixels:.0f} 百万像素），"
             f"最多允许 {limits.max_image_megapixels:g} 百万像素，请缩小后上传",
         )
 
 
-def _too_many_pixels(pillow_message: str) -> ContractError:
+def _too_many_pixels(pillow_message: str) -> AnalysisError:
     found = _PILLOW_PIXEL_COUNT.search(pillow_message)
     amount = f"{int(found.group(1)) / 1e6:.0f} 百万像素" if found else "远超允许范围"
-    return ContractError(Code.BAD_RESOLUTION, f"图片像素数过大：{amount}，请缩小后上传")
+    return AnalysisError(RefusalKind.BAD_RESOLUTION, f"图片像素数过大：{amount}，请缩小后上传")
 
 
 def _load_pixels(image: Image.Image) -> None:
     try:
         image.load()
     except Exception:  # truncated data, bad Huffman tables, CRC errors...: all "corrupt"
-        raise ContractError(Code.UNSUPPORTED_IMAGE, _MSG_CORRUPT) from None
+        raise AnalysisError(RefusalKind.UNSUPPORTED_IMAGE, _MSG_CORRUPT) from None
 
 
 def _decode_jpeg(data: bytes) -> np.ndarray:
     try:  # strict: a truncated file or bad Huffman data raises instead of coming back grey-filled
         return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False, strict=True)
     except Exception:
-        raise ContractError(Code.UNSUPPORTED_IMAGE, _MSG_CORRUPT) from None
+        raise AnalysisError(RefusalKind.UNSUPPORTED_IMAGE, _MSG_CORRUPT) from None
 
 
 def _orientation(image: Image.Image) -> int:

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from gpu_host.failure_kinds import as_contract_error, fail_load_if_simulated, raise_simulated, refusal_kind
+from analysis.errors import AnalysisError
+from gpu_host.failure_kinds import as_contract_error, fail_load_if_simulated, raise_simulated
 from gpu_host.protocol import ChildConfig, Failure, Infer, LoadFailed, Ping, Pong, Ready, Result
 from shared.contract import ContractError, ErrorType
 from shared.logs import configure_logging
@@ -78,11 +79,12 @@ def answer_requests(conn: Connection, handle: Callable[[Infer], dict[str, Any]])
 
 def _answer(message: Infer, handle: Callable[[Infer], dict[str, Any]]) -> Result | Failure:
     """Run one inference; every exception becomes a Failure (code + message + its kind,
-    `gpu_host.failure_kinds`), never a pickle."""
+    `gpu_host.failure_kinds`), never a pickle. The analysis' refusal of the photo or its
+    options is answered with the contract's code for its kind, `input_rejected`."""
     try:
         return Result(request_id=message.request_id, data=handle(message))
-    except ContractError as error:
-        return _failure(message, error, refusal_kind(error))
+    except AnalysisError as error:
+        return _failure(message, ContractError.refusing(error.kind, error.message), ErrorType.INPUT_REJECTED)
     except Exception as error:
         answer = as_contract_error(error)
         log.exception(

@@ -51,7 +51,7 @@ _SIMULATED_EXIT_CODE = 70  # EX_SOFTWARE: a child that died on purpose, in the h
 
 
 def classify(error: BaseException) -> ErrorType:
-    """The kind of an exception the analysis raised (a `ContractError` is not asked here)."""
+    """The kind of an exception the analysis raised (its refusals, `AnalysisError`, are not asked here)."""
     name, text = type(error).__name__, str(error).lower()
     if name in _OOM_TYPE_NAMES or ("out of memory" in text and "cuda" in text):
         return ErrorType.CUDA_OOM
@@ -72,14 +72,6 @@ def as_contract_error(error: BaseException) -> ContractError:
         kind, DEFAULT_MESSAGES[Code.SYSTEM_ERROR]
     )
     return ContractError(Code.SYSTEM_ERROR, message, error_type=kind)
-
-
-def refusal_kind(error: ContractError) -> ErrorType | None:
-    """The kind of a `ContractError` the analysis raised: a refusal of the photo (1001-1006,
-    1008) is `input_rejected`; a 1007 keeps the kind it names (None: not named)."""
-    if error.code is Code.SYSTEM_ERROR:
-        return error.error_type
-    return ErrorType.INPUT_REJECTED
 
 
 def _is_undecodable_image(error: BaseException) -> bool:

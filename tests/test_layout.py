@@ -3,7 +3,7 @@ both services run) below everything; `analysis` on it; the two services on those
 on each other; `cluster` (the `hairgate` command and the launcher) on top. Within edge/ and
 analysis/ their own layout tests hold the rooms (tests/edge/test_layout.py,
 tests/analysis/test_layout.py). The contract (`shared/contract/`) reads nothing of ours but
-itself and the settings."""
+itself and the settings, and the analysis raises its own errors, never the contract's."""
 
 from __future__ import annotations
 
@@ -58,6 +58,10 @@ def test_the_check_sees_an_import_string() -> None:
 # The contract is one package that stands alone: of ours it reads only itself and the
 # settings (the limits its checks take), never a service.
 CONTRACT_MAY_IMPORT = ("shared.contract", "shared.settings")
+# The analysis raises its own error (`analysis.errors.AnalysisError`), never the contract's;
+# only `hairgate analyze`, which prints the envelope, turns one into the other.
+CONTRACT_ERRORS = frozenset({"ContractError"})
+ANALYSIS_GLUE = REPO / "analysis" / "command.py"
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -78,3 +82,23 @@ def test_the_contract_imports_only_itself_and_the_settings() -> None:
         if module.partition(".")[0] in MAY_IMPORT and not module.startswith(CONTRACT_MAY_IMPORT)
     ]
     assert not outside, "\n".join(outside)
+
+
+def _contract_errors_named(path: Path) -> set[str]:
+    return {
+        alias.name
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shared.contract")
+        for alias in node.names
+        if alias.name in CONTRACT_ERRORS
+    }
+
+
+def test_the_analysis_raises_its_own_errors_not_the_contracts() -> None:
+    named = [
+        f"{path.relative_to(REPO)} imports {', '.join(sorted(names))}"
+        for path in sorted((REPO / "analysis").rglob("*.py"))
+        if path != ANALYSIS_GLUE and (names := _contract_errors_named(path))
+    ]
+    assert not named, "\n".join(named)
+    assert _contract_errors_named(ANALYSIS_GLUE)  # the check sees an import of one

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from shared.contract import Code, ContractError
+from shared.contract import RefusalKind
 
+from ..errors import AnalysisError
 from ..native_logs import quiet_native_logs
 from ..types import Face
 from .count import SAME_FACE_OVERLAP, Box, CountedFace, detector_boxes, merge, mesh_box, people
@@ -71,9 +72,9 @@ class FaceMeshDetector:
         ]
         found, meshed_alone = self._people(rgb, merge(boxes))
         if not found:
-            raise ContractError(Code.NO_FACE, _MSG_NO_FACE)
+            raise AnalysisError(RefusalKind.NO_FACE, _MSG_NO_FACE)
         if len(found) > 1:
-            raise ContractError(Code.MULTIPLE_FACES, _MSG_MULTIPLE_FACES)
+            raise AnalysisError(RefusalKind.MULTIPLE_FACES, _MSG_MULTIPLE_FACES)
         one = found[0]
         landmarks = meshes[one.mesh] if one.mesh is not None else meshed_alone[one]
         return Face(landmarks=landmarks, image_width=width, image_height=height)

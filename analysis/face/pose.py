@@ -26,9 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.contract import Code, ContractError
+from shared.contract import RefusalKind
 from shared.settings import AnalysisSettings
 
+from ..errors import AnalysisError
 from ..types import Face, Pose
 
 _DATA = Path(__file__).parent.parent / "data"  # analysis/data
@@ -192,5 +193,5 @@ def check_pose(pose: Pose, limits: AnalysisSettings, stable: bool = False) -> fl
     ]
     if excesses:
         advice = "请正对镜头、保持头部端正后重拍"
-        raise ContractError(Code.NOT_FRONTAL, f"人脸偏转过大：{'；'.join(excesses)}。{advice}")
+        raise AnalysisError(RefusalKind.NOT_FRONTAL, f"人脸偏转过大：{'；'.join(excesses)}。{advice}")
     return max(0.0, *(abs(angle) - limit for _, angle, limit, _ in angles[:2]))

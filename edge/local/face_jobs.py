@@ -6,10 +6,10 @@ off the gateway's event loop, in the GPU host's order and with its messages: the
 frontal face (1005/1006/1008). Parsing a 2 MB multipart body alone costs ~4-8 ms, too much
 for the loop that answers `/monitor`.
 
-The analysis is imported inside the functions: the gateway's main process imports this
-module (to name the jobs) and must stay free of MediaPipe, OpenCV and SciPy. A refusal
-crosses the process boundary as a `Refusal` value, not as the `ContractError` itself,
-whose constructor pickling cannot replay.
+The analysis (all but its error, `analysis.errors`) is imported inside the functions: the
+gateway's main process imports this module (to name the jobs) and must stay free of
+MediaPipe, OpenCV and SciPy. A refusal crosses the process boundary as a `Refusal` value, not
+as the `ContractError` itself, whose constructor pickling cannot replay.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import io
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from analysis.errors import AnalysisError
 from shared.contract import Code, ContractError
 from shared.contract.uploads import read_request
 from shared.settings import AnalysisSettings
@@ -66,8 +67,8 @@ def special_points(body: bytes, content_type: str | None, limits: AnalysisSettin
     try:
         rgb = _photo("special-points", body, content_type, limits)
         return points_of(rgb, _loaded_detector(), limits)
-    except ContractError as error:
-        return Refusal(int(error.code), error.message)
+    except (ContractError, AnalysisError) as error:
+        return _refusal(error)
 
 
 def features_photo(body: bytes, content_type: str | None, limits: AnalysisSettings) -> bytes | Refusal:
@@ -78,9 +79,16 @@ def features_photo(body: bytes, content_type: str | None, limits: AnalysisSettin
     try:
         rgb = _photo("features", body, content_type, limits)
         frontal_face(rgb, _loaded_detector(), limits)
-    except ContractError as error:
-        return Refusal(int(error.code), error.message)
+    except (ContractError, AnalysisError) as error:
+        return _refusal(error)
     return _jpeg(rgb, FEATURES_PHOTO_LONG_SIDE_PX)
+
+
+def _refusal(error: ContractError | AnalysisError) -> Refusal:
+    """The request's refusal (`shared.contract.uploads`) or the analysis' (its kind's code)."""
+    if isinstance(error, AnalysisError):
+        error = ContractError.refusing(error.kind, error.message)
+    return Refusal(int(error.code), error.message)
 
 
 def _loaded_detector() -> FaceMeshDetector:
@@ -90,7 +98,7 @@ def _loaded_detector() -> FaceMeshDetector:
 
 
 def _photo(endpoint: str, body: bytes, content_type: str | None, limits: AnalysisSettings) -> np.ndarray:
-    """The decoded photo once the fields passed; ContractError in the host's order."""
+    """The decoded photo once the fields passed; ContractError, then AnalysisError, in the host's order."""
     from analysis.image_input import decode_image
 
     return decode_image(read_request(endpoint, body, content_type, limits).image, limits)

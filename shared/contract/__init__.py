@@ -4,7 +4,7 @@ Every code, message, header, envelope, field rule, answer model and endpoint liv
 once; the gateway, the GPU host and the analysis import it and define none of their own
 (contract.md). It imports nothing of the services (tests/test_layout.py).
 
-- `codes`: the codes, the kinds of failure, `ContractError`
+- `codes`: the codes, the kinds of failure, `ContractError`, the analysis' refusal kinds
 - `messages`: the Chinese messages; `headers`: header names and the ids they carry
 - `hop`: the gateway <-> host and host <-> model process keys clients never see
 - `envelope`: the response shape, as dicts and as models
@@ -28,9 +28,11 @@ from shared.contract.answers import (
 )
 from shared.contract.codes import (
     DEFAULT_MESSAGES,
+    REFUSAL_CODES,
     Code,
     ContractError,
     ErrorType,
+    RefusalKind,
     RetryAdvice,
 )
 from shared.contract.endpoints import (
@@ -197,11 +199,13 @@ __all__ = [
     "MSG_UNSUPPORTED_IMAGE_FORMAT",
     "MSG_WEBSOCKET_NOT_SERVED",
     "NOTE_TOP_OF_HEAD_CUT",
+    "REFUSAL_CODES",
     "URL_SUFFIX",
     "WANTED_KEY",
     "Code",
     "ContractError",
     "ErrorType",
+    "RefusalKind",
     "RetryAdvice",
     "answer_error_type",
     "busy_envelope",

@@ -1,7 +1,12 @@
-"""The codes a client can see, the kinds of failure a host names, and the contract's error."""
+"""The codes a client can see, the kinds of failure a host names, and the contract's error.
+
+`RefusalKind` is how the analysis says why it refuses a request (`analysis.errors`) without
+knowing the envelope: the contract answers each kind with its code (`REFUSAL_CODES`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import IntEnum, StrEnum
 
 
@@ -54,6 +59,30 @@ class RetryAdvice(StrEnum):
     NONE = "none"  # do not retry this request as it is
 
 
+class RefusalKind(StrEnum):
+    """Why the analysis refuses a request (`analysis.errors.AnalysisError`): about the photo
+    or its options, never the host. Each kind is answered with its code (`REFUSAL_CODES`)."""
+
+    INVALID_OPTION = "invalid_option"  # an option the photo contradicts (a point outside it, no hairline to lower)
+    UNSUPPORTED_IMAGE = "unsupported_image"  # not a JPEG, PNG or WebP, or a file that does not decode
+    IMAGE_TOO_LARGE = "image_too_large"
+    BAD_RESOLUTION = "bad_resolution"  # the photo's sides or pixels, or the pictures its answer would draw
+    NO_FACE = "no_face"
+    MULTIPLE_FACES = "multiple_faces"
+    NOT_FRONTAL = "not_frontal"
+
+
+REFUSAL_CODES: Mapping[RefusalKind, Code] = {
+    RefusalKind.INVALID_OPTION: Code.INVALID_PARAMETER,
+    RefusalKind.UNSUPPORTED_IMAGE: Code.UNSUPPORTED_IMAGE,
+    RefusalKind.IMAGE_TOO_LARGE: Code.TOO_LARGE,
+    RefusalKind.BAD_RESOLUTION: Code.BAD_RESOLUTION,
+    RefusalKind.NO_FACE: Code.NO_FACE,
+    RefusalKind.MULTIPLE_FACES: Code.MULTIPLE_FACES,
+    RefusalKind.NOT_FRONTAL: Code.NOT_FRONTAL,
+}
+
+
 class ContractError(Exception):
     """A failure the client is told about as an envelope: a code and an actionable message,
     and the kind of failure when it is known (`error_type`, gateway.md § Failure kinds)."""
@@ -63,3 +92,8 @@ class ContractError(Exception):
         self.message = message or DEFAULT_MESSAGES[self.code]
         self.error_type = error_type
         super().__init__(f"{int(self.code)}: {self.message}")
+
+    @classmethod
+    def refusing(cls, kind: RefusalKind, message: str) -> ContractError:
+        """The answer to the analysis' refusal of `kind`, in its own words."""
+        return cls(REFUSAL_CODES[kind], message)

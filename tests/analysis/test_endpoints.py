@@ -24,12 +24,13 @@ from analysis.endpoints import (
     run_endpoint,
     special_points,
 )
+from analysis.errors import AnalysisError
 from analysis.face.calibration import calibrate
 from analysis.hairline.checks import NOTE_FRINGE_COVERS
 from analysis.hairline.hair_evidence import NOTE_HAT
 from analysis.models import Models, load_models
 from analysis.types import Face, Hairline, LandmarkId, Pose
-from shared.contract import Code, ContractError
+from shared.contract import RefusalKind
 from shared.contract.bodies import parse_options
 from shared.settings import AnalysisSettings
 
@@ -90,8 +91,8 @@ def call(endpoint: str, image: bytes, models: Models, **fields: Any) -> dict[str
     return data
 
 
-def refused(endpoint: str, image: bytes, models: Models, **fields: Any) -> ContractError:
-    with pytest.raises(ContractError) as caught:
+def refused(endpoint: str, image: bytes, models: Models, **fields: Any) -> AnalysisError:
+    with pytest.raises(AnalysisError) as caught:
         call(endpoint, image, models, **fields)
     return caught.value
 
@@ -169,11 +170,11 @@ def test_a_fringe_over_the_forehead_is_occluded(models: Models, astronaut_png: b
 
 
 def test_a_gif_is_1002(models: Models, astronaut: np.ndarray) -> None:
-    assert refused("measure", encode(astronaut, "GIF"), models).code == Code.UNSUPPORTED_IMAGE
+    assert refused("measure", encode(astronaut, "GIF"), models).kind is RefusalKind.UNSUPPORTED_IMAGE
 
 
 def test_a_small_photo_is_1004_before_any_face_check(models: Models, astronaut: np.ndarray) -> None:
-    assert refused("measure", encode(astronaut[:320, :320], "PNG"), models).code == Code.BAD_RESOLUTION
+    assert refused("measure", encode(astronaut[:320, :320], "PNG"), models).kind is RefusalKind.BAD_RESOLUTION
 
 
 class _Untouched:
@@ -203,9 +204,9 @@ def test_an_answer_too_large_to_draw_is_1004_before_anything_runs(
     drawn_mp = pictures * 512 * 512 / 1e6  # the astronaut: 512 x 512
     options = parse_options(endpoint, fields)
     below = AnalysisSettings(max_answer_megapixels=round(drawn_mp - 0.01, 2))
-    with pytest.raises(ContractError) as caught:
+    with pytest.raises(AnalysisError) as caught:
         run_endpoint(endpoint, encode(astronaut, "PNG"), options, _Untouched(), below)  # type: ignore[arg-type]
-    assert caught.value.code == Code.BAD_RESOLUTION
+    assert caught.value.kind is RefusalKind.BAD_RESOLUTION
     assert f"{pictures} 张 512×512" in caught.value.message
     assert (
         f"共 {drawn_mp:.1f} 百万像素" in caught.value.message
@@ -215,12 +216,12 @@ def test_an_answer_too_large_to_draw_is_1004_before_anything_runs(
 
 
 def test_two_faces_are_1006(models: Models, two_faces: np.ndarray) -> None:
-    assert refused("mask", encode(two_faces, "JPEG", quality=92), models).code == Code.MULTIPLE_FACES
+    assert refused("mask", encode(two_faces, "JPEG", quality=92), models).kind is RefusalKind.MULTIPLE_FACES
 
 
 def test_no_face_is_1005(models: Models, no_face: np.ndarray) -> None:
     larger = cv2.resize(no_face, (900, 600), interpolation=cv2.INTER_CUBIC)
-    assert refused("hairline", encode(larger, "JPEG"), models).code == Code.NO_FACE
+    assert refused("hairline", encode(larger, "JPEG"), models).kind is RefusalKind.NO_FACE
 
 
 def turned_point(point: Any, degrees: float, shape: tuple[int, ...]) -> np.ndarray:
@@ -285,7 +286,7 @@ def test_a_photo_measured_just_past_a_pose_limit_gets_a_wider_band_and_a_note(fa
 
 
 def test_a_face_rolled_past_the_limit_is_1008(models: Models, astronaut: np.ndarray) -> None:
-    assert refused("grow", encode(rotated(astronaut, 40), "PNG"), models).code == Code.NOT_FRONTAL
+    assert refused("grow", encode(rotated(astronaut, 40), "PNG"), models).kind is RefusalKind.NOT_FRONTAL
 
 
 def test_a_phone_sized_photo_is_measured_in_its_own_pixels(models: Models, astronaut: np.ndarray) -> None:
@@ -363,7 +364,7 @@ def test_a_caps_band_is_no_hairline_to_measure_or_grow(models: Models, grace_hop
     assert data["hairline"]["status"] == "occluded" and data["hairline"]["trichion"] is None
     assert NOTE_HAT in data["assessment"]["notes"]
     assert all(data["measurements"][key] is None for key in NULL_WITHOUT_HAIRLINE)
-    assert refused("mark", photo, models, drop_mm=4).code == Code.INVALID_PARAMETER
+    assert refused("mark", photo, models, drop_mm=4).kind is RefusalKind.INVALID_OPTION
     marked = call("mark", photo, models, hairline_points=[[200, 150], [264, 145], [330, 150]])
     assert marked["grown_image_base64"] is None and marked["generator"] is None
     for result in call("grow", photo, models, plans="standard,aggressive", gender="female")["results"]:
@@ -381,7 +382,9 @@ def test_mark_with_points(models: Models, astronaut_png: bytes, astronaut: np.nd
 def test_mark_points_outside_the_image_are_1001_before_the_face_check(models: Models, no_face: np.ndarray) -> None:
     larger = encode(cv2.resize(no_face, (900, 600)), "JPEG")
     error = refused("mark", larger, models, hairline_points=[[10, 10], [500, 20], [901, 30]])
-    assert error.code == Code.INVALID_PARAMETER and "hairline_points" in error.message and "900×600" in error.message
+    assert (
+        error.kind is RefusalKind.INVALID_OPTION and "hairline_points" in error.message and "900×600" in error.message
+    )
 
 
 def test_hairline_styles_in_requested_order(models: Models, grace_hopper: np.ndarray) -> None:
@@ -406,9 +409,9 @@ def test_special_points_are_rounded_landmarks(models: Models, astronaut_png: byt
 def test_special_points_pose_gate_applies_when_limits_are_given(models: Models, astronaut: np.ndarray) -> None:
     rolled = rotated(astronaut, 40)
     assert special_points(rolled, models.detector)["points"]["trichion"] is not None
-    with pytest.raises(ContractError) as caught:
+    with pytest.raises(AnalysisError) as caught:
         special_points(rolled, models.detector, LIMITS)
-    assert caught.value.code == Code.NOT_FRONTAL
+    assert caught.value.kind is RefusalKind.NOT_FRONTAL
 
 
 def labelled_photo(photos_dir: Path, name: str, scale: float = 1.0) -> bytes:
@@ -447,7 +450,9 @@ def test_mark_by_drop_on_a_detected_hairline(models: Models, photos_dir: Path) -
 def test_bald_head_mark_by_drop_is_1001_and_grow_has_no_drop(models: Models, photos_dir: Path) -> None:
     photo = labelled_photo(photos_dir, "willis_white.png", scale=2.0)
     error = refused("mark", photo, models, drop_mm=5)
-    assert error.code == Code.INVALID_PARAMETER and "drop_mm" in error.message and "hairline_points" in error.message
+    assert (
+        error.kind is RefusalKind.INVALID_OPTION and "drop_mm" in error.message and "hairline_points" in error.message
+    )
     options = {**parse_options("grow", {"plans": "standard", "gender": "male"}), INPAINT_MASK_OPTION: True}
     result = run_endpoint("grow", photo, options, models, LIMITS)["results"][0]
     assert result["hairline_drop_mm"] is None  # no hairline: no honest drop

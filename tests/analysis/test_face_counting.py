@@ -8,22 +8,23 @@ import cv2
 import numpy as np
 import pytest
 
+from analysis.errors import AnalysisError
 from analysis.face.count import Box, CountedFace, merge, people, tiles
 from analysis.face.landmarks import FaceMeshDetector
-from shared.contract import Code, ContractError
+from shared.contract import RefusalKind
 
 from .face_counting_set import Case, cases, grace_hopper, scaled_to_height
 from .images import side_by_side
 
-CODE_FACES = {Code.NO_FACE: 0, Code.MULTIPLE_FACES: 2}
+KIND_FACES = {RefusalKind.NO_FACE: 0, RefusalKind.MULTIPLE_FACES: 2}
 
 
 def counted(detector: FaceMeshDetector, rgb: np.ndarray) -> int:
     """0, 1 or 2 (two or more), as the endpoint would answer."""
     try:
         detector.detect(rgb)
-    except ContractError as error:
-        return CODE_FACES[error.code]
+    except AnalysisError as error:
+        return KIND_FACES[error.kind]
     return 1
 
 

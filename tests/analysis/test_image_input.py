@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps, PngImagePlugin
 
+from analysis.errors import AnalysisError
 from analysis.image_input import check_image_size, decode_image
-from shared.contract import Code, ContractError
+from shared.contract import RefusalKind
 from shared.settings import AnalysisSettings
 
 from .images import encode, huge_blank_png
@@ -18,8 +19,8 @@ EXIF_ORIENTATION = 0x0112
 ROTATE_90_CLOCKWISE_TO_DISPLAY = 6
 
 
-def refusal(data: bytes, limits: AnalysisSettings) -> ContractError:
-    with pytest.raises(ContractError) as caught:
+def refusal(data: bytes, limits: AnalysisSettings) -> AnalysisError:
+    with pytest.raises(AnalysisError) as caught:
         decode_image(data, limits)
     return caught.value
 
@@ -118,14 +119,14 @@ def test_gray_modes_become_rgb(limits, mode):
 def test_too_many_bytes_is_1003_before_anything_else(limits):
     too_big = b"\0" * (limits.max_image_bytes + 1)  # not even an image: size is checked first
     error = refusal(too_big, limits)
-    assert error.code == Code.TOO_LARGE
+    assert error.kind is RefusalKind.IMAGE_TOO_LARGE
     assert "15.0 MB" in error.message
 
 
 @pytest.mark.parametrize("format", ["GIF", "BMP", "TIFF"])
 def test_other_formats_are_1002(portrait, limits, format):
     error = refusal(encode(portrait, format), limits)
-    assert error.code == Code.UNSUPPORTED_IMAGE
+    assert error.kind is RefusalKind.UNSUPPORTED_IMAGE
     assert "JPEG" in error.message and "WebP" in error.message
 
 
@@ -133,14 +134,14 @@ def test_other_formats_are_1002(portrait, limits, format):
     "data", [b"", b"not an image at all", b"\x89PNG\r\n\x1a\n"], ids=["empty", "text", "png-magic-only"]
 )
 def test_junk_is_1002(limits, data):
-    assert refusal(data, limits).code == Code.UNSUPPORTED_IMAGE
+    assert refusal(data, limits).kind is RefusalKind.UNSUPPORTED_IMAGE
 
 
 @pytest.mark.parametrize("format", ["JPEG", "PNG", "WEBP"])
 def test_truncated_files_are_1002(portrait, limits, format):
     whole = encode(portrait, format)
     error = refusal(whole[: len(whole) * 2 // 3], limits)
-    assert error.code == Code.UNSUPPORTED_IMAGE
+    assert error.kind is RefusalKind.UNSUPPORTED_IMAGE
     assert "损坏" in error.message
 
 
@@ -165,7 +166,7 @@ def bomb_30000() -> bytes:
 def test_decompression_bomb_is_1004_without_decoding(bomb_30000, limits, no_decoding):
     assert len(bomb_30000) < 200_000  # the point of a bomb: tiny file, 900 MP
     error = refusal(bomb_30000, limits)
-    assert error.code == Code.BAD_RESOLUTION
+    assert error.kind is RefusalKind.BAD_RESOLUTION
     assert "900 百万像素" in error.message
 
 
@@ -174,30 +175,30 @@ def test_decompression_bomb_is_1004_without_decoding(bomb_30000, limits, no_deco
 def test_pixel_count_over_the_limit_is_1004_without_decoding(limits, no_decoding, width, height):
     # 56 MP passes Pillow's own guard and is stopped by ours; 100 MP trips Pillow's warning.
     error = refusal(huge_blank_png(width, height), limits)
-    assert error.code == Code.BAD_RESOLUTION
+    assert error.kind is RefusalKind.BAD_RESOLUTION
     assert f"{width * height / 1e6:.0f} 百万像素" in error.message
 
 
 @pytest.mark.filterwarnings("error::PIL.Image.DecompressionBombWarning")
 def test_pillow_bomb_warning_raised_as_error_is_still_1004(limits, no_decoding):
-    assert refusal(huge_blank_png(10000, 10000), limits).code == Code.BAD_RESOLUTION
+    assert refusal(huge_blank_png(10000, 10000), limits).kind is RefusalKind.BAD_RESOLUTION
 
 
 def test_pixel_limit_comes_from_settings(no_decoding):
     error = refusal(huge_blank_png(2000, 1000), AnalysisSettings(max_image_megapixels=1.5))
-    assert error.code == Code.BAD_RESOLUTION
+    assert error.kind is RefusalKind.BAD_RESOLUTION
     assert "2000×1000" in error.message
 
 
 def test_small_image_is_1004_with_both_numbers(limits, no_decoding):
     error = refusal(encode(np.zeros((300, 400, 3), np.uint8), "PNG"), limits)
-    assert error.code == Code.BAD_RESOLUTION
+    assert error.kind is RefusalKind.BAD_RESOLUTION
     assert error.message == "图片分辨率过低：最短边 300px，要求至少 480px"
 
 
 def test_long_image_is_1004_without_decoding(limits, no_decoding):
     error = refusal(huge_blank_png(9000, 4000), limits)
-    assert error.code == Code.BAD_RESOLUTION
+    assert error.kind is RefusalKind.BAD_RESOLUTION
     assert "最长边 9000px" in error.message and "8192px" in error.message
 
 
@@ -218,6 +219,6 @@ def test_resolution_rule_edges(limits, width, height, accepted):
     if accepted:
         check_image_size(width, height, limits)
     else:
-        with pytest.raises(ContractError) as caught:
+        with pytest.raises(AnalysisError) as caught:
             check_image_size(width, height, limits)
-        assert caught.value.code == Code.BAD_RESOLUTION
+        assert caught.value.kind is RefusalKind.BAD_RESOLUTION

@@ -5,15 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from analysis.errors import AnalysisError
 from analysis.face.landmarks import LANDMARK_COUNT
 from analysis.types import LandmarkId
-from shared.contract import Code, ContractError
+from shared.contract import RefusalKind
 
 from .images import gradient, load_photo, mirrored, pasted_on_canvas, side_by_side
 
 
-def detection_error(detector, rgb: np.ndarray) -> ContractError:
-    with pytest.raises(ContractError) as caught:
+def detection_error(detector, rgb: np.ndarray) -> AnalysisError:
+    with pytest.raises(AnalysisError) as caught:
         detector.detect(rgb)
     return caught.value
 
@@ -60,24 +61,24 @@ def test_mirrored_face_mirrors_the_landmarks(detector, astronaut):
 
 def test_two_large_faces_are_1006(detector, two_faces):
     error = detection_error(detector, two_faces)
-    assert error.code == Code.MULTIPLE_FACES
+    assert error.kind is RefusalKind.MULTIPLE_FACES
     assert "单人" in error.message
 
 
 def test_two_small_faces_are_1006(detector, astronaut):
     # Each face is ~10 % of the width: the mesh's short-range detector misses both, the
     # full-range one must still count two.
-    assert detection_error(detector, side_by_side(astronaut, mirrored(astronaut))).code == Code.MULTIPLE_FACES
+    assert detection_error(detector, side_by_side(astronaut, mirrored(astronaut))).kind is RefusalKind.MULTIPLE_FACES
 
 
 def test_photo_without_a_face_is_1005(detector, no_face):
     error = detection_error(detector, no_face)
-    assert error.code == Code.NO_FACE
+    assert error.kind is RefusalKind.NO_FACE
     assert "未检测到人脸" in error.message
 
 
 def test_plain_gradient_is_1005(detector):
-    assert detection_error(detector, gradient()).code == Code.NO_FACE
+    assert detection_error(detector, gradient()).kind is RefusalKind.NO_FACE
 
 
 def test_small_face_in_a_large_picture_is_found(detector, astronaut):

@@ -17,8 +17,8 @@ import analysis
 
 ROOT = Path(analysis.__file__).resolve().parent
 
-# top-level modules every stage may import: plain types and the shared helpers
-SHARED = {"analysis.types", "analysis.frame", "analysis.native_logs", "analysis.image_input"}
+# top-level modules every stage may import: plain types, the analysis' error and the shared helpers
+SHARED = {"analysis.types", "analysis.frame", "analysis.native_logs", "analysis.image_input", "analysis.errors"}
 # top-level modules that wire the stages together: they may import anything, nothing imports them
 ENTRIES = {"analysis", "analysis.endpoints", "analysis.models", "analysis.command"}
 # what each stage may import besides itself and SHARED. hairline sits below segmentation:

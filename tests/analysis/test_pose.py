@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 from analysis.endpoints import frontal_face
+from analysis.errors import AnalysisError
 from analysis.face.landmarks import LANDMARK_COUNT
 from analysis.face.pose import (
     FRONTAL_PITCH_DEGREES,
@@ -25,7 +26,7 @@ from analysis.face.pose import (
 )
 from analysis.image_input import decode_image
 from analysis.types import Face, Pose
-from shared.contract import Code, ContractError
+from shared.contract import RefusalKind
 from shared.settings import AnalysisSettings
 
 from .images import encode, load_photo, mirrored, rotated
@@ -150,18 +151,18 @@ def test_in_plane_rotation_reads_as_roll_within_the_limit(detector, astronaut, a
 
 def test_roll_past_its_limit_is_1008(detector, astronaut, limits):
     pose = estimate_pose(detector.detect(rotated(astronaut, 40)))
-    with pytest.raises(ContractError) as caught:
+    with pytest.raises(AnalysisError) as caught:
         check_pose(pose, limits, stable=True)  # no tolerance for roll
-    assert caught.value.code == Code.NOT_FRONTAL
+    assert caught.value.kind is RefusalKind.NOT_FRONTAL
     assert f"歪头（头部倾斜） {abs(pose.roll_degrees):.0f}°，允许 ±30°" in caught.value.message
     assert "左右转头" not in caught.value.message
 
 
 def test_check_pose_names_each_angle_over_its_limit(limits):
-    with pytest.raises(ContractError) as caught:
+    with pytest.raises(AnalysisError) as caught:
         check_pose(Pose(yaw_degrees=-23.4, pitch_degrees=25.0, roll_degrees=3.0), limits)
     message = caught.value.message
-    assert caught.value.code == Code.NOT_FRONTAL
+    assert caught.value.kind is RefusalKind.NOT_FRONTAL
     assert "左右转头 23°，允许 ±15°" in message
     assert "低头 25°，允许 ±20°" in message
     assert "歪头" not in message
@@ -169,7 +170,7 @@ def test_check_pose_names_each_angle_over_its_limit(limits):
 
 def test_pitch_message_says_up_or_down(limits):
     # Positive pitch = forehead towards the camera (a bowed head, like tom_cruise.jpg's +18°).
-    with pytest.raises(ContractError) as caught:
+    with pytest.raises(AnalysisError) as caught:
         check_pose(Pose(yaw_degrees=0.0, pitch_degrees=-31.0, roll_degrees=0.0), limits)
     assert "抬头 31°" in caught.value.message and "低头" not in caught.value.message
 
@@ -177,7 +178,7 @@ def test_pitch_message_says_up_or_down(limits):
 def test_check_pose_limits_come_from_settings():
     pose = Pose(yaw_degrees=9.0, pitch_degrees=0.0, roll_degrees=0.0)
     check_pose(pose, AnalysisSettings())
-    with pytest.raises(ContractError):
+    with pytest.raises(AnalysisError):
         check_pose(pose, AnalysisSettings(max_yaw_degrees=8))
 
 
@@ -189,12 +190,12 @@ def test_check_pose_accepts_exactly_the_limit(limits):
 def test_a_stable_pose_just_past_a_limit_is_measured(limits, yaw, pitch, past):
     pose = Pose(yaw_degrees=yaw, pitch_degrees=pitch, roll_degrees=0.0)
     assert check_pose(pose, limits, stable=True) == pytest.approx(past)
-    with pytest.raises(ContractError):
+    with pytest.raises(AnalysisError):
         check_pose(pose, limits)  # an unstable reading gets no benefit of the doubt
 
 
 def test_far_past_a_limit_is_1008_even_when_stable(limits):
-    with pytest.raises(ContractError) as caught:
+    with pytest.raises(AnalysisError) as caught:
         check_pose(
             Pose(yaw_degrees=15.0 + NEAR_LIMIT_DEGREES + 1.2, pitch_degrees=0.0, roll_degrees=0.0), limits, stable=True
         )
@@ -265,9 +266,9 @@ def test_an_upside_down_face_is_refused(detector, astronaut, photos_dir, limits)
     for name, rgb in _upside_down_photos(astronaut, photos_dir).items():
         face = detector.detect(rgb)
         assert detector.upside_down(rgb, face), name
-        with pytest.raises(ContractError) as caught:
+        with pytest.raises(AnalysisError) as caught:
             frontal_face(rgb, detector, limits)
-        assert caught.value.code == Code.NOT_FRONTAL, name
+        assert caught.value.kind is RefusalKind.NOT_FRONTAL, name
         assert "人脸倒置" in caught.value.message, name
 
 
@@ -291,7 +292,7 @@ def test_every_labelled_photo_turned_over_is_refused(detector, photos_dir, photo
         turned = np.ascontiguousarray(load_photo(photos_dir, label["file"])[::-1, ::-1])
         try:
             face = detector.detect(turned)
-        except ContractError:
+        except AnalysisError:
             continue
         missed += [] if detector.upside_down(turned, face) else [label["file"]]
     assert missed == []
@@ -311,7 +312,7 @@ def test_a_tilted_upright_face_is_never_called_upside_down(detector, photos_dir,
             tilted = rotated(photo, degrees)
             try:
                 face = detector.detect(tilted)
-            except ContractError:  # a copy the mesh loses at the frame's corner: nothing to call
+            except AnalysisError:  # a copy the mesh loses at the frame's corner: nothing to call
                 continue
             called += [(label["file"], degrees)] if detector.upside_down(tilted, face) else []
     assert called == []

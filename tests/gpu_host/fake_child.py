@@ -8,7 +8,7 @@ lets the script through; it is stripped here):
     b"crash"               the child SIGKILLs itself mid-request
     b"hang"                never answers (inference timeout)
     b"raise"               an unexpected exception inside the analysis
-    b"fail:<code>"         a contract failure with that code
+    b"fail:<code>"         the analysis refuses the photo: the kind answered with that code
     b"kind:<error_type>"   what a GPU raises for that kind (`gpu_host.failure_kinds`), e.g. kind:cuda_oom
     b"unencodable"         a Result whose data cannot be JSON-encoded (a bug in the analysis)
     b"block:<in>:<out>"    write the pid to FIFO <in>, then wait for a line on FIFO <out>
@@ -32,10 +32,11 @@ from typing import Any
 
 from PIL import Image
 
+from analysis.errors import AnalysisError
 from gpu_host.child import answer_requests, prepare_child_process
 from gpu_host.failure_kinds import simulated_exception
 from gpu_host.protocol import ChildConfig, Infer, LoadFailed, Ready
-from shared.contract import GENERATOR_PREVIEW, Code, ContractError, ErrorType
+from shared.contract import GENERATOR_PREVIEW, REFUSAL_CODES, Code, ErrorType
 from shared.contract.hop import INPAINT_MASK_KEY, INPAINT_MASK_OPTION
 
 FAKE_DEVICE = "cpu"
@@ -76,7 +77,8 @@ def _handle(message: Infer) -> dict[str, Any]:
     if command.startswith(b"kind:"):
         raise simulated_exception(ErrorType(command[5:].decode()))
     if command.startswith(b"fail:"):
-        raise ContractError(Code(int(command[5:])), "scripted failure")
+        code = Code(int(command[5:]))
+        raise AnalysisError(next(kind for kind, its in REFUSAL_CODES.items() if its is code), "scripted failure")
     if command.startswith(b"block:"):
         entered, release = command[6:].decode().split(":")
         with open(entered, "w") as signal_entered:

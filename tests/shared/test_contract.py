@@ -1,4 +1,5 @@
-"""The wire contract: envelope shape (built and modelled), request ids, the image-key naming rule."""
+"""The wire contract: envelope shape (built and modelled), request ids, the image-key naming
+rule, the analysis' refusal kinds."""
 
 import pytest
 
@@ -7,6 +8,7 @@ from shared.contract import (
     Code,
     ContractError,
     ErrorType,
+    RefusalKind,
     envelope,
     failure,
     is_envelope,
@@ -81,3 +83,9 @@ def test_the_envelope_built_is_the_envelope_modelled(code: Code) -> None:
     )
     assert set(built) == ENVELOPE_KEYS
     assert envelope_errors("mask", built) is None
+
+
+@pytest.mark.parametrize("kind", list(RefusalKind))
+def test_every_refusal_of_the_analysis_has_its_code(kind: RefusalKind) -> None:
+    error = ContractError.refusing(kind, "说明")
+    assert error.code is not Code.SYSTEM_ERROR and error.code is not Code.OK and error.message == "说明"
