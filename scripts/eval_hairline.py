@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.analysis (the copies and the photo loader)
 
 from analysis.endpoints import pose_widening_mm, trace  # noqa: E402
+from analysis.errors import AnalysisError  # noqa: E402
 from analysis.hairline.decision import (  # noqa: E402
     BALD_FEATURES,
     DECISION_FILE,
@@ -171,8 +172,9 @@ def trace_answer(
     )
     try:
         traced = trace(rgb, models, limits)
-    except ContractError as error:
-        answer.refused, answer.refusal = int(error.code), str(error)
+    except AnalysisError as error:
+        refused = ContractError.refusing(error.kind, error.message)
+        answer.refused, answer.refusal = int(refused.code), str(refused)
         return answer, None
     answer.mm_per_px = traced.calibration.mm_per_px
     answer.candidate = traced.candidate
