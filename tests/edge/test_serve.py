@@ -24,7 +24,7 @@ from edge.web.server import GatewayConfig, GatewayH11Protocol
 from shared.contract import Code, envelope
 from shared.http_server import HTTP1Protocol
 from tests.edge.conftest import PHOTO, PHOTO_BODY, make_settings
-from tests.shared.http_attacks import PREFACE, SETTINGS_FRAME, exchange, hypercorns_own_classes
+from tests.shared.http_attacks import PREFACE, SETTINGS_FRAME, exchange, hypercorns_own_classes, installed_by_serve
 
 # One free port per test process (a fixed one clashed when two runs of the suite met).
 GATEWAY_PORT = free_port()
@@ -342,6 +342,7 @@ async def test_the_gateways_serve_installs_its_http_1_1_only_protocol_itself(
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         await nursery.start(serve, settings_for(tmp_path, worker), stop.wait)
+        assert installed_by_serve(), "edge.main.serve did not call shared.http_server.install()"
         preface = await exchange(GATEWAY_PORT, PREFACE + SETTINGS_FRAME)
         stop.set()
     assert (preface.status, preface.closed) == (505, True)

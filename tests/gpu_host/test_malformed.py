@@ -23,6 +23,7 @@ from tests.shared.http_attacks import (
     SETTINGS_FRAME,
     exchange,
     hypercorns_own_classes,
+    installed_by_serve,
     read_answer,
     with_token,
 )
@@ -47,6 +48,7 @@ async def test_the_hosts_serve_installs_the_http_1_1_only_server_itself(tmp_path
     # as in a process that imported nothing that could install it: serve() must (gpu_host.main)
     hypercorns_own_classes(monkeypatch)
     async with running_host(tmp_path) as host:
+        assert installed_by_serve(), "gpu_host.main.serve did not call shared.http_server.install()"
         preface = await exchange(host.port, PREFACE + SETTINGS_FRAME)
         upgrade = await exchange(host.port, with_token(ATTACKS[1].request, TOKEN))  # h2c, good settings
     assert (preface.status, preface.closed) == (505, True)

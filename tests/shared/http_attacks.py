@@ -21,6 +21,8 @@ import trio
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
 
+from shared import http_server
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS_FRAME = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 # An HTTP/2 CONNECT without :path (valid per RFC 9113 §8.5): a HEADERS frame, HPACK literal
@@ -201,6 +203,15 @@ def hypercorns_own_classes(monkeypatch: pytest.MonkeyPatch) -> None:
     `serve()` has run (`shared.http_server.install`); what was there is put back after the test."""
     monkeypatch.setattr(hypercorn.protocol, "H11Protocol", H11Protocol)
     monkeypatch.setattr(hypercorn.trio.run, "TCPServer", TCPServer)
+
+
+def installed_by_serve() -> bool:
+    """Whether this project's Hypercorn classes serve (`shared.http_server.install`): a test of
+    a service's `serve()` checks it before it speaks HTTP/2, because Hypercorn's own server,
+    cancelled with an HTTP/2 connection open, hangs the test instead of failing it."""
+    return hypercorn.trio.run.TCPServer is http_server.ContainedTCPServer and issubclass(
+        hypercorn.protocol.H11Protocol, http_server.HTTP1Protocol
+    )
 
 
 def with_token(request: bytes, token: str) -> bytes:
