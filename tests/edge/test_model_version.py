@@ -251,24 +251,20 @@ def _v3_schema(connection: Any, dialect: str) -> None:
     )
 
 
-async def test_a_v3_sqlite_file_gains_the_column_and_keeps_its_rows(tmp_path: Path) -> None:
+def _v3_store(tmp_path: Path, audit_dsn: str) -> SqliteAuditStore | PostgresAuditStore:
+    """A store opened on what a gateway of schema v3 left, in SQLite or PostgreSQL (`audit_dsn`)."""
+    if audit_dsn:
+        with psycopg.connect(audit_dsn, autocommit=True) as connection:
+            _v3_schema(connection, "postgresql")
+        return PostgresAuditStore(audit_dsn)
     path = tmp_path / "v3.sqlite3"
     with sqlite3.connect(path) as connection:
         _v3_schema(connection, "sqlite")
-    store = SqliteAuditStore(path)
-    try:
-        assert store.query("SELECT execution_id, error_type, model_version FROM audit_log", ()) == [
-            ("exec_old", "timeout", None)
-        ]
-        assert store.query("SELECT version FROM audit_schema", ()) == [(store_module.SCHEMA_VERSION,)]
-    finally:
-        store.close()
+    return SqliteAuditStore(path)
 
 
-async def test_a_v3_postgresql_table_gains_the_column_and_keeps_its_rows(postgres_dsn: str) -> None:
-    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
-        _v3_schema(connection, "postgresql")
-    store = PostgresAuditStore(postgres_dsn)
+async def test_a_v3_store_gains_the_column_and_keeps_its_rows(tmp_path: Path, audit_dsn: str) -> None:
+    store = _v3_store(tmp_path, audit_dsn)
     try:
         assert store.query("SELECT execution_id, error_type, model_version FROM audit_log", ()) == [
             ("exec_old", "timeout", None)
