@@ -31,7 +31,7 @@ from shared.contract import (
 _RETRY_AFTER = HEADER_RETRY_AFTER.lower().encode()
 _RETRY_POLICY = HEADER_RETRY_POLICY.lower().encode()
 _ERROR_TYPE = HEADER_ERROR_TYPE.lower().encode()
-MODEL_VERSION_HEADER = HEADER_MODEL_VERSION.lower().encode()  # as `ApiResponse.headers` name it
+MODEL_VERSION_HEADER = HEADER_MODEL_VERSION.lower().encode()  # as h11 and `ApiResponse.headers` name it
 
 
 @dataclass(frozen=True)

@@ -32,11 +32,11 @@ from typing import Any
 
 import trio
 
+from edge.exchange import MODEL_VERSION_HEADER
 from edge.pool.errors import BadStatus, HostFailed, UnusableAnswer, WorkerBusy, WorkerFailure, WorkerRefusal
 from edge.pool.upstream import ForwardRequest, RawAnswer, Upstream
 from shared.contract import (
     BUSY_KEY,
-    HEADER_MODEL_VERSION,
     ErrorType,
     RetryAdvice,
     error_type_of,
@@ -50,7 +50,6 @@ PARSE_IN_THREAD_BYTES = 256 * 1024
 # A host's envelope is a few levels deep; bounded so that nothing downstream (the image
 # rewrite, the JSON encoder) meets a RecursionError on a broken host's answer.
 MAX_ANSWER_DEPTH = 32
-_MODEL_VERSION = HEADER_MODEL_VERSION.lower().encode()  # h11 gives header names lower-cased
 
 
 @dataclass(frozen=True)
@@ -152,7 +151,7 @@ async def judge(request_id: str, answer: RawAnswer) -> WorkerAnswer:
     """The answer to the request sent as `request_id`, or the `AnswerError` that says why not.
     Its `X-Model-Version` is kept when it is one (`model_version_or_none`)."""
     status, raw = answer.status, answer.body
-    model_version = model_version_or_none(answer.header(_MODEL_VERSION))
+    model_version = model_version_or_none(answer.header(MODEL_VERSION_HEADER))
     if status == 200:
         if len(raw) > PARSE_IN_THREAD_BYTES:
             body = await trio.to_thread.run_sync(_parse_envelope, raw)

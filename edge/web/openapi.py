@@ -54,6 +54,7 @@ from shared.contract.bodies import form_body, json_body
 from shared.contract.endpoints import ENDPOINTS, AnsweredBy, Endpoint, endpoint_at
 from shared.contract.envelope import answer_model
 from shared.contract.fields import IMAGE_FIELD
+from shared.contract.headers import MODEL_VERSION_PATTERN
 from shared.contract.schema import bound_coordinates
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ class AnswerHeaders(BaseModel):
     )
     x_model_version: str = Field(
         None,
-        pattern=r"^[A-Za-z0-9._+-]{1,64}$",
+        pattern=f"^{MODEL_VERSION_PATTERN}$",
         json_schema_extra=_no_default,  # type: ignore[assignment]
         description=(
             "the analysis that produced the answer, <package version>+<12 hex> (the GPU host's; the gateway's own "

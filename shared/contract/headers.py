@@ -33,7 +33,8 @@ HEADER_MODEL_VERSION = "X-Model-Version"
 HEADER_HOST_WANTED = "X-Host-Wanted"
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
-_MODEL_VERSION = re.compile(r"[A-Za-z0-9._+-]{1,64}")
+MODEL_VERSION_PATTERN = r"[A-Za-z0-9._+-]{1,64}"  # also the document's (edge/web/openapi.py)
+_MODEL_VERSION = re.compile(MODEL_VERSION_PATTERN)
 
 
 def is_valid_request_id(value: str | None) -> bool:
