@@ -200,7 +200,6 @@ def extract(photos: Path, with_copies: bool, log: Callable[[str], None] = print)
             if with_copies and label["kind"] != "rejected":
                 for name, image, scale, cut in copies_of(rgb, traced, label):
                     answers.append(trace_answer(image, models, label, name, scale, cut)[0])
-            if with_copies and label["kind"] != "rejected":
                 turned = {**label, "kind": "rejected", "expect_codes": TURNED_CODES, "trichion_row": None}
                 upside_down = np.ascontiguousarray(rgb[::-1, ::-1])
                 answers.append(trace_answer(upside_down, models, turned, "turned", 1.0, 0.0)[0])

@@ -296,7 +296,7 @@ READ = [
 STANDARD_LIBRARY = {
     "_exit": "os._exit, the process's end without cleanup (gpu_host/failure_kinds.py)",
     "_Hash": "hashlib._Hash, in an annotation only (edge/admission/idempotency.py)",
-    "_value2member_map_": "Enum's value lookup (shared/contract.py)",
+    "_value2member_map_": "Enum's value lookup (shared/contract/envelope.py)",
 }
 
 

@@ -16,7 +16,7 @@ decision Hypercorn takes before the app is asked — `100 Continue`.
 - HTTP/1.1 only, and a failing connection contained: `shared.http_server`, whose
   protocol this one extends; `edge.main.serve` installs it (`shared.http_server.install`)
   before Hypercorn runs; importing this module changes nothing. An answer is written as
-  Hypercorn writes it.
+  the base writes it: its head held until the bytes after it, one write.
 """
 
 from __future__ import annotations

@@ -40,7 +40,6 @@ from shared.contract.endpoints import (
 )
 from shared.contract.envelope import (
     ENVELOPE_KEYS,
-    ERROR_TYPE_KEY,
     answer_error_type,
     busy_envelope,
     envelope,
@@ -138,7 +137,6 @@ __all__ = [
     "CHECK_OK",
     "DEFAULT_MESSAGES",
     "ENVELOPE_KEYS",
-    "ERROR_TYPE_KEY",
     "GENERATOR_COMFYUI",
     "GENERATOR_PREVIEW",
     "HEADER_ALTERNATIVE_ENDPOINT",
