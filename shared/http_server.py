@@ -52,7 +52,10 @@ connection's handling ends that connection, never the process.
   cost per request): an answer is one write (`HTTP1Protocol._send_h11_event`: its head
   waits for its body), and a connection's keep-alive timer is one task that moves its
   deadline, not a task started at each answer and cancelled at the next request
-  (`KeepAliveTimer`).
+  (`KeepAliveTimer`). Nor does an answer or a request's body wait a scheduler round for
+  nobody: a free write lock is taken without a checkpoint (`ContainedTCPServer._lock_writes`),
+  and a message the app's queue has room for goes in without a cancel scope or a checkpoint
+  (`_AppInbox`); a held lock or a full queue is waited on as before.
 
 Hypercorn has no setting or hook for these protocol decisions nor for the task a
 connection runs in: `HTTP1Protocol` replaces `H11Protocol._check_protocol`,
@@ -214,12 +217,23 @@ class _AppInbox:
 
     def __init__(self, put: Callable[[Any], Awaitable[None]]) -> None:
         self._put = put
+        # Hypercorn's `app_put` is the `send` of the app's memory channel: a message that fits
+        # goes in with `send_nowait`, with no cancel scope and no checkpoint (the connection's
+        # next read is one); only a full queue is waited on, cancellably (`close`)
+        channel = getattr(put, "__self__", None)
+        self._put_nowait = channel.send_nowait if isinstance(channel, trio.MemorySendChannel) else None
         self._waiting: set[trio.CancelScope] = set()
         self._closed = False
 
     async def put(self, message: Any) -> None:
         if self._closed:
             return
+        if self._put_nowait is not None:
+            try:
+                self._put_nowait(message)
+                return
+            except trio.WouldBlock:
+                pass  # the app's queue is full: wait for room below
         scope = trio.CancelScope()
         self._waiting.add(scope)
         try:
@@ -529,13 +543,25 @@ class ContainedTCPServer(TCPServer):
         if not isinstance(event, RawData):
             await super().protocol_send(event)  # a `Closed` comes to `_close`
             return
-        async with self.send_lock:
+        await self._lock_writes()
+        try:
             # once the stream is closing, a write is one to a closed stream: it failed, as
             # Hypercorn's did after its close (the app's further messages go nowhere)
             written = not self._closing and await self._write_bounded(event.data)
+        finally:
+            self.send_lock.release()
         if not written:
             self.writes.failed = True
             await self.protocol.handle(Closed())
+
+    async def _lock_writes(self) -> None:
+        # A free lock is taken without a checkpoint: `acquire()` yields even then, and the
+        # answer's bytes would wait a whole scheduler round for no other writer. Held (a
+        # write or a close under way), it is waited for in turn, as before.
+        try:
+            self.send_lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self.send_lock.acquire()
 
     async def _write_bounded(self, data: bytes) -> bool:
         """`data` written, shielded like Hypercorn's write and bounded by its own deadline;

@@ -18,6 +18,7 @@ from importlib.metadata import version
 import hypercorn.protocol
 import hypercorn.trio
 import hypercorn.trio.run
+import hypercorn.trio.task_group
 import pytest
 import trio
 import trio.testing
@@ -357,3 +358,70 @@ async def test_an_answer_is_one_write(nursery: trio.Nursery, monkeypatch: pytest
     stop.set()
     assert (answer.status, answer.body) == (200, b"ok")
     assert len(writes) == 1 and writes[0].startswith(b"HTTP/1.1 200 ") and writes[0].endswith(b"\r\n\r\nok")
+
+
+class _Rounds(trio.abc.Instrument):
+    """Scheduler rounds (each a look at the sockets) since `count` was last zeroed."""
+
+    count = 0
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.count += 1
+
+
+async def test_an_answer_is_written_in_the_step_the_app_sends_it(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # with no other write under way the write lock is taken without a checkpoint: the answer
+    # does not wait a scheduler round for nobody (one round on every answer's way out)
+    rounds = _Rounds()
+    before_write: list[int] = []
+    original = ContainedTCPServer._write_bounded
+
+    async def recorded(self: ContainedTCPServer, data: bytes) -> bool:
+        before_write.append(rounds.count)
+        return await original(self, data)
+
+    async def answering(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        rounds.count = 0
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    monkeypatch.setattr(ContainedTCPServer, "_write_bounded", recorded)
+    port, stop = await serving(nursery, answering)
+    trio.lowlevel.add_instrument(rounds)
+    try:
+        answer = await exchange(port, OK)
+    finally:
+        trio.lowlevel.remove_instrument(rounds)
+        stop.set()
+    assert (answer.status, answer.body) == (200, b"ok")
+    assert before_write == [0]
+
+
+async def test_a_message_the_apps_queue_has_room_for_is_handed_over_without_a_checkpoint() -> None:
+    # the request's body and end go to the app in the step that read them: no cancel scope,
+    # no scheduler round each (a full queue is still waited on: the unread-body test above)
+    send, receive = trio.open_memory_channel[dict](2)
+    inbox = http_server._AppInbox(send.send)
+    with trio.CancelScope() as scope:
+        scope.cancel()  # a checkpoint would raise here
+        await inbox.put({"type": "http.request", "body": b"x", "more_body": True})
+        await inbox.put({"type": "http.request", "body": b"", "more_body": False})
+    assert not scope.cancelled_caught
+    assert [receive.receive_nowait()["body"] for _ in range(2)] == [b"x", b""]
+
+
+async def test_hypercorns_app_queue_is_a_memory_channel_so_the_inbox_takes_its_fast_path() -> None:
+    # _AppInbox hands a message over with `send_nowait` when `app_put` is a memory channel's
+    # `send` (what Hypercorn's trio TaskGroup.spawn_app returns); anything else is awaited
+    async def nothing(*args: object) -> None:
+        return None
+
+    async with hypercorn.trio.task_group.TaskGroup() as task_group:
+        put = await task_group.spawn_app(nothing, Config(), {"type": "http"}, nothing)
+        assert isinstance(getattr(put, "__self__", None), trio.MemorySendChannel)
+        assert http_server._AppInbox(put)._put_nowait is not None
