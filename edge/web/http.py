@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -56,7 +57,9 @@ class GatewayBody(TrioBody):
         self.received_bytes = 0  # counted past the limit too: what a drain has to read
         self.ended = trio.Event()  # the client's last byte arrived
         self.last_arrival = trio.current_time()
-        self._arrival = trio.Event()
+        self._arrival: trio.Event | None = None  # set at the next chunk, while a drain waits for one
+        self._waiting: trio.CancelScope | None = None  # a `read` waiting for the whole body
+        self._bounds = (math.inf, math.inf)  # that read's deadline for the whole body, and idle bound
 
     def limit(self, max_content_length: int | None) -> None:
         self._max_content_length = max_content_length
@@ -82,16 +85,21 @@ class GatewayBody(TrioBody):
         self._arrived()
 
     async def read(self, whole_seconds: float | None, idle_seconds: float | None) -> bytes:
-        """The whole body; BodyTimeout past either bound, RequestEntityTooLarge over the limit."""
-        deadline = trio.current_time() + (whole_seconds if whole_seconds is not None else float("inf"))
-        idle = idle_seconds if idle_seconds is not None else float("inf")
+        """The whole body; BodyTimeout past either bound, RequestEntityTooLarge over the limit.
+        The reader is woken once, when the body is whole or refused: a chunk that arrives
+        meanwhile only moves its wait's deadline (`_arrived`), it does not wake it."""
+        deadline = trio.current_time() + (whole_seconds if whole_seconds is not None else math.inf)
+        idle = idle_seconds if idle_seconds is not None else math.inf
+        self._bounds = (deadline, idle)
         while self._must_raise is None and not self._complete.is_set():
-            arrival = self._arrival
-            with trio.move_on_at(min(deadline, self.last_arrival + idle)):
-                await arrival.wait()
-            if not arrival.is_set():
+            if trio.current_time() >= self._next_bound():
                 whole = trio.current_time() >= deadline
                 raise BodyTimeout(cast(float, whole_seconds) if whole else idle)
+            with trio.CancelScope(deadline=self._next_bound()) as self._waiting:
+                try:
+                    await self._complete.wait()
+                finally:
+                    self._waiting = None
         if self._must_raise is not None:
             raise self._must_raise
         return bytes(self._data)
@@ -101,7 +109,7 @@ class GatewayBody(TrioBody):
         its whole body before reading is not reset before it reads its answer."""
         with trio.move_on_after(max_seconds):
             while not self.ended.is_set() and self.received_bytes <= max_bytes:
-                arrival = self._arrival
+                arrival = self._arrival = self._arrival or trio.Event()
                 await arrival.wait()
 
     def _refuse(self) -> None:
@@ -110,10 +118,18 @@ class GatewayBody(TrioBody):
         self._has_data.set()
         self._arrived()
 
+    def _next_bound(self) -> float:
+        """When a waiting `read` gives up: the whole body's deadline, or the idle bound after the last chunk."""
+        deadline, idle = self._bounds
+        return min(deadline, self.last_arrival + idle)
+
     def _arrived(self) -> None:
         self.last_arrival = trio.current_time()
-        arrival, self._arrival = self._arrival, trio.Event()
-        arrival.set()
+        if self._waiting is not None:
+            self._waiting.deadline = self._next_bound()
+        if self._arrival is not None:
+            arrival, self._arrival = self._arrival, None
+            arrival.set()
 
 
 class GatewayRequest(TrioRequest):

@@ -17,6 +17,7 @@ from werkzeug.datastructures import Headers
 
 from edge.app import create_app
 from edge.gateway import Gateway, build_gateway
+from edge.web.http import GatewayBody
 from shared.contract import (
     MSG_BODY_TOO_SLOW,
     MSG_HEADERS_TOO_LARGE,
@@ -212,3 +213,35 @@ async def test_expect_100_continue_over_the_limit_is_refused_without_a_continue(
         response = await connection.as_response()  # the body is never sent
     assert json.loads(await response.get_data())["code"] == Code.TOO_LARGE
     assert response.headers["Connection"] == "close"
+
+
+class _Wakeups(trio.abc.Instrument):
+    """How many times a task ran (each a wake-up, its first step included)."""
+
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task, self.count = task, 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.count += task is self.task
+
+
+async def test_a_body_read_wakes_its_reader_once_however_many_chunks_arrive(autojump_clock) -> None:
+    # a chunk only moves the idle bound of the reader's wait: a photo of a hundred chunks is
+    # one wake-up of the handler, not a hundred (and the bounds still hold: the tests above)
+    body = GatewayBody(None, None)
+    read: list[bytes] = []
+
+    async def reader(task_status: trio.TaskStatus[trio.lowlevel.Task]) -> None:
+        task_status.started(trio.lowlevel.current_task())
+        read.append(await body.read(60, 5))
+
+    async with trio.open_nursery() as nursery:
+        wakeups = _Wakeups(await nursery.start(reader))
+        trio.lowlevel.add_instrument(wakeups)
+        for _ in range(10):
+            await trio.sleep(4)  # never idle for 5 s, 40 s in all (the whole body may take 60 s)
+            body.append(b"x")
+        body.set_complete()
+    trio.lowlevel.remove_instrument(wakeups)
+    assert wakeups.count == 1
+    assert read == [b"x" * 10]
