@@ -213,7 +213,13 @@ def _unparsed_request_line(connection: h11.Connection) -> bytes:
 
 class _AppInbox:
     """What Hypercorn hands a request's app (its `app_put`), until the app has answered: after
-    that, nothing is queued, and a hand-over waiting on the app's full queue is let go."""
+    that, nothing is queued, and a hand-over waiting on the app's full queue is let go.
+
+    The body's chunks of one socket read go to the app as one message, its end included when
+    it came in that read: a small request's body and end are one message, not two (each is a
+    wake-up of the app's receiving task, and a scheduler round before the handler sees the
+    body whole). What a read left held back is handed over when the protocol has handled that
+    read (`flush`), before it reads again."""
 
     def __init__(self, put: Callable[[Any], Awaitable[None]]) -> None:
         self._put = put
@@ -224,10 +230,31 @@ class _AppInbox:
         self._put_nowait = channel.send_nowait if isinstance(channel, trio.MemorySendChannel) else None
         self._waiting: set[trio.CancelScope] = set()
         self._closed = False
+        self._held: list[bytes] = []  # body chunks of the read being handled, not yet handed over
 
     async def put(self, message: Any) -> None:
         if self._closed:
             return
+        if message["type"] == "http.request":
+            self._held.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return  # its end may follow in the same read
+            message = {**message, "body": self._take_held()}
+        else:  # a disconnect: after the body that came before it
+            await self.flush()
+        await self._hand_over(message)
+
+    async def flush(self) -> None:
+        """Hand over the body chunks held back (the protocol has handled the read that brought them)."""
+        if self._held and not self._closed:
+            await self._hand_over({"type": "http.request", "body": self._take_held(), "more_body": True})
+
+    def _take_held(self) -> bytes:
+        body = b"".join(self._held)  # one chunk, the usual case: that chunk itself, not a copy
+        self._held.clear()
+        return body
+
+    async def _hand_over(self, message: Any) -> None:
         if self._put_nowait is not None:
             try:
                 self._put_nowait(message)
@@ -244,6 +271,7 @@ class _AppInbox:
 
     def close(self) -> None:
         self._closed = True
+        self._held.clear()
         for scope in self._waiting:
             scope.cancel()
 
@@ -285,6 +313,8 @@ class HTTP1Protocol(H11Protocol):
             else:  # closed: by the client, the drain's deadline, the server's stop
                 self._end_drain()
                 await super().handle(event)
+            if self._inbox is not None:  # this read is handled: the body it brought goes to the app
+                await self._inbox.flush()
         except _Refusal as refusal:
             await self._refuse(refusal)
 

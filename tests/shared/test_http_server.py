@@ -403,16 +403,54 @@ async def test_an_answer_is_written_in_the_step_the_app_sends_it(
 
 
 async def test_a_message_the_apps_queue_has_room_for_is_handed_over_without_a_checkpoint() -> None:
-    # the request's body and end go to the app in the step that read them: no cancel scope,
-    # no scheduler round each (a full queue is still waited on: the unread-body test above)
+    # the request's body goes to the app in the step that read it: no cancel scope, no
+    # scheduler round (a full queue is still waited on: the unread-body test above)
     send, receive = trio.open_memory_channel[dict](2)
     inbox = http_server._AppInbox(send.send)
     with trio.CancelScope() as scope:
         scope.cancel()  # a checkpoint would raise here
         await inbox.put({"type": "http.request", "body": b"x", "more_body": True})
-        await inbox.put({"type": "http.request", "body": b"", "more_body": False})
+        await inbox.flush()
+        await inbox.put({"type": "http.disconnect"})
     assert not scope.cancelled_caught
-    assert [receive.receive_nowait()["body"] for _ in range(2)] == [b"x", b""]
+    assert [receive.receive_nowait() for _ in range(2)] == [
+        {"type": "http.request", "body": b"x", "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+
+
+async def test_the_body_chunks_of_one_read_reach_the_app_as_one_message(nursery: trio.Nursery) -> None:
+    # a small request's body and its end, read together, are one message (one wake-up of the
+    # app's receiving task); a body whose end comes in a later read is handed over as it comes
+    received: list[list[tuple[bytes, bool]]] = []
+    more_sent = trio.Event()
+
+    async def recording(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        messages: list[tuple[bytes, bool]] = []
+        while not messages or messages[-1][1]:
+            message = await receive()
+            messages.append((message["body"], message["more_body"]))
+            if scope["path"] == "/split" and len(messages) == 1:
+                await more_sent.wait()
+        received.append(messages)
+        await app(scope, receive, send)
+
+    port, stop = await serving(nursery, recording)
+    head = b"POST /%s HTTP/1.1\r\nHost: t\r\nContent-Length: 6\r\n\r\n"
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(head % b"whole" + b"abcdef")
+        assert (await read_answer(stream)).status == 200
+        await stream.send_all(head % b"split" + b"abc")
+        await trio.testing.wait_all_tasks_blocked()
+        await stream.send_all(b"def")
+        more_sent.set()
+        assert (await read_answer(stream)).status == 200
+    stop.set()
+    assert received == [[(b"abcdef", False)], [(b"abc", True), (b"def", False)]]
 
 
 async def test_hypercorns_app_queue_is_a_memory_channel_so_the_inbox_takes_its_fast_path() -> None:
