@@ -25,7 +25,10 @@ connection's handling ends that connection, never the process.
   answer that says `Connection: close` is closed on as before. Once an answer has ended
   nothing reads what Hypercorn queues for the app (quart-trio stops receiving when it has
   answered), so the rest is dropped, not queued (`_AppInbox`): a body of many small chunks
-  filled the app's queue of 10 and stopped the connection's reading for good.
+  filled the app's queue of 10 and stopped the connection's reading for good. Only the
+  `http.disconnect` that follows the answer is still offered, where it fits at once: an app
+  that receives after answering is told the request ended (as ASGI says), and quart-trio's
+  receiving task ends on it instead of being cancelled.
 - A connection is answered one request at a time (Hypercorn reads the next once the last
   is answered), but a client that pipelines always has its next one ready: 300 such
   connections kept 300 requests runnable and another client's `/health` waited ~6 s behind
@@ -71,6 +74,7 @@ used here is listed in tests/test_framework_pins.py, which fails when one moves.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -234,6 +238,8 @@ class _AppInbox:
 
     async def put(self, message: Any) -> None:
         if self._closed:
+            if message["type"] == "http.disconnect":
+                self._tell_the_end(message)
             return
         if message["type"] == "http.request":
             self._held.append(message.get("body", b""))
@@ -268,6 +274,14 @@ class _AppInbox:
                 await self._put(message)
         finally:
             self._waiting.discard(scope)
+
+    def _tell_the_end(self, message: Any) -> None:
+        # Hypercorn's disconnect after the answer, where it fits at once (never waited on):
+        # quart-trio's receiving task returns on it instead of being cancelled at the answer's
+        # end (an exception through its frames and the nursery's group, for every request)
+        if self._put_nowait is not None:
+            with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                self._put_nowait(message)
 
     def close(self) -> None:
         self._closed = True

@@ -463,3 +463,26 @@ async def test_hypercorns_app_queue_is_a_memory_channel_so_the_inbox_takes_its_f
         put = await task_group.spawn_app(nothing, Config(), {"type": "http"}, nothing)
         assert isinstance(getattr(put, "__self__", None), trio.MemorySendChannel)
         assert http_server._AppInbox(put)._put_nowait is not None
+
+
+async def test_an_app_that_receives_after_its_answer_is_told_the_request_ended(nursery: trio.Nursery) -> None:
+    # as ASGI says (http.disconnect once the answer is sent): quart-trio's receiving task then
+    # ends on it instead of being cancelled, an exception through its nursery on every request
+    told: list[dict] = []
+
+    async def listening(scope, receive, send) -> None:
+        await app(scope, receive, send)
+        if scope["type"] == "http":
+            with trio.fail_after(5):
+                while (message := await receive())["type"] == "http.request":
+                    pass  # its (empty) body, unread before the answer
+                told.append(message)
+
+    port, stop = await serving(nursery, listening)
+    answer = await exchange(port, OK)
+    with trio.fail_after(5):
+        while not told:
+            await trio.sleep(0.01)
+    stop.set()
+    assert answer.status == 200
+    assert told == [{"type": "http.disconnect"}]
