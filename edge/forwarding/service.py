@@ -277,6 +277,8 @@ class ApiService:
                 unusable = UnusableAnswer(str(error))
                 self._charge(lease.index, unusable)
                 raise unusable from None
+        if lease.handed_on:
+            await _let_the_next_forward_go_first()
         return answer, images
 
     async def _check(self, request: ForwardRequest) -> None:
@@ -330,6 +332,17 @@ class ApiService:
     def is_slow(self, path: str) -> bool:
         """A generation endpoint (`slow_paths`): its own timeout, class and reservation."""
         return path in self._policy.slow_paths
+
+
+async def _let_the_next_forward_go_first() -> None:
+    """The worker just given back went to a request waiting for it, whose task the hand-over
+    woke: its forward runs before this answer is built and written (a GPU waiting for its
+    next job is the scarcest thing here; this answer waits one short step). Two scheduler
+    steps: trio runs a batch's tasks in either order, so after the first the woken task may
+    still be behind this one; by the end of the second it has had its turn. Cancel-shielded:
+    no new point at which a client that left cancels an answer already obtained."""
+    await trio.lowlevel.cancel_shielded_checkpoint()
+    await trio.lowlevel.cancel_shielded_checkpoint()
 
 
 @dataclass

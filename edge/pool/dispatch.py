@@ -102,6 +102,7 @@ class WorkerLease:
         self.busy_elsewhere = False  # it answered "busy": given back marked so
         self.leased_elsewhere_seconds: float | None = None  # another gateway holds its lease
         self.timed = True  # the answer's time is a service time (not the host's own 1007)
+        self.handed_on = False  # given back, it went at once to a request waiting for it
 
     @contextmanager
     def forwarding(self, timeout_seconds: float) -> Iterator[None]:
@@ -307,7 +308,7 @@ class Dispatcher:
                     leased_elsewhere_seconds=lease.leased_elsewhere_seconds,
                 )
             self._follow_if_held(lease.index)
-            self._hand_over()
+            lease.handed_on = lease.index in self._hand_over()
 
     def _expire_holds(self, now: float) -> None:
         for index in self.pool.expire_holds(now):  # held again as stale: the prober looks
@@ -362,10 +363,12 @@ class Dispatcher:
             waiter.index = None
             self._hand_over()
 
-    def _hand_over(self) -> None:
-        """Give idle workers to waiters in service order; cheap when nobody waits."""
+    def _hand_over(self) -> list[int]:
+        """Give idle workers to waiters in service order; cheap when nobody waits. The
+        workers given."""
+        given: list[int] = []
         if not self._waiters:
-            return
+            return given
         now = trio.current_time()
         self._expire_holds(now)
         impatient_before = now - IMPATIENT_FRACTION * self._queue_wait_seconds
@@ -377,6 +380,8 @@ class Dispatcher:
             self.pool.lease(index, now, path=waiter.waiting.path, slow=waiter.waiting.slow)
             waiter.index, waiter.impatient = index, waiter.waiting.arrived_at < impatient_before
             waiter.event.set()
+            given.append(index)
+        return given
 
     async def watch_host_leases(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Hear of other gateways' leases given back (and tell the leases about turns here)."""

@@ -10,7 +10,7 @@ import base64
 import io
 import json
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from pathlib import Path
 
@@ -226,6 +226,39 @@ async def test_burst_never_overlaps_on_a_worker(autojump_clock, client, upstream
         for _ in range(8):
             nursery.start_soon(one)
     assert codes == [0] * 8 and upstream.overlaps == 0
+
+
+async def test_a_worker_given_back_to_a_waiting_request_forwards_it_before_the_freeing_answer_returns(
+    autojump_clock, tmp_path: Path, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the GPU's next job first: the request handed the worker is sent before the answer that
+    # freed it is built and written (that answer waits a step), so no host idles meanwhile
+    gateway = build_gateway(
+        make_settings(tmp_path, pool={"workers": WORKERS[:1], "primary_workers": []}), upstream=upstream
+    )
+    bring_online(gateway, 0)
+    upstream.delay[WORKERS[0]] = 1.0
+    order: list[str] = []
+    forward = upstream.forward
+
+    def recorded(url: str, request: ForwardRequest, timeout: float) -> AbstractAsyncContextManager[RawAnswer]:
+        order.append(f"sent {request.request_id}")
+        return forward(url, request, timeout)
+
+    monkeypatch.setattr(upstream, "forward", recorded)
+
+    async def one(request_id: str) -> None:
+        answer = await gateway.api.handle(
+            ForwardRequest("POST", MEASURE, "", PHOTO_BODY, "application/json", request_id, "203.0.113.7")
+        )
+        assert answer.log_facts.code == Code.OK
+        order.append(f"answered {request_id}")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one, "first")
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(one, "second")  # waits for the one worker
+    assert order == ["sent first", "sent second", "answered first", "answered second"]
 
 
 async def test_endpoint_4_unconfigured_answers_here_and_is_never_forwarded(client, upstream) -> None:
