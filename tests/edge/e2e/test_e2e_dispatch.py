@@ -147,15 +147,15 @@ async def test_worker_reporting_busy_gets_no_request_until_a_probe_sees_it_free(
             assert (await measure(client)).json()["code"] == Code.OK
         assert (await busy.stats())["jobs"] == [], "a worker whose /health says busy must not get a job"
         await busy.configure(health_busy=False)
-        probes = (await busy.stats())["health_checks"]
 
-        async def probed_twice_more() -> bool:
-            return (await busy.stats())["health_checks"] >= probes + 2
-
-        await wait_until(probed_twice_more, 5, "two probes of the now-free worker")
-        for _ in range(4):
+        # A host held busy elsewhere is free again once two probes apart say so, and held
+        # again while its "idle" is stale (pool.py): when the gateway has seen those
+        # probes is its own affair, so requests go on until the freed worker has one
+        async def freed_worker_served() -> bool:
             assert (await measure(client)).json()["code"] == Code.OK
-    assert (await busy.stats())["jobs"], "once a probe saw it free, the idle-longest worker gets work"
+            return bool((await busy.stats())["jobs"])
+
+        await wait_until(freed_worker_served, 5, "the freed worker given a request")
 
 
 @pytest.mark.slow

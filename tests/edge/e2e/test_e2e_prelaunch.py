@@ -26,6 +26,7 @@ from shared.contract import (
     HEADER_RETRY_AFTER,
     Code,
 )
+from tests.edge.conftest import REQUEST_LOG_FIELDS
 from tests.edge.e2e.harness import MEASURE, Cluster, measure, metrics_listener, scrape
 from tests.fakes.fake_worker import PNG_BYTES
 from tests.fakes.launch import FakeWorkerProcess
@@ -35,7 +36,7 @@ pytestmark = [pytest.mark.slow]
 MARK = "/api/v1/hair/mark"
 PRELAUNCH = REPO_ROOT / "scripts" / "prelaunch.py"
 MAX_RETRIES = 1  # the harness's dispatch.max_retries
-# gateway.md § Request log and stats
+# gateway.md § Request log and stats: the one field list (conftest) with each field's type
 LOG_FIELDS = {
     "ts": str,
     "request_id": str,
@@ -54,6 +55,8 @@ LOG_FIELDS = {
     "rate_limited": bool,
     "early_refusal": bool,
     "failed_workers": list,  # indexes whose forward failed (docs/edge.md § What the logs say)
+    "error_type": (str, type(None)),  # the last failure kind a host named
+    "model_version": (str, type(None)),  # the answering host's model version
 }
 
 
@@ -163,6 +166,7 @@ async def test_d_a_four_megabyte_upload_is_refused_with_1003_at_once(cluster: Cl
 
 
 async def test_e_every_request_is_in_the_log_with_every_field(cluster: Cluster) -> None:
+    assert set(LOG_FIELDS) == REQUEST_LOG_FIELDS, "a type for every field of the log's one list"
     (fake,) = cluster.start_fakes(1)
     cluster.start_gateway(edge={"rate_limit": {"enabled": True, "requests_per_minute": 1, "burst": 2}})
     sent: dict[str, dict[str, Any]] = {}  # request id → what the log must say
