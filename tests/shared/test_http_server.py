@@ -469,6 +469,7 @@ async def test_an_app_that_receives_after_its_answer_is_told_the_request_ended(n
     # as ASGI says (http.disconnect once the answer is sent): quart-trio's receiving task then
     # ends on it instead of being cancelled, an exception through its nursery on every request
     told: list[dict] = []
+    heard = trio.Event()
 
     async def listening(scope, receive, send) -> None:
         await app(scope, receive, send)
@@ -477,12 +478,12 @@ async def test_an_app_that_receives_after_its_answer_is_told_the_request_ended(n
                 while (message := await receive())["type"] == "http.request":
                     pass  # its (empty) body, unread before the answer
                 told.append(message)
+                heard.set()
 
     port, stop = await serving(nursery, listening)
     answer = await exchange(port, OK)
     with trio.fail_after(5):
-        while not told:
-            await trio.sleep(0.01)
+        await heard.wait()
     stop.set()
     assert answer.status == 200
     assert told == [{"type": "http.disconnect"}]
