@@ -48,7 +48,7 @@ from analysis.hairline.decision import (  # noqa: E402
     LogisticModel,
     decide,
 )
-from analysis.models import Models  # noqa: E402
+from analysis.models import Models, load_models  # noqa: E402
 from shared.contract import ContractError  # noqa: E402
 from shared.settings import AnalysisSettings  # noqa: E402
 
@@ -185,12 +185,15 @@ def trace_answer(
     return answer, traced
 
 
-def extract(photos: Path, with_copies: bool, log: Callable[[str], None] = print) -> list[Answer]:
+def extract(
+    photos: Path, with_copies: bool, log: Callable[[str], None] = print, bisenet: Path | None = None
+) -> list[Answer]:
     from analysis.face.landmarks import FaceMeshDetector
     from analysis.segmentation.hairnet import HairNetSegmenter
     from tests.analysis.images import load_photo
 
-    models = Models(FaceMeshDetector(), HairNetSegmenter("cpu"), "cpu")
+    # never the fallback in place of a network that did not load: that would be another report
+    models = load_models(str(bisenet), "cpu") if bisenet else Models(FaceMeshDetector(), HairNetSegmenter("cpu"), "cpu")
     answers: list[Answer] = []
     try:
         for label in load_labels(photos):
@@ -545,28 +548,44 @@ def _code_hash() -> str:
     return digest.hexdigest()[:16]
 
 
-def cached_answers(photos: Path, with_copies: bool, cache: Path | None) -> list[Answer]:
-    key = (_code_hash(), str(photos.resolve()), with_copies and COPIES, (photos / "labels.json").read_bytes())
+def cache_key(photos: Path, with_copies: bool, bisenet: Path | None) -> tuple[Any, ...]:
+    """What the traced answers depend on: the code, the segmenter, the photos and their labels."""
+    segmenter = str(bisenet.resolve()) if bisenet else "hair network"
+    labels = (photos / "labels.json").read_bytes()
+    return (_code_hash(), segmenter, str(photos.resolve()), with_copies and COPIES, labels)
+
+
+def cached_answers(photos: Path, with_copies: bool, cache: Path | None, bisenet: Path | None = None) -> list[Answer]:
+    key = cache_key(photos, with_copies, bisenet)
     if cache is not None and cache.is_file():
         stored_key, answers = pickle.loads(cache.read_bytes())
         if stored_key == key:
             return answers
-    answers = extract(photos, with_copies, log=lambda line: print(line, file=sys.stderr))
+    answers = extract(photos, with_copies, log=lambda line: print(line, file=sys.stderr), bisenet=bisenet)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_bytes(pickle.dumps((key, answers)))
     return answers
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--photos", type=Path, default=DEFAULT_PHOTOS)
     parser.add_argument("--no-copies", action="store_true", help="the photos alone (faster)")
     parser.add_argument("--write", action="store_true", help=f"fit on every photo and write {DECISION_PATH.name}")
-    parser.add_argument("--cache", type=Path, default=ROOT / "var" / "eval_hairline.pkl")
+    parser.add_argument("--cache", type=Path, help="default: var/eval_hairline.pkl (var/eval_hairline_bisenet.pkl)")
     parser.add_argument("--per-photo", action="store_true")
-    args = parser.parse_args()
-    answers = cached_answers(args.photos, not args.no_copies, args.cache)
+    parser.add_argument(
+        "--bisenet",
+        type=Path,
+        help="face-parsing weights (79999_iter.pth): BiSeNet as the segmenter instead of the hair network, "
+        "as evidence only (docs/analysis_science.md § BiSeNet measured)",
+    )
+    args = parser.parse_args(argv)
+    if args.write and args.bisenet:
+        parser.error("--write fits the shipped file, which is the hair network's: not with --bisenet")
+    cache = args.cache or ROOT / "var" / ("eval_hairline_bisenet.pkl" if args.bisenet else "eval_hairline.pkl")
+    answers = cached_answers(args.photos, not args.no_copies, cache, args.bisenet)
     evaluation = evaluate(answers)
     print_report(evaluation, args.per_photo)
     if args.write:

@@ -92,3 +92,18 @@ def test_the_shipped_decision_file_loads_and_names_its_fit() -> None:
     assert decision.fitted_on, "the file says what it was fitted on"
     assert 0.5 <= decision.trust.threshold < 1.0 and 0.5 <= decision.bald.threshold < 1.0
     assert all(quantile >= 1.0 for quantile in decision.band_quantile.values())
+
+
+def test_bisenet_is_measured_beside_the_shipped_fit_never_into_it(
+    photos_dir: Path, eval_hairline: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--bisenet` (issue 38, item 6: evidence only) keeps its own traced answers and never
+    writes the shipped file, which is fitted on the hair network's evidence."""
+    weights = tmp_path / "79999_iter.pth"
+    assert eval_hairline.cache_key(photos_dir, True, weights) != eval_hairline.cache_key(photos_dir, True, None)
+    shipped = (SCRIPT.parents[1] / "analysis" / "data" / "hairline_decision.json").read_bytes()
+    with pytest.raises(SystemExit) as refused:
+        eval_hairline.main(["--write", "--bisenet", str(weights), "--photos", str(photos_dir)])
+    assert refused.value.code == 2
+    assert "--write" in capsys.readouterr().err
+    assert (SCRIPT.parents[1] / "analysis" / "data" / "hairline_decision.json").read_bytes() == shipped
