@@ -14,7 +14,9 @@ an older commit) — and stops them on exit. Every target is measured in the sam
 the same fakes. Every client keeps its connections alive (one `httpx.AsyncClient` each).
 
 (a) added latency: N requests one at a time to a fake with no service time, straight and
-    through each proxy, interleaved in blocks so machine noise hits all alike;
+    through each proxy, interleaved in blocks so machine noise hits all alike, with each
+    process's CPU per request (the fake's: a bare Quart-trio app on Hypercorn, the stack's
+    floor);
 (b) saturation: W fakes x S ms, C concurrent clients: req/s as a fraction of what the
     same fakes deliver called straight (one client pinned per fake: a perfect
     dispatcher), plus the overlaps the fakes counted (must be 0), and /monitor meanwhile;
@@ -107,7 +109,12 @@ async def timed_post(client: httpx.AsyncClient, target: Target, url: str | None 
 
 
 async def added_latency(targets: list[Target], requests: int) -> dict[str, dict[str, float]]:
+    """Each target's latency, what each proxy adds to the first target's (a fake called
+    straight), and the CPU each target's process spent per request while its blocks ran:
+    the fake's is what one request costs a bare Quart-trio app on Hypercorn, the floor of
+    the stack the gateway is built on."""
     samples: dict[str, list[float]] = {target.name: [] for target in targets}
+    cpu = dict.fromkeys(samples, 0.0)
     async with httpx.AsyncClient(timeout=10) as client:
         for _ in range(50):  # warm every path: connections, caches
             for target in targets:
@@ -116,14 +123,16 @@ async def added_latency(targets: list[Target], requests: int) -> dict[str, dict[
         while done < requests:
             block = min(BLOCK, requests - done)
             for target in targets:
+                before = cpu_seconds(target.pid) or 0.0
                 for _ in range(block):
                     samples[target.name].append(await timed_post(client, target))
+                cpu[target.name] += (cpu_seconds(target.pid) or 0.0) - before
             done += block
     direct = summary_ms(samples[targets[0].name])
     report = {}
     for target in targets:
         measured = summary_ms(samples[target.name])
-        report[target.name] = measured
+        report[target.name] = {**measured, "cpu_ms": cpu[target.name] / requests * 1000}
         if target is not targets[0]:
             report[f"{target.name} added"] = {k: measured[k] - direct[k] for k in direct}
     return report
@@ -298,9 +307,8 @@ async def run_benchmarks(args: argparse.Namespace, directory: Path) -> int:
     try:
         (solo,) = await start_fakes(token, 1, 0, started)
         proxies = await proxies_for("a", directory, token, [solo], args, started)
-        latency = await added_latency(
-            [Target("direct", solo.url, {"X-Internal-Token": token}), *proxies], args.serial_requests
-        )
+        direct = Target("direct", solo.url, {"X-Internal-Token": token}, solo.process)
+        latency = await added_latency([direct, *proxies], args.serial_requests)
         stop_all(started)
 
         pool = await start_fakes(token, args.workers, args.service_ms, started)
@@ -331,9 +339,11 @@ def stop_all(started: list[Target]) -> None:
 
 def print_report(args: argparse.Namespace, latency: dict, saturation: dict, ceiling: dict) -> None:
     print(f"(a) {args.serial_requests} sequential requests, fake with no service time (ms)")
-    print(f"    {'':18} {'p50':>8} {'p99':>8} {'mean':>8}")
+    print(f"    {'':18} {'p50':>8} {'p99':>8} {'mean':>8} {'CPU/request':>12}")
     for row, values in latency.items():
-        print(f"    {row:18} " + " ".join(f"{values[k]:8.3f}" for k in ("p50", "p99", "mean")))
+        cpu = f"{values['cpu_ms']:12.3f}" if "cpu_ms" in values else ""
+        print(f"    {row:18} " + " ".join(f"{values[k]:8.3f}" for k in ("p50", "p99", "mean")) + cpu)
+    print("    (CPU/request: the process's own; direct's is the fake's, a bare Quart-trio app on Hypercorn)")
     for title, results in (
         (f"(b) saturation: {args.workers} fakes x {args.service_ms:g} ms, {args.clients} clients, "
          f"{args.load_requests} requests", saturation),
