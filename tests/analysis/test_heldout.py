@@ -101,9 +101,9 @@ def test_bisenet_is_measured_beside_the_shipped_fit_never_into_it(
     writes the shipped file, which is fitted on the hair network's evidence."""
     weights = tmp_path / "79999_iter.pth"
     assert eval_hairline.cache_key(photos_dir, True, weights) != eval_hairline.cache_key(photos_dir, True, None)
-    shipped = (SCRIPT.parents[1] / "analysis" / "data" / "hairline_decision.json").read_bytes()
+    shipped = eval_hairline.DECISION_PATH.read_bytes()
     with pytest.raises(SystemExit) as refused:
         eval_hairline.main(["--write", "--bisenet", str(weights), "--photos", str(photos_dir)])
     assert refused.value.code == 2
     assert "--write" in capsys.readouterr().err
-    assert (SCRIPT.parents[1] / "analysis" / "data" / "hairline_decision.json").read_bytes() == shipped
+    assert eval_hairline.DECISION_PATH.read_bytes() == shipped
